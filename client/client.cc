@@ -1,0 +1,541 @@
+#include "ferry/client.hpp"
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "client/device_api.hpp"
+#include "common/channel.hpp"
+
+namespace ferry {
+namespace detail {
+
+struct SlabMapping {
+  Mapping m;
+};
+
+struct EventState {
+  std::weak_ptr<ClientCore> core;
+  DeviceEvent ev;
+  uint32_t id = 0;
+  ~EventState();
+};
+
+struct HostBufferState {
+  std::weak_ptr<ClientCore> core;
+  uint64_t pool_offset = 0;
+  size_t size = 0;
+  std::byte* data = nullptr;
+  std::shared_ptr<SlabMapping> mapping;  // shared between buffers of one slab
+  ~HostBufferState();
+};
+
+struct DeviceRegionState {
+  std::weak_ptr<ClientCore> core;
+  uint32_t id = 0;
+  void* ptr = nullptr;
+  size_t size = 0;
+  uint64_t offset_in_base = 0;
+  ~DeviceRegionState();
+};
+
+struct TransferState {
+  uint64_t tag = 0;
+  size_t bytes = 0;
+  bool enqueued = false;
+  bool done = false;
+  Status status;
+  uint64_t submit_ns = 0, complete_ns = 0;
+  std::shared_ptr<EventState> event;             // completion event, when stream-waitable
+  std::shared_ptr<HostBufferState> host_keep;    // buffers stay mapped while the copy runs
+  std::shared_ptr<DeviceRegionState> region_keep;
+};
+
+class ClientCore : public std::enable_shared_from_this<ClientCore> {
+ public:
+  ~ClientCore() {
+    // EventState's destructor cannot reach a core that is going away: release events here.
+    for (auto& e : free_events_) {
+      device_->DestroyEvent(e->ev.event);
+      e->ev.event = nullptr;
+    }
+  }
+
+  Status Connect(const ConnectOptions& o) {
+    timeout_ms_ = static_cast<int>(o.timeout.count());
+    const std::string path = o.socket_path.empty() ? DefaultSocketPath() : o.socket_path;
+    FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(path));
+    wire::HelloRequest h{};
+    h.client_version = wire::kVersion;
+    std::string name = o.name;
+    if (name.empty()) name = program_invocation_short_name;
+    CopyCString(h.name, name);
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kHello, h, wire::MsgType::kHelloReply));
+    auto r = m.As<wire::HelloReply>();
+    FERRY_RETURN_IF_ERROR(FromWire(r.status).WithContext("ferryd refused the connection"));
+    if (m.fds.size() != 3) return ProtocolError("hello reply carries " + std::to_string(m.fds.size()) + " fds, 3 expected");
+    if (r.sq_entries == 0 || (r.sq_entries & (r.sq_entries - 1)) != 0 || r.cq_entries == 0 ||
+        (r.cq_entries & (r.cq_entries - 1)) != 0 || r.ring_bytes != wire::RingSegmentBytes(r.sq_entries, r.cq_entries)) {
+      return ProtocolError("hello reply has an inconsistent ring geometry");
+    }
+    FERRY_ASSIGN_OR_RETURN(ring_, MapShared(m.fds[0].get(), r.ring_bytes));
+    submit_efd_ = std::move(m.fds[1]);
+    complete_efd_ = std::move(m.fds[2]);
+    hdr_ = reinterpret_cast<wire::RingHeader*>(ring_.data());
+    if (hdr_->magic != wire::kRingMagic) return ProtocolError("ring segment has a bad magic");
+    sq_entries_ = r.sq_entries;
+    cq_entries_ = r.cq_entries;
+    sq_ = wire::SubmissionEntries(ring_.data());
+    cq_ = wire::CompletionEntries(ring_.data(), sq_entries_);
+    session_id_ = r.session_id;
+    slab_bytes_ = r.slab_bytes;
+    device_ordinal_ = r.device_ordinal;
+    backend_ = r.backend == static_cast<uint32_t>(wire::BackendKind::kCuda) ? BackendKind::kCuda : BackendKind::kHost;
+    if (backend_ == BackendKind::kCuda) {
+      FERRY_ASSIGN_OR_RETURN(device_, MakeCudaClientDevice(device_ordinal_));
+    } else {
+      device_ = MakeHostClientDevice();
+    }
+    if (const char* s = std::getenv("FERRY_SPIN_US")) spin_ns_ = std::strtoull(s, nullptr, 10) * 1000;
+    return Status::Ok();
+  }
+
+  // One request, one reply, under the control lock.
+  template <typename T>
+  Result<ReceivedMessage> Call(wire::MsgType type, const T& payload, wire::MsgType reply_type, const int* fds = nullptr,
+                               size_t nfds = 0) {
+    std::lock_guard<std::mutex> l(ctl_mu_);
+    if (!sock_.valid()) return Unavailable("not connected to ferryd");
+    const uint32_t seq = ++seq_;
+    Status st = Send(sock_.get(), type, seq, payload, fds, nfds);
+    if (!st.ok()) return Unavailable("ferryd went away: " + st.message());
+    auto m = RecvMessage(sock_.get(), timeout_ms_);
+    if (!m.ok()) {
+      if (m.status().code() == Code::kUnavailable) return Unavailable("ferryd closed the connection");
+      return m.status();
+    }
+    if (m->type() != reply_type || m->header.seq != seq) return ProtocolError("unexpected reply from ferryd");
+    return m;
+  }
+
+  Status CallSimple(wire::MsgType type, const auto& payload) {
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(type, payload, wire::MsgType::kSimpleReply));
+    return FromWire(m.As<wire::SimpleReply>().status);
+  }
+
+  Result<std::shared_ptr<HostBufferState>> AllocateHost(size_t bytes) {
+    wire::AllocBufferRequest req{bytes};
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kAllocBuffer, req, wire::MsgType::kAllocBufferReply));
+    auto r = m.As<wire::AllocBufferReply>();
+    FERRY_RETURN_IF_ERROR(FromWire(r.status));
+    auto s = std::make_shared<HostBufferState>();
+    s->core = weak_from_this();
+    s->pool_offset = r.pool_offset;
+    s->size = bytes;
+    const uint64_t in_map = r.pool_offset - static_cast<uint64_t>(r.first_slab) * slab_bytes_;
+    if (m.fds.size() != r.slab_count || r.slab_count == 0 || in_map + bytes > r.slab_count * slab_bytes_) {
+      (void)CallSimple(wire::MsgType::kFreeBuffer, wire::FreeBufferRequest{r.pool_offset});
+      return ProtocolError("allocation reply does not match its slabs");
+    }
+    if (r.slab_count == 1) {
+      std::lock_guard<std::mutex> l(map_mu_);
+      auto& weak = slab_maps_[r.first_slab];
+      s->mapping = weak.lock();
+      if (!s->mapping) {
+        auto mapped = MapShared(m.fds[0].get(), slab_bytes_);
+        if (!mapped.ok()) return mapped.status();
+        s->mapping = std::make_shared<SlabMapping>(SlabMapping{std::move(*mapped)});
+        weak = s->mapping;
+      }
+    } else {
+      std::vector<int> raw;
+      for (auto& f : m.fds) raw.push_back(f.get());
+      FERRY_ASSIGN_OR_RETURN(Mapping mapped, MapSideBySide(raw.data(), raw.size(), slab_bytes_));
+      s->mapping = std::make_shared<SlabMapping>(SlabMapping{std::move(mapped)});
+    }
+    s->data = s->mapping->m.data() + in_map;
+    return s;
+  }
+
+  Result<std::shared_ptr<DeviceRegionState>> Register(void* ptr, size_t bytes) {
+    if (bytes == 0) return InvalidArgument("device region of 0 bytes");
+    FERRY_ASSIGN_OR_RETURN(ExportedMemory e, device_->Export(ptr, bytes));
+    const int fds[1] = {e.fd};
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kRegisterDevice, e.request,
+                                                   wire::MsgType::kRegisterDeviceReply, fds, e.fd >= 0 ? 1 : 0));
+    auto r = m.As<wire::RegisterDeviceReply>();
+    FERRY_RETURN_IF_ERROR(FromWire(r.status).WithContext("registering device memory"));
+    auto s = std::make_shared<DeviceRegionState>();
+    s->core = weak_from_this();
+    s->id = r.region_id;
+    s->ptr = ptr;
+    s->size = bytes;
+    s->offset_in_base = e.offset_in_base;
+    return s;
+  }
+
+  Result<std::shared_ptr<EventState>> NewEvent() {
+    FERRY_ASSIGN_OR_RETURN(DeviceEvent ev, device_->CreateEvent());
+    auto s = std::make_shared<EventState>();
+    s->core = weak_from_this();
+    s->ev = ev;
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kRegisterEvent, ev.request, wire::MsgType::kRegisterEventReply));
+    auto r = m.As<wire::RegisterEventReply>();
+    FERRY_RETURN_IF_ERROR(FromWire(r.status).WithContext("registering an event"));
+    s->id = r.event_id;
+    return s;
+  }
+
+  Result<std::shared_ptr<TransferState>> Submit(wire::SubmissionEntry e, std::shared_ptr<TransferState> t, bool want_event) {
+    if (want_event) {
+      std::shared_ptr<EventState> ev;
+      {
+        std::lock_guard<std::mutex> l(ring_mu_);
+        if (!free_events_.empty()) {
+          ev = std::move(free_events_.back());
+          free_events_.pop_back();
+        }
+      }
+      if (!ev) {
+        FERRY_ASSIGN_OR_RETURN(ev, NewEvent());
+      }
+      e.signal_event_id = ev->id;
+      t->event = std::move(ev);
+    }
+    const uint64_t deadline = MonotonicNanos() + 1'000'000'000ull;
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> l(ring_mu_);
+        FERRY_RETURN_IF_ERROR(broken_);
+        ReapLocked();
+        const uint32_t head = hdr_->sq_head.value.load(std::memory_order_acquire);
+        if (outstanding_ < sq_entries_ && sq_tail_ - head < sq_entries_) {
+          e.user_tag = t->tag = next_tag_++;
+          t->submit_ns = MonotonicNanos();
+          pending_[t->tag] = t;
+          ++outstanding_;
+          sq_[sq_tail_ & (sq_entries_ - 1)] = e;
+          ++sq_tail_;
+          hdr_->sq_tail.value.store(sq_tail_, std::memory_order_release);
+          std::atomic_thread_fence(std::memory_order_seq_cst);
+          if (hdr_->daemon_state.value.load(std::memory_order_relaxed) & wire::kDaemonSleeping) {
+            RingDoorbell(submit_efd_.get());
+          }
+          return t;
+        }
+      }
+      if (MonotonicNanos() > deadline) {
+        return ResourceExhausted("submission ring full: " + std::to_string(outstanding_) +
+                                 " copies in flight for 1 s; wait on some before submitting more");
+      }
+      WaitForProgress(1);
+    }
+  }
+
+  // Caller holds ring_mu_.
+  void ReapLocked() {
+    const uint32_t tail = hdr_->cq_tail.value.load(std::memory_order_acquire);
+    if (tail - cq_head_ > cq_entries_) {
+      Break(ProtocolError("completion ring tail out of range"));
+      return;
+    }
+    bool any = false;
+    while (cq_head_ != tail) {
+      wire::CompletionEntry c = cq_[cq_head_ & (cq_entries_ - 1)];
+      ++cq_head_;
+      any = true;
+      auto it = pending_.find(c.user_tag);
+      if (it == pending_.end()) continue;
+      TransferState& t = *it->second;
+      if (c.kind == static_cast<uint16_t>(wire::CompletionKind::kEnqueued)) {
+        t.enqueued = true;
+        continue;
+      }
+      t.done = true;
+      t.enqueued = true;
+      t.complete_ns = MonotonicNanos();
+      if (c.status != 0) {
+        int32_t code = c.status;
+        Code k = (code > 0 && code <= static_cast<int32_t>(Code::kAborted)) ? static_cast<Code>(code) : Code::kInternal;
+        t.status = Status(k, "ferryd failed the copy (" + std::string(CodeName(k)) +
+                                 "; its log has the reason)");
+      }
+      if (t.event) free_events_.push_back(std::move(t.event));
+      t.host_keep.reset();
+      t.region_keep.reset();
+      pending_.erase(it);
+      --outstanding_;
+    }
+    if (any) hdr_->cq_head.value.store(cq_head_, std::memory_order_release);
+  }
+
+  void Break(const Status& why) {
+    if (!broken_.ok()) return;
+    broken_ = why;
+    for (auto& [tag, t] : pending_) {
+      t->done = true;
+      t->status = why;
+      t->host_keep.reset();
+      t->region_keep.reset();
+    }
+    pending_.clear();
+    outstanding_ = 0;
+  }
+
+  // Sleeps until the daemon signals completions, the connection drops, or timeout_ms passes.
+  void WaitForProgress(int timeout_ms) {
+    {
+      std::lock_guard<std::mutex> l(wait_mu_);
+      if (waiters_++ == 0) hdr_->client_state.value.store(wire::kClientWaiting, std::memory_order_relaxed);
+    }
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    bool ready;
+    {
+      std::lock_guard<std::mutex> l(ring_mu_);
+      ready = hdr_->cq_tail.value.load(std::memory_order_acquire) != cq_head_ || !broken_.ok();
+    }
+    if (!ready) {
+      pollfd p[2] = {{complete_efd_.get(), POLLIN, 0}, {sock_.get(), POLLIN, 0}};
+      int n = ::poll(p, 2, timeout_ms);
+      if (n > 0 && (p[0].revents & POLLIN)) DrainDoorbell(complete_efd_.get());
+      if (n > 0 && (p[1].revents & (POLLHUP | POLLERR | POLLIN))) {
+        // The daemon sends nothing unasked, so anything readable here is its goodbye.
+        std::lock_guard<std::mutex> l(ring_mu_);
+        ReapLocked();
+        Break(Unavailable("ferryd went away (connection closed); reconnect once it is back"));
+      }
+    }
+    std::lock_guard<std::mutex> l(wait_mu_);
+    if (--waiters_ == 0) hdr_->client_state.value.store(0, std::memory_order_relaxed);
+  }
+
+  Status Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueued) {
+    const uint64_t start = MonotonicNanos();
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> l(ring_mu_);
+        ReapLocked();
+        if (t.done) return t.status;
+        if (until_enqueued && t.enqueued) return Status::Ok();
+        FERRY_RETURN_IF_ERROR(broken_);
+      }
+      const uint64_t waited = MonotonicNanos() - start;
+      if (waited >= timeout_ns) return Timeout("copy not done after " + std::to_string(timeout_ns / 1000) + " us");
+      if (waited < spin_ns_) continue;  // spin a little: most small copies finish within microseconds
+      const uint64_t left_ms = (timeout_ns - waited + 999'999) / 1'000'000;
+      WaitForProgress(static_cast<int>(std::min<uint64_t>(left_ms, 50)));
+    }
+  }
+
+  Result<bool> Poll(TransferState& t) {
+    std::lock_guard<std::mutex> l(ring_mu_);
+    ReapLocked();
+    if (t.done) {
+      if (!t.status.ok()) return t.status;
+      return true;
+    }
+    FERRY_RETURN_IF_ERROR(broken_);
+    return false;
+  }
+
+  Status StreamWait(TransferState& t, void* stream) {
+    if (device_->StreamWaitIsHostWait()) return Wait(t, 3600ull * 1'000'000'000ull, false);
+    if (!t.event && !t.done) return InvalidArgument("StreamWait needs a copy submitted with stream_waitable = true");
+    FERRY_RETURN_IF_ERROR(Wait(t, 10ull * 1'000'000'000ull, true));
+    std::lock_guard<std::mutex> l(ring_mu_);
+    if (t.done) return t.status;  // already done: nothing left for the stream to wait on
+    // Under ring_mu_, so the event cannot be recycled and re-recorded before this wait is enqueued.
+    return device_->StreamWaitEvent(stream, t.event->ev.event);
+  }
+
+  UniqueFd sock_;
+  std::mutex ctl_mu_;
+  uint32_t seq_ = 0;
+  int timeout_ms_ = 5000;
+
+  Mapping ring_;
+  wire::RingHeader* hdr_ = nullptr;
+  wire::SubmissionEntry* sq_ = nullptr;
+  wire::CompletionEntry* cq_ = nullptr;
+  uint32_t sq_entries_ = 0, cq_entries_ = 0;
+  UniqueFd submit_efd_, complete_efd_;
+
+  std::mutex ring_mu_;  // guards the rings' local indices, pending_, free_events_, broken_
+  uint32_t sq_tail_ = 0, cq_head_ = 0;
+  uint64_t next_tag_ = 1;
+  uint32_t outstanding_ = 0;
+  std::unordered_map<uint64_t, std::shared_ptr<TransferState>> pending_;
+  std::vector<std::shared_ptr<EventState>> free_events_;
+  Status broken_;
+
+  std::mutex wait_mu_;
+  int waiters_ = 0;
+  uint64_t spin_ns_ = 50'000;
+
+  std::mutex map_mu_;
+  std::map<uint32_t, std::weak_ptr<SlabMapping>> slab_maps_;
+
+  uint64_t session_id_ = 0;
+  uint64_t slab_bytes_ = 0;
+  int device_ordinal_ = 0;
+  BackendKind backend_ = BackendKind::kHost;
+  std::unique_ptr<ClientDevice> device_;
+};
+
+EventState::~EventState() {
+  // The daemon closes its side when the session ends; the client's event goes now.
+  if (auto c = core.lock()) c->device_->DestroyEvent(ev.event);
+}
+
+HostBufferState::~HostBufferState() {
+  if (auto c = core.lock()) (void)c->CallSimple(wire::MsgType::kFreeBuffer, wire::FreeBufferRequest{pool_offset});
+}
+
+DeviceRegionState::~DeviceRegionState() {
+  if (auto c = core.lock()) (void)c->CallSimple(wire::MsgType::kUnregisterDevice, wire::UnregisterDeviceRequest{id, 0});
+}
+
+}  // namespace detail
+
+std::string DefaultSocketPath() {
+  if (const char* s = std::getenv("FERRY_SOCKET"); s != nullptr && *s != '\0') return s;
+  return "/run/ferry/ferryd.sock";
+}
+
+HostBuffer::HostBuffer(std::shared_ptr<detail::HostBufferState> s) : s_(std::move(s)) {}
+HostBuffer::HostBuffer(HostBuffer&&) noexcept = default;
+HostBuffer& HostBuffer::operator=(HostBuffer&&) noexcept = default;
+HostBuffer::~HostBuffer() = default;
+std::byte* HostBuffer::data() const { return s_ ? s_->data : nullptr; }
+size_t HostBuffer::size() const { return s_ ? s_->size : 0; }
+
+DeviceRegion::DeviceRegion(std::shared_ptr<detail::DeviceRegionState> s) : s_(std::move(s)) {}
+DeviceRegion::DeviceRegion(DeviceRegion&&) noexcept = default;
+DeviceRegion& DeviceRegion::operator=(DeviceRegion&&) noexcept = default;
+DeviceRegion::~DeviceRegion() = default;
+void* DeviceRegion::data() const { return s_ ? s_->ptr : nullptr; }
+size_t DeviceRegion::size() const { return s_ ? s_->size : 0; }
+
+DeviceAllocation::DeviceAllocation(std::shared_ptr<detail::DeviceAllocationState> s) : s_(std::move(s)) {}
+DeviceAllocation::DeviceAllocation(DeviceAllocation&&) noexcept = default;
+DeviceAllocation& DeviceAllocation::operator=(DeviceAllocation&&) noexcept = default;
+DeviceAllocation::~DeviceAllocation() = default;
+void* DeviceAllocation::data() const { return s_ ? s_->ptr : nullptr; }
+size_t DeviceAllocation::size() const { return s_ ? s_->size : 0; }
+bool DeviceAllocation::host_visible() const { return s_ && s_->host_visible; }
+
+SharedEvent::SharedEvent(std::shared_ptr<detail::EventState> s) : s_(std::move(s)) {}
+SharedEvent::SharedEvent(SharedEvent&&) noexcept = default;
+SharedEvent& SharedEvent::operator=(SharedEvent&&) noexcept = default;
+SharedEvent::~SharedEvent() = default;
+Status SharedEvent::Record(void* stream) {
+  if (!s_) return InvalidArgument("empty SharedEvent");
+  auto c = s_->core.lock();
+  if (!c) return Unavailable("the client that made this event is gone");
+  return c->device_->RecordEvent(s_->ev.event, stream);
+}
+
+Transfer::Transfer(std::shared_ptr<detail::ClientCore> core, std::shared_ptr<detail::TransferState> s)
+    : core_(std::move(core)), s_(std::move(s)) {}
+Result<bool> Transfer::Poll() {
+  if (!s_) return InvalidArgument("empty Transfer");
+  return core_->Poll(*s_);
+}
+Status Transfer::Wait(std::chrono::microseconds timeout) {
+  if (!s_) return InvalidArgument("empty Transfer");
+  return core_->Wait(*s_, static_cast<uint64_t>(timeout.count()) * 1000, false);
+}
+Status Transfer::StreamWait(void* stream) {
+  if (!s_) return InvalidArgument("empty Transfer");
+  return core_->StreamWait(*s_, stream);
+}
+size_t Transfer::bytes() const { return s_ ? s_->bytes : 0; }
+std::chrono::nanoseconds Transfer::latency() const {
+  if (!s_ || s_->complete_ns == 0) return std::chrono::nanoseconds(0);
+  return std::chrono::nanoseconds(s_->complete_ns - s_->submit_ns);
+}
+
+Client::Client(std::shared_ptr<detail::ClientCore> core) : core_(std::move(core)) {}
+Client::~Client() = default;
+
+Result<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& options) {
+  auto core = std::make_shared<detail::ClientCore>();
+  FERRY_RETURN_IF_ERROR(core->Connect(options));
+  return std::unique_ptr<Client>(new Client(std::move(core)));
+}
+
+BackendKind Client::backend() const { return core_->backend_; }
+int Client::device_ordinal() const { return core_->device_ordinal_; }
+uint64_t Client::session_id() const { return core_->session_id_; }
+
+Result<HostBuffer> Client::AllocateHost(size_t bytes) {
+  FERRY_ASSIGN_OR_RETURN(auto s, core_->AllocateHost(bytes));
+  return HostBuffer(std::move(s));
+}
+
+Result<DeviceAllocation> Client::AllocateDevice(size_t bytes) {
+  FERRY_ASSIGN_OR_RETURN(auto s, core_->device_->Allocate(bytes));
+  return DeviceAllocation(std::move(s));
+}
+
+Result<DeviceRegion> Client::RegisterDevice(void* ptr, size_t bytes) {
+  FERRY_ASSIGN_OR_RETURN(auto s, core_->Register(ptr, bytes));
+  return DeviceRegion(std::move(s));
+}
+
+Result<SharedEvent> Client::CreateEvent() {
+  FERRY_ASSIGN_OR_RETURN(auto s, core_->NewEvent());
+  return SharedEvent(std::move(s));
+}
+
+Result<Transfer> Client::Copy(Direction direction, const HostBuffer& host, size_t host_offset, const DeviceRegion& device,
+                              size_t device_offset, size_t bytes, const CopyOptions& options) {
+  if (!host.s_ || !device.s_) return InvalidArgument("empty HostBuffer or DeviceRegion");
+  if (host.s_->core.lock() != core_ || device.s_->core.lock() != core_) {
+    return InvalidArgument("buffer or region belongs to another connection");
+  }
+  if (bytes == 0) return InvalidArgument("copy of 0 bytes");
+  if (host_offset > host.size() || bytes > host.size() - host_offset) {
+    return InvalidArgument("host range [" + std::to_string(host_offset) + ", +" + std::to_string(bytes) +
+                           ") runs past the buffer's " + std::to_string(host.size()) + " bytes");
+  }
+  if (device_offset > device.size() || bytes > device.size() - device_offset) {
+    return InvalidArgument("device range [" + std::to_string(device_offset) + ", +" + std::to_string(bytes) +
+                           ") runs past the region's " + std::to_string(device.size()) + " bytes");
+  }
+  wire::SubmissionEntry e{};
+  e.opcode = static_cast<uint16_t>(direction == Direction::kHostToDevice ? wire::Opcode::kHostToDevice
+                                                                         : wire::Opcode::kDeviceToHost);
+  e.priority = static_cast<uint16_t>(options.priority == Priority::kLatency ? wire::Priority::kLatency : wire::Priority::kBulk);
+  e.pool_offset = host.s_->pool_offset + host_offset;
+  e.length = bytes;
+  e.device_offset = device.s_->offset_in_base + device_offset;
+  e.region_id = device.s_->id;
+  if (options.after != nullptr) {
+    if (!options.after->s_) return InvalidArgument("empty SharedEvent");
+    e.wait_event_id = options.after->s_->id;
+  }
+  auto t = std::make_shared<detail::TransferState>();
+  t->bytes = bytes;
+  t->host_keep = host.s_;
+  t->region_keep = device.s_;
+  FERRY_ASSIGN_OR_RETURN(auto st, core_->Submit(e, std::move(t), options.stream_waitable));
+  return Transfer(core_, std::move(st));
+}
+
+Result<DaemonStats> Client::Stats() {
+  FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, core_->Call(wire::MsgType::kStats, wire::StatsRequest{}, wire::MsgType::kStatsReply));
+  auto r = m.As<wire::StatsReply>();
+  FERRY_RETURN_IF_ERROR(FromWire(r.status));
+  return DaemonStats{r.sessions, r.copies_completed, r.bytes_h2d, r.bytes_d2h, r.pool_bytes, r.pool_free_bytes, r.evictions, r.rejected};
+}
+
+}  // namespace ferry

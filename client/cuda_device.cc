@@ -1,0 +1,93 @@
+// The cuda backend's device on the client side: allocations by cudaMalloc, export by CUDA IPC
+// memory handle of the allocation's base, interprocess events for GPU-side ordering.
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+
+#include "client/device_api.hpp"
+#include "common/cuda_status.hpp"
+
+namespace ferry::detail {
+namespace {
+
+class CudaClientDevice : public ClientDevice {
+ public:
+  explicit CudaClientDevice(int ordinal) : ordinal_(ordinal) {}
+
+  Result<std::shared_ptr<DeviceAllocationState>> Allocate(size_t bytes) override {
+    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    void* p = nullptr;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
+    auto s = std::make_shared<DeviceAllocationState>();
+    s->ptr = p;
+    s->size = bytes;
+    s->release = [p] { cudaFree(p); };
+    return s;
+  }
+
+  Result<ExportedMemory> Export(void* ptr, size_t bytes) override {
+    uintptr_t base = 0;
+    size_t size = 0;
+    FERRY_RETURN_IF_ERROR(CudaAllocationRange(ptr, &base, &size));
+    const uint64_t off = reinterpret_cast<uintptr_t>(ptr) - base;
+    if (off > size || bytes > size - off) return InvalidArgument("range runs past the end of its allocation");
+    cudaPointerAttributes attr{};
+    FERRY_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, ptr));
+    if (attr.type != cudaMemoryTypeDevice) return InvalidArgument("not device memory (cudaMalloc it)");
+    if (attr.device != ordinal_) {
+      return InvalidArgument("memory is on device " + std::to_string(attr.device) + "; ferryd drives device " +
+                             std::to_string(ordinal_));
+    }
+    cudaIpcMemHandle_t h;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base)));
+    ExportedMemory e;
+    e.request.kind = static_cast<uint32_t>(wire::DeviceHandleKind::kCudaIpc);
+    e.request.device_ordinal = ordinal_;
+    e.request.size = size;
+    std::memcpy(e.request.handle, &h, sizeof h);
+    e.offset_in_base = off;
+    return e;
+  }
+
+  Result<DeviceEvent> CreateEvent() override {
+    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    cudaEvent_t ev;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventInterprocess));
+    cudaIpcEventHandle_t h;
+    Status st = CudaStatus(cudaIpcGetEventHandle(&h, ev), "cudaIpcGetEventHandle");
+    if (!st.ok()) {
+      cudaEventDestroy(ev);
+      return st;
+    }
+    DeviceEvent e;
+    e.event = ev;
+    e.request.kind = static_cast<uint32_t>(wire::EventHandleKind::kCudaIpc);
+    std::memcpy(e.request.handle, &h, sizeof h);
+    return e;
+  }
+  void DestroyEvent(void* ev) override { cudaEventDestroy(static_cast<cudaEvent_t>(ev)); }
+  Status RecordEvent(void* ev, void* stream) override {
+    return CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(ev), static_cast<cudaStream_t>(stream)), "cudaEventRecord");
+  }
+  Status StreamWaitEvent(void* stream, void* ev) override {
+    return CudaStatus(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(ev), 0),
+                      "cudaStreamWaitEvent");
+  }
+  bool StreamWaitIsHostWait() const override { return false; }
+
+ private:
+  int ordinal_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ClientDevice>> MakeCudaClientDevice(int ordinal) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || ordinal >= count) {
+    cudaGetLastError();
+    return Unavailable("ferryd runs the cuda backend, but this process sees no CUDA device " + std::to_string(ordinal));
+  }
+  return std::unique_ptr<ClientDevice>(std::make_unique<CudaClientDevice>(ordinal));
+}
+
+}  // namespace ferry::detail

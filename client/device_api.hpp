@@ -1,0 +1,53 @@
+// What the client library needs from the device it shares with ferryd, behind one interface:
+// host_device.cc (the host backend's stand-in: sealed memfds) and cuda_device.cc (CUDA IPC).
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "common/fd.hpp"
+#include "common/wire.hpp"
+#include "ferry/status.hpp"
+
+namespace ferry::detail {
+
+struct DeviceAllocationState {
+  void* ptr = nullptr;
+  size_t size = 0;
+  bool host_visible = false;
+  UniqueFd fd;      // host backend: the memfd behind ptr
+  Mapping mapping;  // host backend: its mapping
+  std::function<void()> release;  // cuda: cudaFree
+  ~DeviceAllocationState() {
+    if (release) release();
+  }
+};
+
+struct ExportedMemory {
+  wire::RegisterDeviceRequest request{};
+  int fd = -1;                 // borrowed; sent along when >= 0
+  uint64_t offset_in_base = 0; // where the exported pointer sits in the allocation sent
+};
+
+struct DeviceEvent {
+  void* event = nullptr;  // cudaEvent_t on cuda, unused on host
+  wire::RegisterEventRequest request{};
+};
+
+class ClientDevice {
+ public:
+  virtual ~ClientDevice() = default;
+  virtual Result<std::shared_ptr<DeviceAllocationState>> Allocate(size_t bytes) = 0;
+  virtual Result<ExportedMemory> Export(void* ptr, size_t bytes) = 0;
+  virtual Result<DeviceEvent> CreateEvent() = 0;
+  virtual void DestroyEvent(void* event) = 0;
+  virtual Status RecordEvent(void* event, void* stream) = 0;
+  virtual Status StreamWaitEvent(void* stream, void* event) = 0;
+  virtual bool StreamWaitIsHostWait() const = 0;
+};
+
+std::unique_ptr<ClientDevice> MakeHostClientDevice();
+// NotSupported when built without CUDA.
+Result<std::unique_ptr<ClientDevice>> MakeCudaClientDevice(int device_ordinal);
+
+}  // namespace ferry::detail

@@ -1,0 +1,66 @@
+// The host backend's device: "device memory" is a sealed memfd this process maps and shares
+// with ferryd; events are placeholders (there is no device work to order against).
+#include <map>
+#include <mutex>
+
+#include "client/device_api.hpp"
+
+namespace ferry::detail {
+namespace {
+
+class HostClientDevice : public ClientDevice {
+ public:
+  Result<std::shared_ptr<DeviceAllocationState>> Allocate(size_t bytes) override {
+    if (bytes == 0) return InvalidArgument("device allocation of 0 bytes");
+    FERRY_ASSIGN_OR_RETURN(UniqueFd fd, CreateSealedMemfd("ferry-sim-device", bytes));
+    FERRY_ASSIGN_OR_RETURN(Mapping m, MapShared(fd.get(), bytes));
+    auto s = std::make_shared<DeviceAllocationState>();
+    s->ptr = m.data();
+    s->size = bytes;
+    s->host_visible = true;
+    s->fd = std::move(fd);
+    s->mapping = std::move(m);
+    std::lock_guard<std::mutex> l(mu_);
+    live_[reinterpret_cast<uintptr_t>(s->ptr)] = s;
+    return s;
+  }
+
+  Result<ExportedMemory> Export(void* ptr, size_t bytes) override {
+    std::lock_guard<std::mutex> l(mu_);
+    const auto p = reinterpret_cast<uintptr_t>(ptr);
+    auto it = live_.upper_bound(p);
+    if (it != live_.begin()) {
+      --it;
+      auto s = it->second.lock();
+      if (s && p - it->first <= s->size && bytes <= s->size - (p - it->first)) {
+        ExportedMemory e;
+        e.request.kind = static_cast<uint32_t>(wire::DeviceHandleKind::kHostMemfd);
+        e.request.size = s->size;
+        e.fd = s->fd.get();
+        e.offset_in_base = p - it->first;
+        return e;
+      }
+    }
+    return InvalidArgument("on the host backend, device memory must come from Client::AllocateDevice");
+  }
+
+  Result<DeviceEvent> CreateEvent() override {
+    DeviceEvent e;
+    e.request.kind = static_cast<uint32_t>(wire::EventHandleKind::kHost);
+    return e;
+  }
+  void DestroyEvent(void*) override {}
+  Status RecordEvent(void*, void*) override { return Status::Ok(); }
+  Status StreamWaitEvent(void*, void*) override { return Status::Ok(); }
+  bool StreamWaitIsHostWait() const override { return true; }
+
+ private:
+  std::mutex mu_;
+  std::map<uintptr_t, std::weak_ptr<DeviceAllocationState>> live_;
+};
+
+}  // namespace
+
+std::unique_ptr<ClientDevice> MakeHostClientDevice() { return std::make_unique<HostClientDevice>(); }
+
+}  // namespace ferry::detail

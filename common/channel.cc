@@ -1,0 +1,188 @@
+#include "common/channel.hpp"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace ferry {
+namespace {
+
+Result<sockaddr_un> UnixAddress(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) return InvalidArgument("socket path too long: " + path);
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  return addr;
+}
+
+}  // namespace
+
+size_t wire::PayloadLength(MsgType type) {
+  switch (type) {
+    case MsgType::kHello: return sizeof(PayloadOf<MsgType::kHello>::type);
+    case MsgType::kHelloReply: return sizeof(PayloadOf<MsgType::kHelloReply>::type);
+    case MsgType::kAllocBuffer: return sizeof(PayloadOf<MsgType::kAllocBuffer>::type);
+    case MsgType::kAllocBufferReply: return sizeof(PayloadOf<MsgType::kAllocBufferReply>::type);
+    case MsgType::kFreeBuffer: return sizeof(PayloadOf<MsgType::kFreeBuffer>::type);
+    case MsgType::kRegisterDevice: return sizeof(PayloadOf<MsgType::kRegisterDevice>::type);
+    case MsgType::kRegisterDeviceReply: return sizeof(PayloadOf<MsgType::kRegisterDeviceReply>::type);
+    case MsgType::kUnregisterDevice: return sizeof(PayloadOf<MsgType::kUnregisterDevice>::type);
+    case MsgType::kRegisterEvent: return sizeof(PayloadOf<MsgType::kRegisterEvent>::type);
+    case MsgType::kRegisterEventReply: return sizeof(PayloadOf<MsgType::kRegisterEventReply>::type);
+    case MsgType::kSimpleReply: return sizeof(PayloadOf<MsgType::kSimpleReply>::type);
+    case MsgType::kStats: return sizeof(PayloadOf<MsgType::kStats>::type);
+    case MsgType::kStatsReply: return sizeof(PayloadOf<MsgType::kStatsReply>::type);
+  }
+  return 0;
+}
+
+Result<UniqueFd> ListenUnix(const std::string& path, mode_t mode) {
+  FERRY_ASSIGN_OR_RETURN(sockaddr_un addr, UnixAddress(path));
+  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return ErrnoStatus("socket", errno);
+  ::unlink(path.c_str());
+  // Bind under a restrictive umask so the socket is never briefly open to everyone.
+  mode_t old = ::umask(0177);
+  int rc = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  int err = errno;
+  ::umask(old);
+  if (rc != 0) return ErrnoStatus("bind(" + path + ")", err);
+  if (::chmod(path.c_str(), mode) != 0) return ErrnoStatus("chmod(" + path + ")", errno);
+  if (::listen(fd.get(), 64) != 0) return ErrnoStatus("listen", errno);
+  return fd;
+}
+
+Result<UniqueFd> ConnectUnix(const std::string& path) {
+  FERRY_ASSIGN_OR_RETURN(sockaddr_un addr, UnixAddress(path));
+  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoStatus("socket", errno);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    int err = errno;
+    Status s = ErrnoStatus("connect(" + path + ")", err);
+    if (err == ENOENT || err == ECONNREFUSED) {
+      return Unavailable("ferryd is not running at " + path + " (" + s.message() + ")");
+    }
+    return s;
+  }
+  return fd;
+}
+
+Result<UniqueFd> AcceptUnix(int listen_fd) {
+  UniqueFd fd(::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+  if (!fd.valid()) return ErrnoStatus("accept", errno);
+  return fd;
+}
+
+Result<PeerCredentials> GetPeerCredentials(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return ErrnoStatus("SO_PEERCRED", errno);
+  return PeerCredentials{cred.pid, cred.uid, cred.gid};
+}
+
+Status SendMessage(int fd, wire::MsgType type, uint32_t seq, const void* payload, size_t len, const int* fds,
+                   size_t nfds) {
+  if (nfds > wire::kMaxFdsPerMessage) return Internal("too many fds for one message");
+  wire::MsgHeader h{wire::kMagic, wire::kVersion, static_cast<uint16_t>(type), static_cast<uint32_t>(len), seq};
+  iovec iov[2] = {{&h, sizeof h}, {const_cast<void*>(payload), len}};
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 2;
+  std::vector<char> control;
+  if (nfds > 0) {
+    control.resize(CMSG_SPACE(nfds * sizeof(int)));
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+    std::memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
+  }
+  for (;;) {
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) {
+      pollfd p{fd, POLLOUT, 0};
+      if (::poll(&p, 1, 1000) <= 0) return Timeout("control socket full for 1 s");
+      continue;
+    }
+    if (n < 0) return ErrnoStatus("sendmsg", errno);
+    if (static_cast<size_t>(n) != sizeof h + len) return ProtocolError("short send on control socket");
+    return Status::Ok();
+  }
+}
+
+Result<ReceivedMessage> RecvMessage(int fd, int timeout_ms) {
+  constexpr size_t kMaxPayload = 1024;
+  ReceivedMessage out;
+  out.payload.resize(kMaxPayload);
+  std::vector<char> control(CMSG_SPACE(wire::kMaxFdsPerMessage * sizeof(int)));
+  iovec iov[2] = {{&out.header, sizeof out.header}, {out.payload.data(), out.payload.size()}};
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 2;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  ssize_t n;
+  for (;;) {
+    n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) {
+      FERRY_ASSIGN_OR_RETURN(bool readable, WaitReadable(fd, timeout_ms));
+      if (!readable) return Timeout("no reply on the control socket within " + std::to_string(timeout_ms) + " ms");
+      continue;
+    }
+    break;
+  }
+  if (n < 0) return ErrnoStatus("recvmsg", errno);
+  // Take ownership of every fd first, so that a rejected message leaks none.
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int f;
+        std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+        out.fds.emplace_back(f);
+      }
+    }
+  }
+  if (n == 0) return Unavailable("peer closed the control socket");
+  if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) return ProtocolError("control message truncated");
+  if (static_cast<size_t>(n) < sizeof out.header) return ProtocolError("control message shorter than its header");
+  const wire::MsgHeader& h = out.header;
+  if (h.magic != wire::kMagic) return ProtocolError("bad magic on control message");
+  if (h.version != wire::kVersion) {
+    return ProtocolError("protocol version " + std::to_string(h.version) + " spoken, " +
+                         std::to_string(wire::kVersion) + " expected");
+  }
+  size_t want = wire::PayloadLength(static_cast<wire::MsgType>(h.type));
+  if (want == 0) return ProtocolError("unknown control message type " + std::to_string(h.type));
+  if (h.length != want || static_cast<size_t>(n) != sizeof h + want) {
+    return ProtocolError("control message of type " + std::to_string(h.type) + " has " +
+                         std::to_string(n - static_cast<ssize_t>(sizeof h)) + " payload bytes, " +
+                         std::to_string(want) + " expected");
+  }
+  out.payload.resize(want);
+  return out;
+}
+
+wire::ReplyStatus ToWire(const Status& s) {
+  wire::ReplyStatus w{};
+  w.code = static_cast<int32_t>(s.code());
+  CopyCString(w.message, s.message());
+  return w;
+}
+
+Status FromWire(const wire::ReplyStatus& w) {
+  if (w.code == 0) return Status::Ok();
+  int32_t c = w.code;
+  Code code = (c > 0 && c <= static_cast<int32_t>(Code::kAborted)) ? static_cast<Code>(c) : Code::kInternal;
+  return Status(code, ReadCString(w.message));
+}
+
+}  // namespace ferry

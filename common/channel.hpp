@@ -1,0 +1,71 @@
+// The control channel: SOCK_SEQPACKET Unix sockets carrying wire::MsgHeader-framed messages
+// with file descriptors as SCM_RIGHTS. Every received message is validated here (magic,
+// version, type, exact length, no truncation) before anyone looks at its payload.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/fd.hpp"
+#include "common/wire.hpp"
+
+namespace ferry {
+
+struct PeerCredentials {
+  pid_t pid = -1;
+  uid_t uid = static_cast<uid_t>(-1);
+  gid_t gid = static_cast<gid_t>(-1);
+};
+
+struct ReceivedMessage {
+  wire::MsgHeader header{};
+  std::vector<std::byte> payload;
+  std::vector<UniqueFd> fds;
+
+  wire::MsgType type() const { return static_cast<wire::MsgType>(header.type); }
+  template <typename T>
+  T As() const {  // length was checked against the type on receipt
+    T out;
+    std::memcpy(&out, payload.data(), sizeof(T));
+    return out;
+  }
+};
+
+// Listens on `path` (an existing socket file there is replaced) with the file mode `mode`.
+Result<UniqueFd> ListenUnix(const std::string& path, mode_t mode);
+Result<UniqueFd> ConnectUnix(const std::string& path);
+Result<UniqueFd> AcceptUnix(int listen_fd);
+Result<PeerCredentials> GetPeerCredentials(int fd);
+
+Status SendMessage(int fd, wire::MsgType type, uint32_t seq, const void* payload, size_t len,
+                   const int* fds = nullptr, size_t nfds = 0);
+template <typename T>
+Status Send(int fd, wire::MsgType type, uint32_t seq, const T& payload, const int* fds = nullptr,
+            size_t nfds = 0) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  return SendMessage(fd, type, seq, &payload, sizeof payload, fds, nfds);
+}
+
+// Blocks until one message arrives (timeout_ms < 0: forever). kUnavailable on orderly EOF.
+Result<ReceivedMessage> RecvMessage(int fd, int timeout_ms = -1);
+
+// Sets a NUL-terminated message into a fixed wire buffer.
+template <size_t N>
+void CopyCString(char (&dst)[N], std::string_view src) {
+  size_t n = src.size() < N - 1 ? src.size() : N - 1;
+  std::memcpy(dst, src.data(), n);
+  std::memset(dst + n, 0, N - n);
+}
+// Reads a wire string that may not be terminated (never trust the peer).
+template <size_t N>
+std::string ReadCString(const char (&src)[N]) {
+  return std::string(src, strnlen(src, N));
+}
+
+wire::ReplyStatus ToWire(const Status& s);
+Status FromWire(const wire::ReplyStatus& w);
+
+}  // namespace ferry

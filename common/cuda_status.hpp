@@ -1,0 +1,21 @@
+// The one place where CUDA errors become ferry Statuses, and where the few driver-API calls
+// ferry needs are reached (through the runtime's entry points, so nothing links libcuda and
+// binaries start on machines without a driver).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string_view>
+
+#include "ferry/status.hpp"
+
+namespace ferry {
+
+Status CudaStatus(cudaError_t err, std::string_view what);
+// The allocation that contains `ptr`: its base and size (cuMemGetAddressRange).
+Status CudaAllocationRange(const void* ptr, uintptr_t* base, size_t* size);
+
+}  // namespace ferry
+
+#define FERRY_CUDA_RETURN_IF_ERROR(call) FERRY_RETURN_IF_ERROR(::ferry::CudaStatus((call), #call))

@@ -1,0 +1,104 @@
+#include "common/fd.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <ctime>
+
+namespace ferry {
+
+void UniqueFd::reset(int fd) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+void Mapping::reset() {
+  if (addr_ != nullptr) ::munmap(addr_, len_);
+  addr_ = nullptr;
+  len_ = 0;
+}
+
+Result<UniqueFd> CreateSealedMemfd(const std::string& name, size_t size) {
+  UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.valid()) return ErrnoStatus("memfd_create(" + name + ")", errno);
+  // memfds are created 0777 & ~umask; make the mode explicit anyway (it matters for
+  // /proc/<pid>/fd re-opens, which also need ptrace rights over us).
+  if (::fchmod(fd.get(), 0600) != 0) return ErrnoStatus("fchmod(memfd)", errno);
+  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) return ErrnoStatus("ftruncate(memfd)", errno);
+  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return ErrnoStatus("fcntl(F_ADD_SEALS)", errno);
+  }
+  return fd;
+}
+
+Status CheckSealedMemfd(int fd, size_t min_size) {
+  int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0) return InvalidArgument("fd is not a sealable memfd");
+  if ((seals & F_SEAL_SHRINK) == 0) return InvalidArgument("memfd is not sealed against shrinking");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return ErrnoStatus("fstat", errno);
+  if (st.st_size < 0 || static_cast<size_t>(st.st_size) < min_size) {
+    return InvalidArgument("memfd holds " + std::to_string(st.st_size) + " bytes, " + std::to_string(min_size) +
+                           " claimed");
+  }
+  return Status::Ok();
+}
+
+Result<Mapping> MapShared(int fd, size_t size, size_t offset) {
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(offset));
+  if (p == MAP_FAILED) return ErrnoStatus("mmap", errno);
+  return Mapping(p, size);
+}
+
+Result<Mapping> MapSideBySide(const int* fds, size_t count, size_t each) {
+  size_t total = count * each;
+  void* base = ::mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) return ErrnoStatus("mmap(reserve)", errno);
+  Mapping reserved(base, total);
+  for (size_t i = 0; i < count; ++i) {
+    void* want = static_cast<std::byte*>(base) + i * each;
+    void* p = ::mmap(want, each, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fds[i], 0);
+    if (p == MAP_FAILED) return ErrnoStatus("mmap(slab)", errno);
+  }
+  return reserved;
+}
+
+Result<UniqueFd> CreateEventFd() {
+  UniqueFd fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus("eventfd", errno);
+  return fd;
+}
+
+void RingDoorbell(int efd) {
+  uint64_t one = 1;
+  // EAGAIN means the counter is saturated: the reader will wake anyway.
+  [[maybe_unused]] ssize_t n = ::write(efd, &one, sizeof one);
+}
+
+void DrainDoorbell(int efd) {
+  uint64_t v;
+  [[maybe_unused]] ssize_t n = ::read(efd, &v, sizeof v);
+}
+
+Result<bool> WaitReadable(int fd, int timeout_ms) {
+  pollfd p{fd, POLLIN, 0};
+  for (;;) {
+    int n = ::poll(&p, 1, timeout_ms);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus("poll", errno);
+    return n > 0;
+  }
+}
+
+uint64_t MonotonicNanos() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+}  // namespace ferry

@@ -1,0 +1,85 @@
+// UniqueFd and the small OS primitives ferry's two sides share: memfd segments, mappings,
+// eventfd doorbells. Everything that touches a file descriptor goes through here.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "ferry/status.hpp"
+
+namespace ferry {
+
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd() { reset(); }
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept {
+    if (this != &o) reset(o.release());
+    return *this;
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() { return std::exchange(fd_, -1); }
+  void reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+// A shared mapping; unmapped on destruction.
+class Mapping {
+ public:
+  Mapping() = default;
+  Mapping(void* addr, size_t len) : addr_(addr), len_(len) {}
+  ~Mapping() { reset(); }
+  Mapping(Mapping&& o) noexcept : addr_(std::exchange(o.addr_, nullptr)), len_(std::exchange(o.len_, 0)) {}
+  Mapping& operator=(Mapping&& o) noexcept {
+    if (this != &o) {
+      reset();
+      addr_ = std::exchange(o.addr_, nullptr);
+      len_ = std::exchange(o.len_, 0);
+    }
+    return *this;
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+
+  std::byte* data() const { return static_cast<std::byte*>(addr_); }
+  size_t size() const { return len_; }
+  void reset();
+
+ private:
+  void* addr_ = nullptr;
+  size_t len_ = 0;
+};
+
+// An anonymous shared-memory segment (memfd). It has no name, so nothing is left in /dev/shm
+// whatever happens to the process, and it is reachable only by whoever is handed the fd.
+// Sealed against shrinking and growing, so a peer holding the fd cannot truncate it under us
+// (which would turn our next access into SIGBUS).
+Result<UniqueFd> CreateSealedMemfd(const std::string& name, size_t size);
+// Checks that a peer's fd is a memfd sealed against shrinking and at least min_size long.
+Status CheckSealedMemfd(int fd, size_t min_size);
+Result<Mapping> MapShared(int fd, size_t size, size_t offset = 0);
+// Maps `count` segments of `each` bytes side by side in one fresh address range.
+Result<Mapping> MapSideBySide(const int* fds, size_t count, size_t each);
+
+// eventfd doorbells (non-blocking, close-on-exec).
+Result<UniqueFd> CreateEventFd();
+void RingDoorbell(int efd);
+void DrainDoorbell(int efd);
+// Waits up to timeout_ms (-1: forever) for fd to become readable. true if readable.
+Result<bool> WaitReadable(int fd, int timeout_ms);
+
+uint64_t MonotonicNanos();
+
+}  // namespace ferry

@@ -1,0 +1,247 @@
+// The ferry wire protocol: the one definition both ferryd and libferry compile against.
+//
+// Two planes:
+//  - control: a SOCK_SEQPACKET Unix socket. Every message is MsgHeader + one fixed-size payload
+//    struct; magic, version, type and length are checked on every message. File descriptors
+//    (memfds, eventfds) travel as SCM_RIGHTS ancillary data.
+//  - data: one shared ring segment per session holding a submission ring (client produces) and a
+//    completion ring (daemon produces). Entries are fixed-size and carry offsets, never pointers.
+//
+// Everything here is trivially copyable and has a fixed layout; sizes are pinned by static_asserts
+// so that a change to the layout is a deliberate protocol version bump.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace ferry::wire {
+
+inline constexpr uint32_t kMagic = 0x59525246;  // "FRRY" little-endian
+inline constexpr uint16_t kVersion = 1;
+inline constexpr size_t kMaxFdsPerMessage = 200;  // below the kernel's SCM_MAX_FD (253)
+inline constexpr size_t kNameBytes = 32;
+inline constexpr size_t kMessageBytes = 160;
+inline constexpr size_t kCudaIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t) == sizeof(cudaIpcEventHandle_t)
+
+enum class MsgType : uint16_t {
+  kHello = 1,
+  kHelloReply = 2,
+  kAllocBuffer = 3,
+  kAllocBufferReply = 4,
+  kFreeBuffer = 5,
+  kRegisterDevice = 7,
+  kRegisterDeviceReply = 8,
+  kUnregisterDevice = 9,
+  kRegisterEvent = 11,
+  kRegisterEventReply = 12,
+  kSimpleReply = 14,  // answer to requests that return only a status
+  kStats = 15,
+  kStatsReply = 16,
+};
+
+struct MsgHeader {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t type;    // MsgType
+  uint32_t length;  // payload bytes after the header; must equal sizeof(payload struct of type)
+  uint32_t seq;     // echoed in the reply
+};
+static_assert(sizeof(MsgHeader) == 16);
+
+// Every reply starts with this.
+struct ReplyStatus {
+  int32_t code;  // ferry::Code
+  uint32_t reserved;
+  char message[kMessageBytes];  // NUL-terminated when code != 0
+};
+
+enum class BackendKind : uint32_t { kHost = 0, kCuda = 1 };
+
+struct HelloRequest {
+  uint32_t client_version;  // kVersion of the client's build
+  uint32_t flags;
+  char name[kNameBytes];  // free-form client name for logs; NUL-padded
+};
+// Carries 3 fds: ring segment memfd, submit doorbell eventfd, completion doorbell eventfd.
+struct HelloReply {
+  ReplyStatus status;
+  uint64_t session_id;
+  uint32_t backend;  // BackendKind
+  int32_t device_ordinal;
+  uint32_t sq_entries;
+  uint32_t cq_entries;
+  uint64_t ring_bytes;
+  uint64_t pool_bytes;
+  uint64_t slab_bytes;
+  uint64_t session_quota_bytes;
+};
+
+struct AllocBufferRequest {
+  uint64_t size;
+};
+// Carries slab_count fds, the memfds of slabs first_slab .. first_slab + slab_count - 1.
+// The buffer lives at pool_offset; pool_offset - first_slab * slab_bytes is its offset in the
+// mapping of those slabs laid side by side.
+struct AllocBufferReply {
+  ReplyStatus status;
+  uint64_t pool_offset;
+  uint64_t size;
+  uint32_t first_slab;
+  uint32_t slab_count;
+};
+
+struct FreeBufferRequest {
+  uint64_t pool_offset;
+};
+
+enum class DeviceHandleKind : uint32_t {
+  kCudaIpc = 1,      // cudaIpcMemHandle_t of the allocation's base
+  kHostMemfd = 2,    // host backend: a sealed memfd (one SCM_RIGHTS fd) simulating device memory
+};
+struct RegisterDeviceRequest {
+  uint32_t kind;  // DeviceHandleKind
+  int32_t device_ordinal;
+  uint64_t size;  // bytes of the allocation, from its base
+  uint8_t handle[kCudaIpcHandleBytes];
+};
+struct RegisterDeviceReply {
+  ReplyStatus status;
+  uint32_t region_id;
+  uint32_t reserved;
+};
+struct UnregisterDeviceRequest {
+  uint32_t region_id;
+  uint32_t reserved;
+};
+
+enum class EventHandleKind : uint32_t { kCudaIpc = 1, kHost = 2 };
+struct RegisterEventRequest {
+  uint32_t kind;  // EventHandleKind
+  uint32_t reserved;
+  uint8_t handle[kCudaIpcHandleBytes];
+};
+struct RegisterEventReply {
+  ReplyStatus status;
+  uint32_t event_id;
+  uint32_t reserved;
+};
+
+struct SimpleReply {
+  ReplyStatus status;
+};
+
+struct StatsRequest {
+  uint32_t reserved;
+};
+struct StatsReply {
+  ReplyStatus status;
+  uint64_t sessions;
+  uint64_t copies_completed;
+  uint64_t bytes_h2d;
+  uint64_t bytes_d2h;
+  uint64_t pool_bytes;
+  uint64_t pool_free_bytes;
+  uint64_t evictions;
+  uint64_t rejected;
+  uint32_t backend;
+  uint32_t reserved;
+};
+
+// Which payload struct belongs to a type, so both sides check length the same way.
+template <MsgType T>
+struct PayloadOf;
+template <> struct PayloadOf<MsgType::kHello> { using type = HelloRequest; };
+template <> struct PayloadOf<MsgType::kHelloReply> { using type = HelloReply; };
+template <> struct PayloadOf<MsgType::kAllocBuffer> { using type = AllocBufferRequest; };
+template <> struct PayloadOf<MsgType::kAllocBufferReply> { using type = AllocBufferReply; };
+template <> struct PayloadOf<MsgType::kFreeBuffer> { using type = FreeBufferRequest; };
+template <> struct PayloadOf<MsgType::kRegisterDevice> { using type = RegisterDeviceRequest; };
+template <> struct PayloadOf<MsgType::kRegisterDeviceReply> { using type = RegisterDeviceReply; };
+template <> struct PayloadOf<MsgType::kUnregisterDevice> { using type = UnregisterDeviceRequest; };
+template <> struct PayloadOf<MsgType::kRegisterEvent> { using type = RegisterEventRequest; };
+template <> struct PayloadOf<MsgType::kRegisterEventReply> { using type = RegisterEventReply; };
+template <> struct PayloadOf<MsgType::kSimpleReply> { using type = SimpleReply; };
+template <> struct PayloadOf<MsgType::kStats> { using type = StatsRequest; };
+template <> struct PayloadOf<MsgType::kStatsReply> { using type = StatsReply; };
+
+// Expected payload length for a type; 0 for an unknown type.
+size_t PayloadLength(MsgType type);
+
+// ---------------------------------------------------------------------------------------------
+// Data plane: the session ring segment.
+
+enum class Opcode : uint16_t { kNop = 0, kHostToDevice = 1, kDeviceToHost = 2 };
+enum class Priority : uint16_t { kBulk = 0, kLatency = 1 };
+
+inline constexpr uint32_t kNoEvent = 0;
+
+struct SubmissionEntry {
+  uint64_t user_tag;         // echoed in the completion
+  uint16_t opcode;           // Opcode
+  uint16_t priority;         // Priority
+  uint32_t flags;            // reserved, must be 0
+  uint64_t pool_offset;      // host side: offset in the daemon's pool
+  uint64_t length;           // bytes
+  uint64_t device_offset;    // device side: offset from the region's base
+  uint32_t region_id;        // from RegisterDeviceReply
+  uint32_t wait_event_id;    // kNoEvent or a registered event: start after its last record
+  uint32_t signal_event_id;  // kNoEvent or a registered event: recorded when the copy is done
+  uint32_t reserved;
+};
+static_assert(sizeof(SubmissionEntry) == 56);
+
+enum class CompletionKind : uint16_t {
+  kEnqueued = 1,   // on the copy engines; signal event recorded (only sent when one was asked)
+  kCompleted = 2,  // done (or failed: see status)
+};
+struct CompletionEntry {
+  uint64_t user_tag;
+  int32_t status;    // ferry::Code
+  uint16_t kind;     // CompletionKind
+  uint16_t reserved;
+  uint64_t bytes;
+  uint64_t duration_ns;  // daemon-side, from dequeue to completion seen
+};
+static_assert(sizeof(CompletionEntry) == 32);
+
+// One index of a ring, alone on its cache line so producer and consumer do not false-share.
+struct alignas(64) RingIndex {
+  std::atomic<uint32_t> value;
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+inline constexpr uint32_t kRingMagic = 0x474e4952;  // "RING"
+inline constexpr uint32_t kDaemonSleeping = 1;       // daemon_state bit: ring the submit doorbell
+inline constexpr uint32_t kClientWaiting = 1;        // client_state bit: ring the completion doorbell
+
+// Layout of the ring segment: RingHeader, then sq_entries SubmissionEntry, then cq_entries
+// CompletionEntry. The daemon writes the geometry once and keeps its own copy; it never reads
+// the geometry back from shared memory.
+struct RingHeader {
+  uint32_t magic;
+  uint32_t version;
+  uint32_t sq_entries;  // power of two
+  uint32_t cq_entries;  // power of two
+  RingIndex sq_head;    // written by the daemon
+  RingIndex sq_tail;    // written by the client
+  RingIndex cq_head;    // written by the client
+  RingIndex cq_tail;    // written by the daemon
+  RingIndex daemon_state;
+  RingIndex client_state;
+};
+static_assert(std::is_standard_layout_v<RingHeader>);
+
+constexpr size_t RingSegmentBytes(uint32_t sq_entries, uint32_t cq_entries) {
+  return sizeof(RingHeader) + sq_entries * sizeof(SubmissionEntry) + cq_entries * sizeof(CompletionEntry);
+}
+inline SubmissionEntry* SubmissionEntries(void* seg) {
+  return reinterpret_cast<SubmissionEntry*>(static_cast<std::byte*>(seg) + sizeof(RingHeader));
+}
+inline CompletionEntry* CompletionEntries(void* seg, uint32_t sq_entries) {
+  return reinterpret_cast<CompletionEntry*>(static_cast<std::byte*>(seg) + sizeof(RingHeader) +
+                                            sq_entries * sizeof(SubmissionEntry));
+}
+
+}  // namespace ferry::wire

@@ -1,0 +1,144 @@
+// The one interface between ferryd and a copy engine. Two implementations:
+//   cuda  (cuda_backend.cc)  the product: pinned pool, copy streams, CUDA IPC memory and events;
+//   host  (host_backend.cc)  a test double: "device memory" is a sealed memfd, copies are memcpy
+//                            on worker threads, one per stream. What CI runs.
+// FaultInjectingBackend wraps either to make chosen calls fail.
+//
+// Threading: a Backend is driven by the daemon's single event-loop thread; implementations may
+// run their own threads internally.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/fd.hpp"
+#include "common/wire.hpp"
+#include "ferry/status.hpp"
+
+namespace ferry::daemon {
+
+struct DaemonConfig;
+
+enum class Direction : uint8_t { kHostToDevice = 0, kDeviceToHost = 1 };
+
+// Device memory a client registered, opened in the daemon. Owned by the session that registered it.
+class DeviceRegion {
+ public:
+  virtual ~DeviceRegion() = default;
+  virtual std::byte* base() const = 0;  // a device address (cuda) or a host mapping (host)
+  virtual uint64_t size() const = 0;
+};
+
+// An event shared with a client: "start after its last record" / "recorded when done".
+class SharedEvent {
+ public:
+  virtual ~SharedEvent() = default;
+};
+
+struct CopyPiece {
+  uint32_t stream;  // 0: the latency stream (highest priority); 1..streams_per_direction-1: bulk
+  std::byte* host;  // inside the registered pool
+  std::byte* device;
+  uint64_t length;
+};
+
+struct CopyPlan {
+  Direction direction = Direction::kHostToDevice;
+  SharedEvent* wait = nullptr;    // optional: every used stream waits for it first
+  SharedEvent* signal = nullptr;  // optional: recorded once every piece is done
+  std::vector<CopyPiece> pieces;
+};
+
+using FenceId = uint64_t;
+
+struct FenceResult {
+  FenceId fence;
+  Status status;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual wire::BackendKind kind() const = 0;
+  virtual std::string Describe() const = 0;  // one line for logs and `ferryctl status`
+  virtual int device_ordinal() const = 0;
+  virtual uint32_t streams_per_direction() const = 0;
+
+  // Registers the pool for DMA once, at start. Never on the hot path.
+  virtual Status RegisterPool(std::byte* base, size_t length, size_t slab_bytes) = 0;
+
+  virtual Result<std::unique_ptr<DeviceRegion>> OpenDeviceRegion(const wire::RegisterDeviceRequest& req,
+                                                                 UniqueFd fd) = 0;
+  virtual Result<std::unique_ptr<SharedEvent>> OpenEvent(const wire::RegisterEventRequest& req) = 0;
+
+  // Enqueues a plan; its fence completes once every piece has.
+  virtual Result<FenceId> Submit(const CopyPlan& plan) = 0;
+  // Appends the fences that completed since the last call. Never blocks.
+  virtual void PollCompleted(std::vector<FenceResult>& done) = 0;
+  // Readable when PollCompleted has news. -1: none; the caller polls while fences are pending.
+  virtual int completion_fd() const = 0;
+};
+
+struct HostBackendOptions {
+  uint32_t streams_per_direction = 3;
+};
+Result<std::unique_ptr<Backend>> CreateHostBackend(const HostBackendOptions& options);
+// NotSupported when ferry was built without the CUDA toolkit; Unavailable when no GPU answers.
+Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, uint32_t streams_per_direction);
+// Picks per config.backend; `auto` takes cuda when a GPU answers, else host (and says why).
+Result<std::unique_ptr<Backend>> CreateBackend(const DaemonConfig& config, std::string* why);
+
+// Makes chosen calls fail, for tests of the daemon's error paths.
+class FaultInjectingBackend : public Backend {
+ public:
+  explicit FaultInjectingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  void FailNextSubmits(int n) { fail_submits_ = n; }
+  void FailNextCompletions(int n) { fail_completions_ = n; }
+  void FailNextOpenRegion(int n) { fail_open_ = n; }
+
+  wire::BackendKind kind() const override { return inner_->kind(); }
+  std::string Describe() const override { return "fault-injecting " + inner_->Describe(); }
+  int device_ordinal() const override { return inner_->device_ordinal(); }
+  uint32_t streams_per_direction() const override { return inner_->streams_per_direction(); }
+  Status RegisterPool(std::byte* base, size_t length, size_t slab) override {
+    return inner_->RegisterPool(base, length, slab);
+  }
+  Result<std::unique_ptr<DeviceRegion>> OpenDeviceRegion(const wire::RegisterDeviceRequest& r, UniqueFd fd) override {
+    if (fail_open_.load() > 0 && fail_open_.fetch_sub(1) > 0) {
+      return DeviceError("injected: cannot open device memory handle");
+    }
+    return inner_->OpenDeviceRegion(r, std::move(fd));
+  }
+  Result<std::unique_ptr<SharedEvent>> OpenEvent(const wire::RegisterEventRequest& r) override {
+    return inner_->OpenEvent(r);
+  }
+  Result<FenceId> Submit(const CopyPlan& plan) override {
+    if (fail_submits_.load() > 0 && fail_submits_.fetch_sub(1) > 0) {
+      return DeviceError("injected: copy engine refused the copy");
+    }
+    return inner_->Submit(plan);
+  }
+  void PollCompleted(std::vector<FenceResult>& done) override {
+    size_t before = done.size();
+    inner_->PollCompleted(done);
+    for (size_t i = before; i < done.size() && fail_completions_.load() > 0; ++i) {
+      if (fail_completions_.fetch_sub(1) > 0) done[i].status = DeviceError("injected: copy failed on the device");
+    }
+  }
+  int completion_fd() const override { return inner_->completion_fd(); }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  // Set by a test thread, consumed by the event loop.
+  std::atomic<int> fail_submits_{0};
+  std::atomic<int> fail_completions_{0};
+  std::atomic<int> fail_open_{0};
+};
+
+}  // namespace ferry::daemon

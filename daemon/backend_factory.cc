@@ -1,0 +1,29 @@
+#include "daemon/config.hpp"
+#include "daemon/backend.hpp"
+
+namespace ferry::daemon {
+
+Result<std::unique_ptr<Backend>> CreateBackend(const DaemonConfig& config, std::string* why) {
+  // One more stream than bulk streams: stream 0 of each direction is the latency stream.
+  const uint32_t streams = config.copy_streams + 1;
+  switch (config.backend) {
+    case BackendChoice::kHost:
+      *why = "backend: host (as configured)";
+      return CreateHostBackend({streams});
+    case BackendChoice::kCuda:
+      *why = "backend: cuda (as configured)";
+      return CreateCudaBackend(config.device, streams);
+    case BackendChoice::kAuto: {
+      auto cuda = CreateCudaBackend(config.device, streams);
+      if (cuda.ok()) {
+        *why = "backend: cuda (auto: a GPU answered)";
+        return cuda;
+      }
+      *why = "backend: host (auto: " + cuda.status().message() + ")";
+      return CreateHostBackend({streams});
+    }
+  }
+  return Internal("unknown backend choice");
+}
+
+}  // namespace ferry::daemon

@@ -1,0 +1,81 @@
+#include "daemon/config.hpp"
+
+#include "common/yaml_util.hpp"
+
+namespace ferry::daemon {
+namespace {
+
+Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
+  DaemonConfig c;
+  if (root.IsNull()) return c;
+  FERRY_RETURN_IF_ERROR(yamlutil::CheckKeys(
+      file, root, {"runtime_dir", "socket", "allowed_group", "backend", "device", "pool", "session_quota",
+                   "max_sessions", "ring_entries", "spin_us", "chunk_size", "copy_streams", "metrics"}));
+  using namespace yamlutil;
+  if (auto n = root["runtime_dir"]) { FERRY_ASSIGN_OR_RETURN(c.runtime_dir, GetString(file, n)); }
+  if (auto n = root["socket"]) { FERRY_ASSIGN_OR_RETURN(c.socket_name, GetString(file, n)); }
+  if (auto n = root["allowed_group"]) { FERRY_ASSIGN_OR_RETURN(c.allowed_group, GetString(file, n)); }
+  if (auto n = root["backend"]) {
+    FERRY_ASSIGN_OR_RETURN(std::string b, GetString(file, n));
+    if (b == "auto") c.backend = BackendChoice::kAuto;
+    else if (b == "cuda") c.backend = BackendChoice::kCuda;
+    else if (b == "host") c.backend = BackendChoice::kHost;
+    else return ErrorAt(file, n, "backend '" + b + "' unknown (expected auto, cuda or host)");
+  }
+  if (auto n = root["device"]) { FERRY_ASSIGN_OR_RETURN(c.device, GetInt(file, n, 0, 63)); }
+  if (auto pool = root["pool"]) {
+    FERRY_RETURN_IF_ERROR(CheckKeys(file, pool, {"size", "slab"}));
+    if (auto n = pool["size"]) { FERRY_ASSIGN_OR_RETURN(c.pool_bytes, GetSize(file, n, 1ull << 20, 1ull << 40)); }
+    if (auto n = pool["slab"]) { FERRY_ASSIGN_OR_RETURN(c.slab_bytes, GetSize(file, n, 64ull << 10, 1ull << 30)); }
+  }
+  if (auto n = root["session_quota"]) { FERRY_ASSIGN_OR_RETURN(c.session_quota_bytes, GetSize(file, n, 0, 1ull << 40)); }
+  if (auto n = root["max_sessions"]) { FERRY_ASSIGN_OR_RETURN(c.max_sessions, GetInt(file, n, 1, 4096)); }
+  if (auto n = root["ring_entries"]) { FERRY_ASSIGN_OR_RETURN(c.ring_entries, GetInt(file, n, 8, 65536)); }
+  if (auto n = root["spin_us"]) { FERRY_ASSIGN_OR_RETURN(c.spin_us, GetInt(file, n, 0, 1000000)); }
+  if (auto n = root["chunk_size"]) { FERRY_ASSIGN_OR_RETURN(c.chunk_bytes, GetSize(file, n, 4096, 1ull << 32)); }
+  if (auto n = root["copy_streams"]) { FERRY_ASSIGN_OR_RETURN(c.copy_streams, GetInt(file, n, 1, 16)); }
+  if (auto m = root["metrics"]) {
+    FERRY_RETURN_IF_ERROR(CheckKeys(file, m, {"address"}));
+    if (auto n = m["address"]) { FERRY_ASSIGN_OR_RETURN(c.metrics_address, GetString(file, n)); }
+  }
+  Status v = ValidateConfig(c);
+  if (!v.ok()) return v.WithContext(file);
+  return c;
+}
+
+}  // namespace
+
+Status ValidateConfig(const DaemonConfig& c) {
+  if (c.runtime_dir.empty() || c.runtime_dir[0] != '/') return InvalidArgument("runtime_dir must be an absolute path");
+  if (c.socket_name.empty() || c.socket_name.find('/') != std::string::npos) {
+    return InvalidArgument("socket must be a file name inside runtime_dir");
+  }
+  if ((c.slab_bytes & (c.slab_bytes - 1)) != 0) return InvalidArgument("pool.slab must be a power of two");
+  if (c.slab_bytes % 4096 != 0) return InvalidArgument("pool.slab must be a multiple of 4 KiB");
+  if (c.pool_bytes % c.slab_bytes != 0) return InvalidArgument("pool.size must be a multiple of pool.slab");
+  if (c.pool_bytes / c.slab_bytes > 65536) return InvalidArgument("pool.size / pool.slab must be at most 65536 slabs");
+  if ((c.ring_entries & (c.ring_entries - 1)) != 0) return InvalidArgument("ring_entries must be a power of two");
+  if (c.session_quota_bytes > c.pool_bytes) return InvalidArgument("session_quota is larger than the pool");
+  return Status::Ok();
+}
+
+Result<DaemonConfig> ParseConfig(const std::string& text, const std::string& name) {
+  FERRY_ASSIGN_OR_RETURN(YAML::Node root, yamlutil::LoadString(text, name));
+  return FromYaml(root, name);
+}
+
+Result<DaemonConfig> LoadConfig(const std::string& path) {
+  FERRY_ASSIGN_OR_RETURN(YAML::Node root, yamlutil::LoadFile(path));
+  return FromYaml(root, path);
+}
+
+std::string_view BackendChoiceName(BackendChoice b) {
+  switch (b) {
+    case BackendChoice::kAuto: return "auto";
+    case BackendChoice::kCuda: return "cuda";
+    case BackendChoice::kHost: return "host";
+  }
+  return "?";
+}
+
+}  // namespace ferry::daemon

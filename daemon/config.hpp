@@ -1,0 +1,39 @@
+// ferryd's configuration (config/ferryd.yaml): where it listens, how big its pool is, which
+// backend it runs, and the knobs of its copy engine use.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ferry/status.hpp"
+
+namespace ferry::daemon {
+
+enum class BackendChoice { kAuto, kCuda, kHost };
+
+struct DaemonConfig {
+  std::string runtime_dir = "/run/ferry";
+  std::string socket_name = "ferryd.sock";
+  std::string allowed_group;  // empty: only the daemon's own uid (and root) may connect
+  BackendChoice backend = BackendChoice::kAuto;
+  int device = 0;
+  uint64_t pool_bytes = 1ull << 30;
+  uint64_t slab_bytes = 8ull << 20;
+  uint64_t session_quota_bytes = 0;  // 0: the whole pool
+  uint32_t max_sessions = 64;
+  uint32_t ring_entries = 256;       // submission ring; the completion ring is twice that
+  uint32_t spin_us = 200;            // busy-poll this long after the last activity, then sleep
+  uint64_t chunk_bytes = 8ull << 20; // larger copies are split into chunks of this size
+  uint32_t copy_streams = 2;         // bulk copy streams per direction (plus one latency stream)
+  std::string metrics_address = "127.0.0.1:9477";  // empty: no exporter
+
+  std::string SocketPath() const { return runtime_dir + "/" + socket_name; }
+};
+
+// Reads and validates a config file; every error names file:line:col.
+Result<DaemonConfig> LoadConfig(const std::string& path);
+Result<DaemonConfig> ParseConfig(const std::string& text, const std::string& name);
+Status ValidateConfig(const DaemonConfig& c);
+std::string_view BackendChoiceName(BackendChoice b);
+
+}  // namespace ferry::daemon

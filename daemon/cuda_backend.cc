@@ -1,0 +1,308 @@
+// The cuda backend: the pool registered once with cudaHostRegister, per-direction copy streams
+// (stream 0 at the highest priority, for latency-class copies), device memory opened from CUDA
+// IPC handles (once per handle, shared by refcount), interprocess events for GPU-side ordering,
+// and fences as events polled with cudaEventQuery (no CPU thread blocks on the GPU).
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <deque>
+#include <map>
+#include <string>
+
+#include "common/cuda_status.hpp"
+#include "common/log.hpp"
+#include "daemon/backend.hpp"
+
+namespace ferry::daemon {
+namespace {
+
+using HandleKey = std::string;  // the 64 handle bytes
+
+struct OpenedMemory {
+  void* ptr = nullptr;
+  uint64_t size = 0;
+  int refs = 0;
+};
+
+class CudaBackend;
+
+class CudaRegion : public DeviceRegion {
+ public:
+  CudaRegion(CudaBackend* owner, HandleKey key, std::byte* base, uint64_t size)
+      : owner_(owner), key_(std::move(key)), base_(base), size_(size) {}
+  ~CudaRegion() override;
+  std::byte* base() const override { return base_; }
+  uint64_t size() const override { return size_; }
+
+ private:
+  CudaBackend* owner_;
+  HandleKey key_;
+  std::byte* base_;
+  uint64_t size_;
+};
+
+class CudaEvent : public SharedEvent {
+ public:
+  explicit CudaEvent(cudaEvent_t e) : e_(e) {}
+  ~CudaEvent() override { cudaEventDestroy(e_); }
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_;
+};
+
+class CudaBackend : public Backend {
+ public:
+  CudaBackend(int device, uint32_t streams) : device_(device), streams_per_dir_(streams) {}
+
+  Status Init() {
+    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    cudaDeviceProp prop{};
+    FERRY_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device_));
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    char uuid[64];
+    const unsigned char* u = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+    std::snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+                  u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    describe_ = std::string("cuda: ") + prop.name + " (sm_" + std::to_string(prop.major) +
+                std::to_string(prop.minor) + ", " + uuid + "), " + std::to_string(prop.asyncEngineCount) +
+                " copy engines, driver " + std::to_string(driver) + ", runtime " + std::to_string(runtime);
+    int lo = 0, hi = 0;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    for (int d = 0; d < 2; ++d) {
+      for (uint32_t i = 0; i < streams_per_dir_; ++i) {
+        cudaStream_t s;
+        // Stream 0 of each direction carries latency-class copies: greatest priority.
+        FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, i == 0 ? hi : lo));
+        streams_[d].push_back(s);
+      }
+    }
+    return Status::Ok();
+  }
+
+  ~CudaBackend() override {
+    cudaSetDevice(device_);
+    cudaDeviceSynchronize();
+    for (auto& f : pending_) for (cudaEvent_t e : f.events) free_events_.push_back(e);
+    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    for (auto& d : streams_) for (cudaStream_t s : d) cudaStreamDestroy(s);
+    for (void* p : registered_) cudaHostUnregister(p);
+  }
+
+  wire::BackendKind kind() const override { return wire::BackendKind::kCuda; }
+  std::string Describe() const override { return describe_; }
+  int device_ordinal() const override { return device_; }
+  uint32_t streams_per_direction() const override { return streams_per_dir_; }
+
+  Status RegisterPool(std::byte* base, size_t length, size_t slab_bytes) override {
+    cudaSetDevice(device_);
+    cudaError_t e = cudaHostRegister(base, length, cudaHostRegisterPortable);
+    if (e == cudaSuccess) {
+      registered_.push_back(base);
+      return Status::Ok();
+    }
+    // The pool is one address range made of one mapping per slab; should the driver refuse the
+    // range as a whole, pin slab by slab (copies never cross a slab boundary).
+    cudaGetLastError();
+    FERRY_LOG(kWarning) << "cudaHostRegister of the whole pool failed (" << cudaGetErrorString(e)
+                        << "); registering slab by slab";
+    for (size_t off = 0; off < length; off += slab_bytes) {
+      FERRY_CUDA_RETURN_IF_ERROR(cudaHostRegister(base + off, slab_bytes, cudaHostRegisterPortable));
+      registered_.push_back(base + off);
+    }
+    return Status::Ok();
+  }
+
+  Result<std::unique_ptr<DeviceRegion>> OpenDeviceRegion(const wire::RegisterDeviceRequest& req, UniqueFd) override {
+    if (req.kind != static_cast<uint32_t>(wire::DeviceHandleKind::kCudaIpc)) {
+      return InvalidArgument("the cuda backend takes CUDA IPC memory handles only");
+    }
+    if (req.device_ordinal != device_) {
+      return InvalidArgument("memory on device " + std::to_string(req.device_ordinal) + "; this daemon drives device " +
+                             std::to_string(device_));
+    }
+    if (req.size == 0) return InvalidArgument("device region of 0 bytes");
+    HandleKey key(reinterpret_cast<const char*>(req.handle), wire::kCudaIpcHandleBytes);
+    auto it = opened_.find(key);
+    if (it == opened_.end()) {
+      cudaIpcMemHandle_t h;
+      static_assert(sizeof h == wire::kCudaIpcHandleBytes);
+      std::memcpy(&h, req.handle, sizeof h);
+      void* ptr = nullptr;
+      FERRY_CUDA_RETURN_IF_ERROR(cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess));
+      // Never trust the claimed size: ask the driver how large the allocation really is.
+      uintptr_t base = 0;
+      size_t size = 0;
+      Status s = CudaAllocationRange(ptr, &base, &size);
+      if (!s.ok()) {
+        cudaIpcCloseMemHandle(ptr);
+        return s;
+      }
+      it = opened_.emplace(key, OpenedMemory{ptr, size, 0}).first;
+    }
+    if (req.size > it->second.size) {
+      if (it->second.refs == 0) {
+        cudaIpcCloseMemHandle(it->second.ptr);
+        opened_.erase(it);
+      }
+      return InvalidArgument("device region claims " + std::to_string(req.size) + " bytes; the allocation has " +
+                             std::to_string(it->second.size));
+    }
+    ++it->second.refs;
+    return std::unique_ptr<DeviceRegion>(
+        std::make_unique<CudaRegion>(this, key, static_cast<std::byte*>(it->second.ptr), req.size));
+  }
+
+  void ReleaseRegion(const HandleKey& key) {
+    auto it = opened_.find(key);
+    if (it == opened_.end()) return;
+    if (--it->second.refs == 0) {
+      cudaSetDevice(device_);
+      cudaIpcCloseMemHandle(it->second.ptr);
+      opened_.erase(it);
+    }
+  }
+
+  Result<std::unique_ptr<SharedEvent>> OpenEvent(const wire::RegisterEventRequest& req) override {
+    if (req.kind != static_cast<uint32_t>(wire::EventHandleKind::kCudaIpc)) {
+      return InvalidArgument("the cuda backend takes CUDA IPC event handles only");
+    }
+    cudaIpcEventHandle_t h;
+    static_assert(sizeof h == wire::kCudaIpcHandleBytes);
+    std::memcpy(&h, req.handle, sizeof h);
+    cudaEvent_t e;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaIpcOpenEventHandle(&e, h));
+    return std::unique_ptr<SharedEvent>(std::make_unique<CudaEvent>(e));
+  }
+
+  Result<FenceId> Submit(const CopyPlan& plan) override {
+    if (plan.pieces.empty()) return InvalidArgument("empty copy plan");
+    const int d = static_cast<int>(plan.direction);
+    const cudaMemcpyKind kind = plan.direction == Direction::kHostToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    uint32_t used_mask = 0;
+    for (const CopyPiece& p : plan.pieces) {
+      if (p.stream >= streams_per_dir_) return Internal("stream index out of range");
+      used_mask |= 1u << p.stream;
+    }
+    if (plan.wait != nullptr) {
+      cudaEvent_t w = static_cast<CudaEvent*>(plan.wait)->get();
+      for (uint32_t s = 0; s < streams_per_dir_; ++s) {
+        if (used_mask & (1u << s)) FERRY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(streams_[d][s], w, 0));
+      }
+    }
+    // Group the pieces by stream; a stream given several pieces gets them as one batch.
+    for (uint32_t s = 0; s < streams_per_dir_; ++s) {
+      if (!(used_mask & (1u << s))) continue;
+      dsts_.clear();
+      srcs_.clear();
+      sizes_.clear();
+      for (const CopyPiece& p : plan.pieces) {
+        if (p.stream != s) continue;
+        dsts_.push_back(kind == cudaMemcpyHostToDevice ? static_cast<void*>(p.device) : static_cast<void*>(p.host));
+        srcs_.push_back(kind == cudaMemcpyHostToDevice ? static_cast<const void*>(p.host) : static_cast<const void*>(p.device));
+        sizes_.push_back(p.length);
+      }
+      if (dsts_.size() == 1) {
+        FERRY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dsts_[0], srcs_[0], sizes_[0], kind, streams_[d][s]));
+      } else {
+        cudaMemcpyAttributes attr{};
+        attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+        size_t idx = 0;
+        FERRY_CUDA_RETURN_IF_ERROR(cudaMemcpyBatchAsync(dsts_.data(), srcs_.data(), sizes_.data(), dsts_.size(),
+                                                        &attr, &idx, 1, streams_[d][s]));
+      }
+    }
+    Fence f;
+    f.id = next_fence_++;
+    for (uint32_t s = 0; s < streams_per_dir_; ++s) {
+      if (!(used_mask & (1u << s))) continue;
+      FERRY_ASSIGN_OR_RETURN(cudaEvent_t e, TakeEvent());
+      FERRY_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, streams_[d][s]));
+      f.events.push_back(e);
+      f.streams.push_back(streams_[d][s]);
+    }
+    if (plan.signal != nullptr) {
+      cudaStream_t primary = f.streams[0];
+      for (size_t i = 1; i < f.events.size(); ++i) FERRY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(primary, f.events[i], 0));
+      FERRY_CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<CudaEvent*>(plan.signal)->get(), primary));
+    }
+    pending_.push_back(std::move(f));
+    return pending_.back().id;
+  }
+
+  void PollCompleted(std::vector<FenceResult>& done) override {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      Status st;
+      bool ready = true;
+      for (cudaEvent_t e : it->events) {
+        cudaError_t q = cudaEventQuery(e);
+        if (q == cudaErrorNotReady) {
+          ready = false;
+          break;
+        }
+        if (q != cudaSuccess && st.ok()) st = CudaStatus(q, "copy");
+      }
+      if (!ready) {
+        ++it;
+        continue;
+      }
+      for (cudaEvent_t e : it->events) free_events_.push_back(e);
+      done.push_back({it->id, st});
+      it = pending_.erase(it);
+    }
+  }
+  int completion_fd() const override { return -1; }
+
+ private:
+  struct Fence {
+    FenceId id;
+    std::vector<cudaEvent_t> events;
+    std::vector<cudaStream_t> streams;
+  };
+
+  Result<cudaEvent_t> TakeEvent() {
+    if (!free_events_.empty()) {
+      cudaEvent_t e = free_events_.back();
+      free_events_.pop_back();
+      return e;
+    }
+    cudaEvent_t e;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+
+  int device_;
+  uint32_t streams_per_dir_;
+  std::string describe_;
+  std::vector<cudaStream_t> streams_[2];
+  std::vector<void*> registered_;
+  std::map<HandleKey, OpenedMemory> opened_;
+  std::deque<Fence> pending_;
+  std::vector<cudaEvent_t> free_events_;
+  FenceId next_fence_ = 1;
+  std::vector<void*> dsts_;
+  std::vector<const void*> srcs_;
+  std::vector<size_t> sizes_;
+};
+
+CudaRegion::~CudaRegion() { owner_->ReleaseRegion(key_); }
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, uint32_t streams_per_direction) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return Unavailable(std::string("no CUDA GPU answers: ") + (e == cudaSuccess ? "0 devices" : cudaGetErrorString(e)));
+  }
+  if (device >= count) return Unavailable("device " + std::to_string(device) + " asked, " + std::to_string(count) + " present");
+  if (streams_per_direction == 0 || streams_per_direction > 31) return InvalidArgument("1 to 31 streams per direction");
+  auto b = std::make_unique<CudaBackend>(device, streams_per_direction);
+  FERRY_RETURN_IF_ERROR(b->Init());
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+}  // namespace ferry::daemon

@@ -1,0 +1,163 @@
+// The host backend: device memory is a client's sealed memfd mapped here, copies are memcpy on
+// one worker thread per (direction, stream). Events are accepted and ignored: with no GPU there
+// is no device work to order against, so "after" is always already satisfied.
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "daemon/backend.hpp"
+
+namespace ferry::daemon {
+namespace {
+
+class HostRegion : public DeviceRegion {
+ public:
+  explicit HostRegion(Mapping m) : m_(std::move(m)) {}
+  std::byte* base() const override { return m_.data(); }
+  uint64_t size() const override { return m_.size(); }
+
+ private:
+  Mapping m_;
+};
+
+class HostEvent : public SharedEvent {};
+
+class HostBackend : public Backend {
+ public:
+  explicit HostBackend(const HostBackendOptions& o, UniqueFd efd) : streams_(o.streams_per_direction), efd_(std::move(efd)) {
+    for (uint32_t i = 0; i < 2 * streams_; ++i) {
+      workers_.emplace_back(std::make_unique<Worker>());
+    }
+    for (auto& w : workers_) {
+      Worker* wp = w.get();
+      wp->thread = std::thread([this, wp] { RunWorker(*wp); });
+    }
+  }
+  ~HostBackend() override {
+    for (auto& w : workers_) {
+      {
+        std::lock_guard<std::mutex> l(w->mu);
+        w->stop = true;
+      }
+      w->cv.notify_one();
+      w->thread.join();
+    }
+  }
+
+  wire::BackendKind kind() const override { return wire::BackendKind::kHost; }
+  std::string Describe() const override {
+    return "host (simulated device in host memory, " + std::to_string(streams_) + " streams per direction; no GPU)";
+  }
+  int device_ordinal() const override { return 0; }
+  uint32_t streams_per_direction() const override { return streams_; }
+  Status RegisterPool(std::byte*, size_t, size_t) override { return Status::Ok(); }
+
+  Result<std::unique_ptr<DeviceRegion>> OpenDeviceRegion(const wire::RegisterDeviceRequest& req, UniqueFd fd) override {
+    if (req.kind != static_cast<uint32_t>(wire::DeviceHandleKind::kHostMemfd)) {
+      return InvalidArgument("the host backend takes host-memfd device handles only");
+    }
+    if (!fd.valid()) return InvalidArgument("a host-memfd registration must carry its memfd");
+    if (req.size == 0) return InvalidArgument("device region of 0 bytes");
+    FERRY_RETURN_IF_ERROR(CheckSealedMemfd(fd.get(), req.size));
+    FERRY_ASSIGN_OR_RETURN(Mapping m, MapShared(fd.get(), req.size));
+    return std::unique_ptr<DeviceRegion>(std::make_unique<HostRegion>(std::move(m)));
+  }
+
+  Result<std::unique_ptr<SharedEvent>> OpenEvent(const wire::RegisterEventRequest& req) override {
+    if (req.kind != static_cast<uint32_t>(wire::EventHandleKind::kHost)) {
+      return InvalidArgument("the host backend takes host events only");
+    }
+    return std::unique_ptr<SharedEvent>(std::make_unique<HostEvent>());
+  }
+
+  Result<FenceId> Submit(const CopyPlan& plan) override {
+    if (plan.pieces.empty()) return InvalidArgument("empty copy plan");
+    FenceId id = next_fence_++;
+    {
+      std::lock_guard<std::mutex> l(fence_mu_);
+      remaining_[id] = plan.pieces.size();
+    }
+    for (const CopyPiece& p : plan.pieces) {
+      if (p.stream >= streams_) return Internal("stream index out of range");
+      Worker& w = *workers_[static_cast<size_t>(plan.direction) * streams_ + p.stream];
+      {
+        std::lock_guard<std::mutex> l(w.mu);
+        w.jobs.push_back(Job{id, plan.direction, p});
+      }
+      w.cv.notify_one();
+    }
+    return id;
+  }
+
+  void PollCompleted(std::vector<FenceResult>& done) override {
+    DrainDoorbell(efd_.get());
+    std::lock_guard<std::mutex> l(fence_mu_);
+    for (FenceId f : finished_) done.push_back({f, Status::Ok()});
+    finished_.clear();
+  }
+  int completion_fd() const override { return efd_.get(); }
+
+ private:
+  struct Job {
+    FenceId fence;
+    Direction dir;
+    CopyPiece piece;
+  };
+  struct Worker {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Job> jobs;
+    bool stop = false;
+    std::thread thread;
+  };
+
+  void RunWorker(Worker& w) {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> l(w.mu);
+        w.cv.wait(l, [&] { return w.stop || !w.jobs.empty(); });
+        if (w.jobs.empty()) return;  // stop requested and drained
+        job = w.jobs.front();
+        w.jobs.pop_front();
+      }
+      if (job.dir == Direction::kHostToDevice) {
+        std::memcpy(job.piece.device, job.piece.host, job.piece.length);
+      } else {
+        std::memcpy(job.piece.host, job.piece.device, job.piece.length);
+      }
+      bool last = false;
+      {
+        std::lock_guard<std::mutex> l(fence_mu_);
+        auto it = remaining_.find(job.fence);
+        if (--it->second == 0) {
+          remaining_.erase(it);
+          finished_.push_back(job.fence);
+          last = true;
+        }
+      }
+      if (last) RingDoorbell(efd_.get());
+    }
+  }
+
+  uint32_t streams_;
+  UniqueFd efd_;
+  FenceId next_fence_ = 1;
+  std::mutex fence_mu_;
+  std::unordered_map<FenceId, size_t> remaining_;  // guarded by fence_mu_
+  std::vector<FenceId> finished_;                  // guarded by fence_mu_
+  std::vector<std::unique_ptr<Worker>> workers_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> CreateHostBackend(const HostBackendOptions& options) {
+  if (options.streams_per_direction == 0) return InvalidArgument("at least one stream per direction");
+  FERRY_ASSIGN_OR_RETURN(UniqueFd efd, CreateEventFd());
+  return std::unique_ptr<Backend>(std::make_unique<HostBackend>(options, std::move(efd)));
+}
+
+}  // namespace ferry::daemon

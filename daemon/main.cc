@@ -1,0 +1,162 @@
+// ferryd: the node's GPU transfer daemon. Thin: parse flags, load config, pick a backend, serve.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "common/log.hpp"
+#include "common/yaml_util.hpp"
+#include "daemon/config.hpp"
+#include "daemon/server.hpp"
+#include "ferry/version.hpp"
+
+namespace {
+
+ferry::daemon::Server* g_server = nullptr;
+
+void OnSignal(int) {
+  if (g_server != nullptr) g_server->Stop();
+}
+
+constexpr const char* kUsage = R"(usage: ferryd [options]
+
+ferryd owns this node's pinned host memory pool and CUDA copy streams and runs host<->device
+copies for client processes (libferry) under their compute. Runs in the foreground; stops
+cleanly on SIGTERM or SIGINT.
+
+options:
+  --config PATH        YAML config (default: /etc/ferry/ferryd.yaml if it exists, else built-in defaults)
+  --runtime-dir DIR    override runtime_dir (where the control socket lives)
+  --backend NAME       override backend: auto | cuda | host
+  --pool-size SIZE     override pool.size, e.g. 256MiB
+  --slab-size SIZE     override pool.slab, e.g. 8MiB
+  --log-level LEVEL    debug | info | warning | error (default info)
+  --check-config       validate the config, print what it sets, and exit
+  --version            print the version and exit
+  -h, --help           this help
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ferry;
+  std::string config_path;
+  std::string runtime_dir, backend, pool_size, slab_size;
+  bool check_only = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](const char* flag) -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "ferryd: %s needs a value\n", flag);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--version") {
+      std::printf("ferryd %s\n", kVersionString);
+      return 0;
+    } else if (a == "--config") {
+      config_path = value("--config");
+    } else if (a == "--runtime-dir") {
+      runtime_dir = value("--runtime-dir");
+    } else if (a == "--backend") {
+      backend = value("--backend");
+    } else if (a == "--pool-size") {
+      pool_size = value("--pool-size");
+    } else if (a == "--slab-size") {
+      slab_size = value("--slab-size");
+    } else if (a == "--check-config") {
+      check_only = true;
+    } else if (a == "--log-level") {
+      std::string l = value("--log-level");
+      if (l == "debug") SetLogLevel(LogLevel::kDebug);
+      else if (l == "info") SetLogLevel(LogLevel::kInfo);
+      else if (l == "warning") SetLogLevel(LogLevel::kWarning);
+      else if (l == "error") SetLogLevel(LogLevel::kError);
+      else {
+        std::fprintf(stderr, "ferryd: unknown log level '%s'\n", l.c_str());
+        return 2;
+      }
+    } else {
+      std::fprintf(stderr, "ferryd: unknown option '%s' (try --help)\n", a.c_str());
+      return 2;
+    }
+  }
+  if (config_path.empty() && ::access("/etc/ferry/ferryd.yaml", R_OK) == 0) config_path = "/etc/ferry/ferryd.yaml";
+  daemon::DaemonConfig config;
+  if (!config_path.empty()) {
+    auto c = daemon::LoadConfig(config_path);
+    if (!c.ok()) {
+      std::fprintf(stderr, "ferryd: %s\n", c.status().message().c_str());
+      return 2;
+    }
+    config = *c;
+  }
+  if (!runtime_dir.empty()) config.runtime_dir = runtime_dir;
+  if (!backend.empty()) {
+    if (backend == "auto") config.backend = daemon::BackendChoice::kAuto;
+    else if (backend == "cuda") config.backend = daemon::BackendChoice::kCuda;
+    else if (backend == "host") config.backend = daemon::BackendChoice::kHost;
+    else {
+      std::fprintf(stderr, "ferryd: --backend %s unknown (auto, cuda or host)\n", backend.c_str());
+      return 2;
+    }
+  }
+  for (auto [text, field] : {std::pair{&pool_size, &config.pool_bytes}, std::pair{&slab_size, &config.slab_bytes}}) {
+    if (text->empty()) continue;
+    auto v = yamlutil::ParseSize(*text);
+    if (!v.ok()) {
+      std::fprintf(stderr, "ferryd: %s: %s\n", text->c_str(), v.status().message().c_str());
+      return 2;
+    }
+    *field = *v;
+  }
+  if (Status v = daemon::ValidateConfig(config); !v.ok()) {
+    std::fprintf(stderr, "ferryd: invalid config: %s\n", v.message().c_str());
+    return 2;
+  }
+  if (check_only) {
+    std::printf("socket %s\nbackend %s\npool %llu bytes in slabs of %llu\nring_entries %u\nchunk_size %llu\n"
+                "copy_streams %u\n",
+                config.SocketPath().c_str(), std::string(daemon::BackendChoiceName(config.backend)).c_str(),
+                static_cast<unsigned long long>(config.pool_bytes), static_cast<unsigned long long>(config.slab_bytes),
+                config.ring_entries, static_cast<unsigned long long>(config.chunk_bytes), config.copy_streams);
+    return 0;
+  }
+
+  std::string why;
+  auto be = daemon::CreateBackend(config, &why);
+  if (!be.ok()) {
+    std::fprintf(stderr, "ferryd: %s\n", be.status().ToString().c_str());
+    return 1;
+  }
+  FERRY_LOG(kInfo) << "ferryd " << kVersionString << ": " << why;
+  FERRY_LOG(kInfo) << (*be)->Describe();
+  auto server = daemon::Server::Create(config, std::move(*be));
+  if (!server.ok()) {
+    std::fprintf(stderr, "ferryd: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  g_server = server->get();
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  FERRY_LOG(kInfo) << "ready";
+  Status st = (*server)->Run();
+  g_server = nullptr;
+  server->reset();
+  if (!st.ok()) {
+    std::fprintf(stderr, "ferryd: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  FERRY_LOG(kInfo) << "stopped cleanly";
+  return 0;
+}

@@ -1,0 +1,10 @@
+// Linked instead of cuda_backend.cc when ferry is built without the CUDA toolkit.
+#include "daemon/backend.hpp"
+
+namespace ferry::daemon {
+
+Result<std::unique_ptr<Backend>> CreateCudaBackend(int, uint32_t) {
+  return NotSupported("this ferryd was built without the CUDA toolkit (host backend only)");
+}
+
+}  // namespace ferry::daemon

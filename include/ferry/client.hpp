@@ -1,0 +1,173 @@
+// libferry: the C++ client API of ferry.
+//
+//   auto client = ferry::Client::Connect({});                       // or {.socket_path = ...}
+//   auto host   = client->AllocateHost(64 << 20);                   // zero-copy, pinned by ferryd
+//   auto region = client->RegisterDevice(dev_ptr, bytes);           // any cudaMalloc'd pointer
+//   auto t      = client->Copy(ferry::Direction::kHostToDevice, *host, 0, *region, 0, n);
+//   t->Wait(std::chrono::seconds(1));                               // or Poll(), or StreamWait(s)
+//
+// Nothing throws across this API: every fallible call returns Status or Result<T>.
+// Thread-safety: a Client and the objects it hands out may be used from several threads.
+// Objects handed out keep the connection's state alive; destroying the Client does not
+// invalidate them, but once the connection is gone their operations fail with kUnavailable.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ferry/status.hpp"
+
+namespace ferry {
+
+namespace detail {
+class ClientCore;
+struct TransferState;
+struct HostBufferState;
+struct DeviceRegionState;
+struct EventState;
+struct DeviceAllocationState;
+}  // namespace detail
+
+enum class Direction { kHostToDevice, kDeviceToHost };
+enum class Priority { kBulk, kLatency };
+enum class BackendKind { kHost, kCuda };
+
+// The default control socket: $FERRY_SOCKET, else /run/ferry/ferryd.sock.
+std::string DefaultSocketPath();
+
+struct ConnectOptions {
+  std::string socket_path;  // empty: DefaultSocketPath()
+  std::string name;         // shows in the daemon's logs; empty: the program's name
+  std::chrono::milliseconds timeout{5000};
+};
+
+// A buffer in ferryd's pinned pool, mapped into this process: write into data() and copy from
+// it with no host-side copy. Freed when destroyed.
+class HostBuffer {
+ public:
+  HostBuffer(HostBuffer&&) noexcept;
+  HostBuffer& operator=(HostBuffer&&) noexcept;
+  ~HostBuffer();
+  std::byte* data() const;
+  size_t size() const;
+
+ private:
+  friend class Client;
+  explicit HostBuffer(std::shared_ptr<detail::HostBufferState> s);
+  std::shared_ptr<detail::HostBufferState> s_;
+};
+
+// Device memory registered with ferryd (by CUDA IPC handle on the cuda backend). Copies address
+// it by offset from the registered pointer. Unregistered when destroyed.
+class DeviceRegion {
+ public:
+  DeviceRegion(DeviceRegion&&) noexcept;
+  DeviceRegion& operator=(DeviceRegion&&) noexcept;
+  ~DeviceRegion();
+  void* data() const;  // the pointer that was registered
+  size_t size() const;
+
+ private:
+  friend class Client;
+  explicit DeviceRegion(std::shared_ptr<detail::DeviceRegionState> s);
+  std::shared_ptr<detail::DeviceRegionState> s_;
+};
+
+// Device memory allocated by the client library for the daemon's backend: cudaMalloc on the
+// cuda backend; on the host backend, a sealed memory segment standing in for the GPU, whose
+// data() the process can read and write directly (host_visible()).
+class DeviceAllocation {
+ public:
+  DeviceAllocation(DeviceAllocation&&) noexcept;
+  DeviceAllocation& operator=(DeviceAllocation&&) noexcept;
+  ~DeviceAllocation();
+  void* data() const;
+  size_t size() const;
+  bool host_visible() const;
+
+ private:
+  friend class Client;
+  explicit DeviceAllocation(std::shared_ptr<detail::DeviceAllocationState> s);
+  std::shared_ptr<detail::DeviceAllocationState> s_;
+};
+
+// A CUDA interprocess event shared with ferryd. Record it on your stream, then pass it as
+// CopyOptions::after: the copy starts on the GPU once your stream reaches the record, with no
+// CPU round trip. On the host backend, recording is a no-op and `after` is always satisfied.
+class SharedEvent {
+ public:
+  SharedEvent(SharedEvent&&) noexcept;
+  SharedEvent& operator=(SharedEvent&&) noexcept;
+  ~SharedEvent();
+  Status Record(void* cuda_stream);
+
+ private:
+  friend class Client;
+  explicit SharedEvent(std::shared_ptr<detail::EventState> s);
+  std::shared_ptr<detail::EventState> s_;
+};
+
+struct CopyOptions {
+  Priority priority = Priority::kBulk;
+  const SharedEvent* after = nullptr;  // start once this event's last record has happened
+  bool stream_waitable = false;        // allow Transfer::StreamWait (costs an event per copy)
+};
+
+// One submitted copy.
+class Transfer {
+ public:
+  Transfer() = default;
+  // true once done; the copy's error if it failed.
+  Result<bool> Poll();
+  // Blocks until done or `timeout` passes (kTimeout).
+  Status Wait(std::chrono::microseconds timeout);
+  // Makes `cuda_stream` wait on the GPU for this copy; returns without blocking the host.
+  // Needs CopyOptions::stream_waitable. On the host backend, waits on the host instead.
+  Status StreamWait(void* cuda_stream);
+  size_t bytes() const;
+  // Host-observed time from submission to completion seen (after it completed).
+  std::chrono::nanoseconds latency() const;
+
+ private:
+  friend class Client;
+  Transfer(std::shared_ptr<detail::ClientCore> core, std::shared_ptr<detail::TransferState> s);
+  std::shared_ptr<detail::ClientCore> core_;
+  std::shared_ptr<detail::TransferState> s_;
+};
+
+struct DaemonStats {
+  uint64_t sessions, copies_completed, bytes_h2d, bytes_d2h, pool_bytes, pool_free_bytes, evictions, rejected;
+};
+
+class Client {
+ public:
+  static Result<std::unique_ptr<Client>> Connect(const ConnectOptions& options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  BackendKind backend() const;
+  int device_ordinal() const;
+  uint64_t session_id() const;
+
+  Result<HostBuffer> AllocateHost(size_t bytes);
+  Result<DeviceAllocation> AllocateDevice(size_t bytes);
+  // Registers device memory: on the cuda backend any device pointer of this process; on the host
+  // backend a pointer from AllocateDevice.
+  Result<DeviceRegion> RegisterDevice(void* device_ptr, size_t bytes);
+  Result<SharedEvent> CreateEvent();
+
+  Result<Transfer> Copy(Direction direction, const HostBuffer& host, size_t host_offset, const DeviceRegion& device,
+                        size_t device_offset, size_t bytes, const CopyOptions& options = {});
+
+  Result<DaemonStats> Stats();
+
+ private:
+  explicit Client(std::shared_ptr<detail::ClientCore> core);
+  std::shared_ptr<detail::ClientCore> core_;
+};
+
+}  // namespace ferry

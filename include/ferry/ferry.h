@@ -1,0 +1,86 @@
+/* libferry's C API, for FFI (Python ctypes/cffi, Rust, Go). A thin layer over the C++ API.
+ *
+ * Conventions: every function returns a ferry_status (FERRY_OK == 0); on error,
+ * ferry_last_error() returns a message for the calling thread, valid until its next ferry call.
+ * Option structs are versioned by their first field, struct_size: set it to sizeof the struct
+ * you compiled against, so that newer libraries accept older callers. */
+#ifndef FERRY_FERRY_H_
+#define FERRY_FERRY_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ferry_status {
+  FERRY_OK = 0,
+  FERRY_INVALID_ARGUMENT = 1,
+  FERRY_NOT_FOUND = 2,
+  FERRY_PERMISSION_DENIED = 3,
+  FERRY_RESOURCE_EXHAUSTED = 4,
+  FERRY_UNAVAILABLE = 5,
+  FERRY_TIMEOUT = 6,
+  FERRY_PROTOCOL = 7,
+  FERRY_DEVICE = 8,
+  FERRY_NOT_SUPPORTED = 9,
+  FERRY_INTERNAL = 10,
+  FERRY_ABORTED = 11
+} ferry_status;
+
+typedef enum ferry_direction { FERRY_HOST_TO_DEVICE = 0, FERRY_DEVICE_TO_HOST = 1 } ferry_direction;
+typedef enum ferry_priority { FERRY_PRIORITY_BULK = 0, FERRY_PRIORITY_LATENCY = 1 } ferry_priority;
+
+typedef struct ferry_client ferry_client;
+typedef struct ferry_host_buffer ferry_host_buffer;
+typedef struct ferry_device_region ferry_device_region;
+typedef struct ferry_transfer ferry_transfer;
+
+typedef struct ferry_connect_options {
+  uint32_t struct_size;     /* sizeof(ferry_connect_options) */
+  const char* socket_path;  /* NULL: $FERRY_SOCKET or /run/ferry/ferryd.sock */
+  const char* name;         /* NULL: the program's name */
+  uint32_t timeout_ms;      /* 0: 5000 */
+} ferry_connect_options;
+
+typedef struct ferry_copy_options {
+  uint32_t struct_size;  /* sizeof(ferry_copy_options) */
+  ferry_priority priority;
+  uint32_t stream_waitable; /* non-zero: ferry_transfer_stream_wait() allowed */
+} ferry_copy_options;
+
+const char* ferry_last_error(void);
+const char* ferry_version(void);
+
+ferry_status ferry_connect(const ferry_connect_options* options, ferry_client** out);
+void ferry_disconnect(ferry_client* client);
+/* 0: host backend (no GPU), 1: cuda */
+int ferry_backend(const ferry_client* client);
+
+ferry_status ferry_host_alloc(ferry_client* client, size_t bytes, ferry_host_buffer** out);
+void* ferry_host_data(const ferry_host_buffer* buffer);
+size_t ferry_host_size(const ferry_host_buffer* buffer);
+void ferry_host_free(ferry_host_buffer* buffer);
+
+/* device_ptr: a CUDA device pointer (cuda backend) or one from ferry_device_alloc (host backend). */
+ferry_status ferry_device_register(ferry_client* client, void* device_ptr, size_t bytes, ferry_device_region** out);
+/* Allocates device memory for the daemon's backend and registers it; ferry_device_data() gives its pointer. */
+ferry_status ferry_device_alloc(ferry_client* client, size_t bytes, ferry_device_region** out);
+void* ferry_device_data(const ferry_device_region* region);
+void ferry_device_unregister(ferry_device_region* region);
+
+ferry_status ferry_copy(ferry_client* client, ferry_direction direction, ferry_host_buffer* host, size_t host_offset,
+                        ferry_device_region* device, size_t device_offset, size_t bytes,
+                        const ferry_copy_options* options /* may be NULL */, ferry_transfer** out);
+/* *done = 1 once complete; returns the copy's error if it failed. */
+ferry_status ferry_transfer_poll(ferry_transfer* transfer, int* done);
+ferry_status ferry_transfer_wait(ferry_transfer* transfer, uint64_t timeout_us);
+ferry_status ferry_transfer_stream_wait(ferry_transfer* transfer, void* cuda_stream);
+void ferry_transfer_free(ferry_transfer* transfer);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FERRY_FERRY_H_ */

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what ferry needs to build and test on Debian 12 (run as root, or with sudo available).
+# The CUDA toolkit is not a Debian package here: if /usr/local/cuda exists the build uses it,
+# otherwise ferry builds the host backend alone and says so.
+set -euo pipefail
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+packages=(
+  build-essential cmake ninja-build pkg-config git ca-certificates
+  libboost-dev libyaml-cpp-dev libsodium-dev prometheus-cpp-dev libgtest-dev libgmock-dev
+  libsystemd-dev
+  # used by the tests: the real tools users run
+  minisign prometheus systemd python3 curl
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "setup: dependencies present"

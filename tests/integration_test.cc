@@ -1,0 +1,358 @@
+// Integration tests: a real ferryd Server (host backend) inside the test process, real clients
+// over the real socket and rings. Every copy uses random data into a poisoned destination and
+// every byte is checked.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "common/channel.hpp"
+#include "common/fd.hpp"
+#include "common/wire.hpp"
+#include "test_util.hpp"
+
+namespace ferry {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::DaemonHarness;
+using testing::FillRandom;
+using testing::FirstDifference;
+using testing::Poison;
+
+// Copies `n` random bytes host -> device -> host through the daemon and checks both legs.
+void RoundTrip(Client& client, size_t n, size_t host_off, size_t dev_off, uint64_t seed) {
+  ASSERT_OK_AND_ASSIGN(HostBuffer src, client.AllocateHost(host_off + n));
+  ASSERT_OK_AND_ASSIGN(HostBuffer dst, client.AllocateHost(host_off + n));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client.AllocateDevice(dev_off + n));
+  ASSERT_TRUE(dev.host_visible());
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client.RegisterDevice(dev.data(), dev.size()));
+  auto* d = static_cast<std::byte*>(dev.data());
+  FillRandom(src.data() + host_off, n, seed);
+  Poison(d, dev.size());
+  Poison(dst.data(), dst.size());
+
+  ASSERT_OK_AND_ASSIGN(Transfer up, client.Copy(Direction::kHostToDevice, src, host_off, region, dev_off, n));
+  ASSERT_OK(up.Wait(10s));
+  EXPECT_EQ(FirstDifference(d + dev_off, src.data() + host_off, n), -1) << "device bytes differ, n=" << n;
+  for (size_t i = 0; i < dev_off; ++i) ASSERT_EQ(d[i], std::byte{0xA5}) << "wrote before the target range";
+
+  ASSERT_OK_AND_ASSIGN(Transfer down, client.Copy(Direction::kDeviceToHost, dst, host_off, region, dev_off, n));
+  ASSERT_OK(down.Wait(10s));
+  EXPECT_EQ(FirstDifference(dst.data() + host_off, src.data() + host_off, n), -1) << "host bytes differ, n=" << n;
+  for (size_t i = 0; i < host_off; ++i) ASSERT_EQ(dst.data()[i], std::byte{0xA5}) << "wrote before the target range";
+}
+
+TEST(Daemon, CopiesEveryByteBothWaysAtAwkwardSizesAndOffsets) {
+  DaemonHarness d;
+  ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
+  EXPECT_EQ(client->backend(), BackendKind::kHost);
+  const uint64_t seed = testing::RandomSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  // 1 byte, odd sizes, exactly one chunk, chunk +- 1, and sizes spanning several 1 MiB slabs.
+  for (size_t n : {size_t{1}, size_t{7}, size_t{4096}, size_t{65537}, size_t{256 << 10}, size_t{(256 << 10) + 1},
+                   size_t{(3 << 20) + 13}}) {
+    RoundTrip(*client, n, /*host_off=*/n % 61, /*dev_off=*/n % 37, seed + n);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(Daemon, ServesSeveralClientsAtOnceWithoutMixingTheirData) {
+  DaemonHarness d;
+  constexpr int kClients = 4;
+  std::vector<std::thread> threads;
+  std::atomic<int> passed{0};
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      auto client = d.Connect("client-" + std::to_string(c));
+      ASSERT_TRUE(client.ok()) << client.status().ToString();
+      for (int rep = 0; rep < 5; ++rep) {
+        RoundTrip(**client, (1 << 20) + c * 4099 + rep, rep * 3, c * 5, testing::RandomSeed());
+        if (::testing::Test::HasFailure()) return;
+      }
+      passed++;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(passed.load(), kClients);
+  EXPECT_EQ(d.counters().evictions.load(), 0u);
+}
+
+TEST(Daemon, ManySmallCopiesInFlightAllComplete) {
+  DaemonHarness d;
+  ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
+  constexpr size_t kPiece = 4096, kCount = 300;  // more than the ring holds: back-pressure
+  ASSERT_OK_AND_ASSIGN(HostBuffer src, client->AllocateHost(kPiece * kCount));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(kPiece * kCount));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  FillRandom(src.data(), src.size(), testing::RandomSeed());
+  Poison(static_cast<std::byte*>(dev.data()), dev.size());
+  std::vector<Transfer> ts;
+  for (size_t i = 0; i < kCount; ++i) {
+    ASSERT_OK_AND_ASSIGN(Transfer t, client->Copy(Direction::kHostToDevice, src, i * kPiece, region, i * kPiece, kPiece,
+                                                  {.priority = i % 2 ? Priority::kLatency : Priority::kBulk}));
+    ts.push_back(std::move(t));
+  }
+  for (auto& t : ts) ASSERT_OK(t.Wait(10s));
+  EXPECT_EQ(FirstDifference(static_cast<std::byte*>(dev.data()), src.data(), src.size()), -1);
+}
+
+TEST(Daemon, ClientSideChecksRejectCopiesOutsideTheirBuffers) {
+  DaemonHarness d;
+  ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
+  ASSERT_OK_AND_ASSIGN(HostBuffer host, client->AllocateHost(4096));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(4096));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  EXPECT_EQ(client->Copy(Direction::kHostToDevice, host, 1, region, 0, 4096).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(client->Copy(Direction::kHostToDevice, host, 0, region, 4095, 2).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(client->Copy(Direction::kHostToDevice, host, 0, region, 0, 0).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(client->Copy(Direction::kHostToDevice, host, SIZE_MAX, region, 0, 2).status().code(), Code::kInvalidArgument);
+}
+
+// Slabs stay with a session until it ends: its process has them mapped, and a mapping cannot
+// be revoked, so handing them to another session would leak data. Freed buffers are reused
+// inside the session.
+TEST(Daemon, QuotaAndPoolExhaustionAreClearErrorsAndEndingASessionGivesItBack) {
+  auto config = DaemonHarness::SmallConfig();
+  config.pool_bytes = 8ull << 20;
+  config.session_quota_bytes = 6ull << 20;
+  DaemonHarness d(config);
+  ASSERT_OK_AND_ASSIGN(auto a, d.Connect("a"));
+  ASSERT_OK_AND_ASSIGN(auto b, d.Connect("b"));
+  {
+    ASSERT_OK_AND_ASSIGN(HostBuffer big, a->AllocateHost(6ull << 20));
+    auto over = a->AllocateHost(1);
+    EXPECT_EQ(over.status().code(), Code::kResourceExhausted) << over.status().ToString();
+    auto rest = b->AllocateHost(3ull << 20);  // only 2 MiB left in the pool
+    EXPECT_EQ(rest.status().code(), Code::kResourceExhausted) << rest.status().ToString();
+    ASSERT_OK_AND_ASSIGN(HostBuffer fits, b->AllocateHost(2ull << 20));
+    ASSERT_OK_AND_ASSIGN(DaemonStats st, b->Stats());
+    EXPECT_EQ(st.pool_free_bytes, 0u);
+  }
+  // Freed inside the session: a can allocate its quota again, b still cannot take a's slabs.
+  {
+    ASSERT_OK_AND_ASSIGN(HostBuffer again, a->AllocateHost(6ull << 20));
+    EXPECT_EQ(b->AllocateHost(3ull << 20).status().code(), Code::kResourceExhausted);
+  }
+  a.reset();  // the session ends once the client and everything it handed out are gone
+  Result<HostBuffer> r = Internal("not tried");
+  EXPECT_TRUE(DaemonHarness::Eventually([&] { return (r = b->AllocateHost(4ull << 20)).ok(); }))
+      << r.status().ToString();
+}
+
+TEST(Daemon, AFreedBufferComesBackZeroedToTheNextClient) {
+  auto config = DaemonHarness::SmallConfig();
+  config.pool_bytes = 2ull << 20;
+  DaemonHarness d(config);
+  {
+    ASSERT_OK_AND_ASSIGN(auto a, d.Connect("a"));
+    ASSERT_OK_AND_ASSIGN(HostBuffer secret, a->AllocateHost(2ull << 20));
+    FillRandom(secret.data(), secret.size(), 42);
+  }
+  ASSERT_OK_AND_ASSIGN(auto b, d.Connect("b"));
+  HostBuffer* got = nullptr;
+  Result<HostBuffer> r = Internal("not tried");
+  ASSERT_TRUE(DaemonHarness::Eventually([&] {
+    r = b->AllocateHost(2ull << 20);
+    return r.ok();
+  }));
+  got = &*r;
+  for (size_t i = 0; i < got->size(); ++i) ASSERT_EQ(got->data()[i], std::byte{0}) << "byte " << i << " leaked";
+}
+
+TEST(Daemon, DeviceFailureFailsThatCopyAndTheDaemonKeepsServing) {
+  auto config = DaemonHarness::SmallConfig();
+  auto inner = daemon::CreateHostBackend({config.copy_streams + 1});
+  ASSERT_TRUE(inner.ok());
+  auto faulty = std::make_unique<daemon::FaultInjectingBackend>(std::move(*inner));
+  auto* fault = faulty.get();
+  DaemonHarness d(config, std::move(faulty));
+  ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
+  ASSERT_OK_AND_ASSIGN(HostBuffer host, client->AllocateHost(1 << 20));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(1 << 20));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  FillRandom(host.data(), host.size(), testing::RandomSeed());
+
+  fault->FailNextSubmits(1);
+  ASSERT_OK_AND_ASSIGN(Transfer t1, client->Copy(Direction::kHostToDevice, host, 0, region, 0, 1 << 20));
+  EXPECT_EQ(t1.Wait(5s).code(), Code::kDevice);
+
+  fault->FailNextCompletions(1);
+  ASSERT_OK_AND_ASSIGN(Transfer t2, client->Copy(Direction::kHostToDevice, host, 0, region, 0, 4096));
+  EXPECT_EQ(t2.Wait(5s).code(), Code::kDevice);
+
+  fault->FailNextOpenRegion(1);
+  EXPECT_EQ(client->RegisterDevice(dev.data(), dev.size()).status().code(), Code::kDevice);
+
+  Poison(static_cast<std::byte*>(dev.data()), dev.size());
+  ASSERT_OK_AND_ASSIGN(Transfer t3, client->Copy(Direction::kHostToDevice, host, 0, region, 0, 1 << 20));
+  ASSERT_OK(t3.Wait(5s));
+  EXPECT_EQ(FirstDifference(static_cast<std::byte*>(dev.data()), host.data(), 1 << 20), -1);
+  EXPECT_EQ(d.counters().evictions.load(), 0u);
+}
+
+// A client that speaks the protocol by hand, to do what libferry never would.
+class RawSession {
+ public:
+  Status Open(const std::string& socket) {
+    FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(socket));
+    wire::HelloRequest h{};
+    h.client_version = wire::kVersion;
+    CopyCString(h.name, "raw");
+    FERRY_RETURN_IF_ERROR(Send(sock_.get(), wire::MsgType::kHello, 1, h));
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, RecvMessage(sock_.get(), 5000));
+    if (m.type() != wire::MsgType::kHelloReply || m.fds.size() != 3) return Internal("bad hello reply");
+    reply_ = m.As<wire::HelloReply>();
+    FERRY_RETURN_IF_ERROR(FromWire(reply_.status));
+    FERRY_ASSIGN_OR_RETURN(ring_, MapShared(m.fds[0].get(), reply_.ring_bytes));
+    submit_ = std::move(m.fds[1]);
+    return Status::Ok();
+  }
+  wire::RingHeader* header() { return reinterpret_cast<wire::RingHeader*>(ring_.data()); }
+  wire::SubmissionEntry* sq() { return wire::SubmissionEntries(ring_.data()); }
+  wire::CompletionEntry* cq() { return wire::CompletionEntries(ring_.data(), reply_.sq_entries); }
+  void Kick() { RingDoorbell(submit_.get()); }
+  void Push(const wire::SubmissionEntry& e) {
+    uint32_t tail = header()->sq_tail.value.load();
+    sq()[tail & (reply_.sq_entries - 1)] = e;
+    header()->sq_tail.value.store(tail + 1);
+    Kick();
+  }
+  // Waits for the next completion; nullopt after a timeout.
+  std::optional<wire::CompletionEntry> Next() {
+    for (int i = 0; i < 2000; ++i) {
+      uint32_t head = header()->cq_head.value.load();
+      if (header()->cq_tail.value.load() != head) {
+        wire::CompletionEntry c = cq()[head & (reply_.cq_entries - 1)];
+        header()->cq_head.value.store(head + 1);
+        return c;
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+    return std::nullopt;
+  }
+  bool DaemonHungUp() {
+    auto m = RecvMessage(sock_.get(), 2000);
+    return !m.ok() && m.status().code() == Code::kUnavailable;
+  }
+  int sock() const { return sock_.get(); }
+
+ private:
+  UniqueFd sock_, submit_;
+  Mapping ring_;
+  wire::HelloReply reply_{};
+};
+
+TEST(Daemon, RejectsSubmissionsThatPointOutsideTheSessionsOwnMemory) {
+  DaemonHarness d;
+  RawSession raw;
+  ASSERT_OK(raw.Open(d.socket_path()));
+  // Another client's real buffer and region: the raw session must not be able to reach them.
+  ASSERT_OK_AND_ASSIGN(auto victim, d.Connect("victim"));
+  ASSERT_OK_AND_ASSIGN(HostBuffer vbuf, victim->AllocateHost(1 << 20));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation vdev, victim->AllocateDevice(1 << 20));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion vregion, victim->RegisterDevice(vdev.data(), vdev.size()));
+  Poison(vbuf.data(), vbuf.size());
+
+  struct Case {
+    const char* what;
+    wire::SubmissionEntry e;
+    Code want;
+  };
+  auto entry = [](uint64_t tag) {
+    wire::SubmissionEntry e{};
+    e.user_tag = tag;
+    e.opcode = static_cast<uint16_t>(wire::Opcode::kHostToDevice);
+    e.length = 4096;
+    e.region_id = 1;
+    return e;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"someone else's pool offset, no region", entry(1), Code::kInvalidArgument});
+  auto e = entry(2);
+  e.opcode = 99;
+  cases.push_back({"unknown opcode", e, Code::kInvalidArgument});
+  e = entry(3);
+  e.flags = 1;
+  cases.push_back({"reserved flags", e, Code::kInvalidArgument});
+  e = entry(4);
+  e.length = 0;
+  cases.push_back({"zero length", e, Code::kInvalidArgument});
+  e = entry(5);
+  e.pool_offset = UINT64_MAX - 10;
+  cases.push_back({"offset that overflows", e, Code::kInvalidArgument});
+  e = entry(6);
+  e.priority = 7;
+  cases.push_back({"unknown priority", e, Code::kInvalidArgument});
+  for (const Case& c : cases) {
+    raw.Push(c.e);
+    auto done = raw.Next();
+    ASSERT_TRUE(done.has_value()) << c.what << ": no completion";
+    EXPECT_EQ(done->user_tag, c.e.user_tag) << c.what;
+    EXPECT_EQ(static_cast<Code>(done->status), c.want) << c.what;
+  }
+  // The victim's buffer is untouched and it still works.
+  for (size_t i = 0; i < vbuf.size(); ++i) ASSERT_EQ(vbuf.data()[i], std::byte{0xA5});
+  RoundTrip(*victim, 4096, 0, 0, testing::RandomSeed());
+  EXPECT_EQ(d.counters().evictions.load(), 0u);
+}
+
+TEST(Daemon, AGarbageRingIndexEvictsOnlyThatClient) {
+  DaemonHarness d;
+  ASSERT_OK_AND_ASSIGN(auto good, d.Connect("good"));
+  RawSession raw;
+  ASSERT_OK(raw.Open(d.socket_path()));
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().sessions.load() == 2; }));
+  raw.header()->sq_tail.value.store(0x7fffffff);  // claims two billion submissions
+  raw.Kick();
+  EXPECT_TRUE(raw.DaemonHungUp());
+  EXPECT_TRUE(DaemonHarness::Eventually([&] { return d.counters().evictions.load() == 1; }));
+  EXPECT_TRUE(DaemonHarness::Eventually([&] { return d.counters().sessions.load() == 1; }));
+  RoundTrip(*good, 1 << 20, 3, 5, testing::RandomSeed());
+}
+
+TEST(Daemon, AClientThatNeverReapsCompletionsIsEvictedNotBuffered) {
+  DaemonHarness d;
+  RawSession raw;
+  ASSERT_OK(raw.Open(d.socket_path()));
+  wire::SubmissionEntry nop{};
+  // Never advance cq_head; the daemon must not buffer completions without bound.
+  const uint64_t deadline = MonotonicNanos() + 5'000'000'000ull;
+  while (d.counters().evictions.load() == 0 && MonotonicNanos() < deadline) {
+    uint32_t tail = raw.header()->sq_tail.value.load();
+    while (tail - raw.header()->sq_head.value.load() < 32) {
+      nop.user_tag = tail;
+      raw.sq()[tail & 63] = nop;
+      raw.header()->sq_tail.value.store(++tail);
+    }
+    raw.Kick();
+    std::this_thread::sleep_for(100us);
+  }
+  EXPECT_TRUE(DaemonHarness::Eventually([&] { return d.counters().evictions.load() == 1; }));
+}
+
+TEST(Daemon, RefusesAClientOfAnotherProtocolVersion) {
+  DaemonHarness d;
+  ASSERT_OK_AND_ASSIGN(UniqueFd sock, ConnectUnix(d.socket_path()));
+  wire::HelloRequest h{};
+  h.client_version = wire::kVersion + 1;
+  ASSERT_OK(Send(sock.get(), wire::MsgType::kHello, 1, h));
+  ASSERT_OK_AND_ASSIGN(ReceivedMessage m, RecvMessage(sock.get(), 5000));
+  ASSERT_EQ(m.type(), wire::MsgType::kHelloReply);
+  Status st = FromWire(m.As<wire::HelloReply>().status);
+  EXPECT_EQ(st.code(), Code::kProtocol) << st.ToString();
+  EXPECT_TRUE(m.fds.empty());
+}
+
+TEST(Daemon, AClientNoticesWhenTheDaemonGoesAway) {
+  auto d = std::make_unique<DaemonHarness>();
+  ASSERT_OK_AND_ASSIGN(auto client, d->Connect());
+  ASSERT_OK_AND_ASSIGN(HostBuffer host, client->AllocateHost(4096));
+  d->Stop();
+  auto r = client->AllocateHost(4096);
+  EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().ToString();
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,208 @@
+// Real processes: the ferryd binary and separate client processes, started and killed the way
+// an operator and a crashing inference server would.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ferry/client.hpp"
+#include "test_util.hpp"
+
+extern char** environ;
+
+namespace ferry {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+// A child process with its stdout (and optionally stderr) captured to a file.
+class Child {
+ public:
+  Child(std::vector<std::string> argv, const std::string& out_path) : out_path_(out_path) {
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    if (posix_spawn(&pid_, args[0], &fa, nullptr, args.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  ~Child() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      Wait();
+    }
+  }
+  pid_t pid() const { return pid_; }
+  void Signal(int sig) { ::kill(pid_, sig); }
+  // The raw wait status; -1 if it did not end within `timeout`.
+  int Wait(std::chrono::milliseconds timeout = 30s) {
+    for (auto end = std::chrono::steady_clock::now() + timeout; std::chrono::steady_clock::now() < end;) {
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        return st;
+      }
+      std::this_thread::sleep_for(2ms);
+    }
+    return -1;
+  }
+  std::string Output() const {
+    std::ifstream f(out_path_);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  }
+  bool WaitForOutput(const std::string& needle, std::chrono::milliseconds timeout = 10s) {
+    for (auto end = std::chrono::steady_clock::now() + timeout; std::chrono::steady_clock::now() < end;) {
+      if (Output().find(needle) != std::string::npos) return true;
+      std::this_thread::sleep_for(5ms);
+    }
+    return false;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::string out_path_;
+};
+
+std::set<std::string> ShmEntries() {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator("/dev/shm", ec)) names.insert(e.path().filename().string());
+  return names;
+}
+
+class RealDaemon : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("proc");
+    socket_ = dir_ + "/ferryd.sock";
+    shm_before_ = ShmEntries();
+    daemon_ = std::make_unique<Child>(
+        std::vector<std::string>{FERRY_DAEMON_PATH, "--backend", "host", "--runtime-dir", dir_, "--pool-size",
+                                 "64MiB", "--slab-size", "1MiB", "--log-level", "debug"},
+        dir_ + "/ferryd.log");
+    ASSERT_GT(daemon_->pid(), 0);
+    ASSERT_TRUE(testing::DaemonHarness::Eventually([&] { return fs::exists(socket_); }, 10000))
+        << daemon_->Output();
+  }
+  void TearDown() override {
+    daemon_.reset();
+    fs::remove_all(dir_);
+  }
+  std::unique_ptr<Child> StartClient(std::vector<std::string> args, const std::string& tag) {
+    args.insert(args.begin(), FERRY_TEST_CLIENT_PATH);
+    return std::make_unique<Child>(std::move(args), dir_ + "/" + tag + ".log");
+  }
+  uint64_t PoolFree(Client& c) {
+    auto st = c.Stats();
+    return st.ok() ? st->pool_free_bytes : 0;
+  }
+
+  std::string dir_, socket_;
+  std::set<std::string> shm_before_;
+  std::unique_ptr<Child> daemon_;
+};
+
+TEST_F(RealDaemon, SeveralClientProcessesCopyAtOnceAndEveryByteArrives) {
+  std::vector<std::unique_ptr<Child>> clients;
+  for (int i = 0; i < 4; ++i) {
+    clients.push_back(StartClient({"roundtrip", socket_, std::to_string((3 << 20) + 17 * i), "10"}, "c" + std::to_string(i)));
+  }
+  for (auto& c : clients) {
+    int st = c->Wait();
+    ASSERT_TRUE(WIFEXITED(st)) << c->Output();
+    EXPECT_EQ(WEXITSTATUS(st), 0) << c->Output();
+  }
+}
+
+TEST_F(RealDaemon, AClientKilledMidCopyIsReclaimedWhileOthersKeepWorking) {
+  ConnectOptions o;
+  o.socket_path = socket_;
+  ASSERT_OK_AND_ASSIGN(auto observer, Client::Connect(o));
+  const uint64_t full = PoolFree(*observer);
+  ASSERT_EQ(full, 64ull << 20);
+
+  auto victim = StartClient({"hold", socket_, std::to_string(8 << 20)}, "victim");
+  ASSERT_TRUE(victim->WaitForOutput("ready")) << victim->Output();
+  EXPECT_LT(PoolFree(*observer), full);  // it holds 16 MiB and keeps copying
+  auto worker = StartClient({"roundtrip", socket_, std::to_string(4 << 20), "40"}, "worker");
+  std::this_thread::sleep_for(20ms);
+  victim->Signal(SIGKILL);
+  EXPECT_TRUE(WIFSIGNALED(victim->Wait()));
+
+  int st = worker->Wait();
+  ASSERT_TRUE(WIFEXITED(st)) << worker->Output();
+  EXPECT_EQ(WEXITSTATUS(st), 0) << worker->Output();
+  EXPECT_TRUE(testing::DaemonHarness::Eventually([&] { return PoolFree(*observer) == full; }, 5000))
+      << "pool free " << PoolFree(*observer) << " of " << full << "\n" << daemon_->Output();
+  ASSERT_OK_AND_ASSIGN(DaemonStats s, observer->Stats());
+  EXPECT_EQ(s.sessions, 1u);
+}
+
+TEST_F(RealDaemon, SigtermStopsCleanlyAndLeavesNothingBehind) {
+  auto holder = StartClient({"hold", socket_, std::to_string(1 << 20)}, "holder");
+  ASSERT_TRUE(holder->WaitForOutput("ready")) << holder->Output();
+  daemon_->Signal(SIGTERM);
+  int st = daemon_->Wait(15s);
+  ASSERT_TRUE(WIFEXITED(st)) << daemon_->Output();
+  EXPECT_EQ(WEXITSTATUS(st), 0) << daemon_->Output();
+  EXPECT_NE(daemon_->Output().find("stopped cleanly"), std::string::npos) << daemon_->Output();
+  EXPECT_FALSE(fs::exists(socket_));
+  EXPECT_EQ(ShmEntries(), shm_before_);
+  // The client sees the daemon go and fails its next copy instead of hanging.
+  int cst = holder->Wait(15s);
+  ASSERT_TRUE(WIFEXITED(cst)) << holder->Output();
+  EXPECT_EQ(WEXITSTATUS(cst), 2) << holder->Output();
+}
+
+TEST_F(RealDaemon, TheSocketIsNotWorldAccessible) {
+  struct stat st{};
+  ASSERT_EQ(::stat(socket_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & S_IRWXO, 0u) << std::oct << st.st_mode;
+}
+
+TEST(Ferryd, ABadConfigIsRefusedWithItsLineAndColumn) {
+  std::string dir = testing::MakeTempDir("cfg");
+  {
+    std::ofstream f(dir + "/bad.yaml");
+    f << "pool:\n  size: 64MiB\n  slab: lots\n";
+  }
+  Child c({FERRY_DAEMON_PATH, "--check-config", "--config", dir + "/bad.yaml"}, dir + "/out.log");
+  int st = c.Wait();
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_NE(WEXITSTATUS(st), 0);
+  EXPECT_NE(c.Output().find("bad.yaml:3:"), std::string::npos) << c.Output();
+  Child good({FERRY_DAEMON_PATH, "--check-config", "--config", std::string(FERRY_SOURCE_DIR) + "/config/ferryd.yaml"},
+             dir + "/good.log");
+  st = good.Wait();
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << good.Output();
+  fs::remove_all(dir);
+}
+
+TEST(Ferryd, HelpDescribesEveryFlag) {
+  std::string dir = testing::MakeTempDir("help");
+  Child c({FERRY_DAEMON_PATH, "--help"}, dir + "/out.log");
+  int st = c.Wait();
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0);
+  for (const char* flag : {"--config", "--runtime-dir", "--backend", "--pool-size", "--check-config", "--log-level"}) {
+    EXPECT_NE(c.Output().find(flag), std::string::npos) << flag;
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,73 @@
+// A client process for ferry's real-process tests.
+//   ferry_test_client roundtrip SOCKET BYTES REPS   copies random data both ways, checks every byte
+//   ferry_test_client hold SOCKET BYTES             takes buffers, keeps copies going, prints "ready",
+//                                                   and runs until killed
+// Exit status: 0 all bytes correct, 1 a byte differed, 2 a ferry call failed, 64 usage.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "ferry/client.hpp"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+int Fail(const char* what, const ferry::Status& s) {
+  std::fprintf(stderr, "ferry_test_client: %s: %s\n", what, s.ToString().c_str());
+  return 2;
+}
+
+void Fill(std::byte* p, size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i < n; ++i) p[i] = static_cast<std::byte>(rng());
+}
+
+int Run(int argc, char** argv) {
+  if (argc < 4 || (std::strcmp(argv[1], "roundtrip") != 0 && std::strcmp(argv[1], "hold") != 0) ||
+      (std::strcmp(argv[1], "roundtrip") == 0 && argc < 5)) {
+    std::fprintf(stderr, "usage: %s roundtrip SOCKET BYTES REPS | hold SOCKET BYTES\n", argv[0]);
+    return 64;
+  }
+  const bool hold = std::strcmp(argv[1], "hold") == 0;
+  const size_t n = std::stoull(argv[3]);
+  const int reps = hold ? 1 : std::stoi(argv[4]);
+  auto client = ferry::Client::Connect({.socket_path = argv[2], .name = argv[1]});
+  if (!client.ok()) return Fail("connect", client.status());
+  auto& c = **client;
+  auto src = c.AllocateHost(n);
+  auto dst = c.AllocateHost(n);
+  auto dev = c.AllocateDevice(n);
+  if (!src.ok()) return Fail("allocate host", src.status());
+  if (!dst.ok()) return Fail("allocate host", dst.status());
+  if (!dev.ok()) return Fail("allocate device", dev.status());
+  auto region = c.RegisterDevice(dev->data(), dev->size());
+  if (!region.ok()) return Fail("register", region.status());
+  const uint64_t seed = std::random_device{}() ^ static_cast<uint64_t>(::getpid());
+  for (int rep = 0; hold || rep < reps; ++rep) {
+    Fill(src->data(), n, seed + rep);
+    std::memset(dst->data(), 0xA5, n);
+    auto up = c.Copy(ferry::Direction::kHostToDevice, *src, 0, *region, 0, n);
+    if (!up.ok()) return Fail("copy h2d", up.status());
+    if (auto s = up->Wait(10s); !s.ok()) return Fail("wait h2d", s);
+    auto down = c.Copy(ferry::Direction::kDeviceToHost, *dst, 0, *region, 0, n);
+    if (!down.ok()) return Fail("copy d2h", down.status());
+    if (auto s = down->Wait(10s); !s.ok()) return Fail("wait d2h", s);
+    if (std::memcmp(src->data(), dst->data(), n) != 0) {
+      std::fprintf(stderr, "ferry_test_client: bytes differ in rep %d\n", rep);
+      return 1;
+    }
+    if (hold && rep == 0) {
+      std::printf("ready\n");
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return Run(argc, argv); }

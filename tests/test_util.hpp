@@ -1,0 +1,134 @@
+// Shared helpers for ferry's tests: random data, poison, byte-exact checks, and DaemonHarness,
+// which runs a real ferryd Server inside the test process on a throwaway runtime directory.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "daemon/server.hpp"
+#include "ferry/client.hpp"
+
+namespace ferry::testing {
+
+inline void FillRandom(std::byte* p, size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t v = rng();
+    std::memcpy(p + i, &v, 8);
+  }
+  for (; i < n; ++i) p[i] = static_cast<std::byte>(rng());
+}
+
+inline void Poison(std::byte* p, size_t n) { std::memset(p, 0xA5, n); }
+
+// Index of the first differing byte, or -1.
+inline long long FirstDifference(const std::byte* a, const std::byte* b, size_t n) {
+  if (std::memcmp(a, b, n) == 0) return -1;
+  for (size_t i = 0; i < n; ++i) {
+    if (a[i] != b[i]) return static_cast<long long>(i);
+  }
+  return -1;
+}
+
+inline std::string MakeTempDir(const char* tag) {
+  std::string t = (std::filesystem::temp_directory_path() / (std::string("ferry-") + tag + "-XXXXXX")).string();
+  char* d = ::mkdtemp(t.data());
+  return d ? std::string(d) : std::string();
+}
+
+inline uint64_t RandomSeed() { return std::random_device{}() | (uint64_t{std::random_device{}()} << 32); }
+
+class DaemonHarness {
+ public:
+  explicit DaemonHarness(daemon::DaemonConfig config = SmallConfig(),
+                         std::unique_ptr<daemon::Backend> backend = nullptr) {
+    dir_ = MakeTempDir("rt");
+    config.runtime_dir = dir_;
+    if (!backend) {
+      auto b = daemon::CreateHostBackend({config.copy_streams + 1});
+      EXPECT_TRUE(b.ok()) << b.status().ToString();
+      backend = std::move(*b);
+    }
+    backend_ = backend.get();
+    auto s = daemon::Server::Create(config, std::move(backend));
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) return;
+    server_ = std::move(*s);
+    thread_ = std::thread([this] { run_status_ = server_->Run(); });
+  }
+  ~DaemonHarness() { Stop(); }
+
+  static daemon::DaemonConfig SmallConfig() {
+    daemon::DaemonConfig c;
+    c.backend = daemon::BackendChoice::kHost;
+    c.pool_bytes = 64ull << 20;
+    c.slab_bytes = 1ull << 20;
+    c.chunk_bytes = 256 << 10;
+    c.ring_entries = 64;
+    c.spin_us = 50;
+    return c;
+  }
+
+  void Stop() {
+    if (thread_.joinable()) {
+      server_->Stop();
+      thread_.join();
+      EXPECT_TRUE(run_status_.ok()) << run_status_.ToString();
+    }
+    if (!dir_.empty()) {
+      std::filesystem::remove_all(dir_);
+      dir_.clear();
+    }
+  }
+
+  std::string socket_path() const { return server_->config().SocketPath(); }
+  daemon::Server& server() { return *server_; }
+  daemon::Backend& backend() { return *backend_; }
+  const daemon::ServerCounters& counters() const { return server_->counters(); }
+
+  Result<std::unique_ptr<Client>> Connect(const std::string& name = "test") {
+    ConnectOptions o;
+    o.socket_path = socket_path();
+    o.name = name;
+    return Client::Connect(o);
+  }
+
+  // Polls `pred` for up to `ms` milliseconds.
+  template <typename Pred>
+  static bool Eventually(Pred pred, int ms = 2000) {
+    for (int i = 0; i < ms; ++i) {
+      if (pred()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return pred();
+  }
+
+ private:
+  std::string dir_;
+  std::unique_ptr<daemon::Server> server_;
+  daemon::Backend* backend_ = nullptr;
+  std::thread thread_;
+  Status run_status_;
+};
+
+}  // namespace ferry::testing
+
+#define ASSERT_OK(expr)                                      \
+  do {                                                       \
+    const ::ferry::Status ferry_t_ = (expr);                 \
+    ASSERT_TRUE(ferry_t_.ok()) << ferry_t_.ToString();       \
+  } while (0)
+#define ASSERT_OK_AND_ASSIGN(lhs, expr) ASSERT_OK_AND_ASSIGN_IMPL_(FERRY_CONCAT_(ferry_ta_, __LINE__), lhs, expr)
+#define ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, expr)              \
+  auto tmp = (expr);                                            \
+  ASSERT_TRUE(tmp.ok()) << tmp.status().ToString();             \
+  lhs = std::move(tmp).value()

@@ -1,0 +1,230 @@
+// Unit tests: Status, sizes, config validation, the pinned pool's arenas, the control channel.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/channel.hpp"
+#include "common/yaml_util.hpp"
+#include "daemon/config.hpp"
+#include "daemon/pinned_pool.hpp"
+#include "test_util.hpp"
+
+namespace ferry {
+namespace {
+
+using daemon::ParseConfig;
+
+TEST(Status, CarriesCodeAndMessage) {
+  Status s = ResourceExhausted("pool full");
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), Code::kResourceExhausted);
+  EXPECT_EQ(s.ToString(), "ResourceExhausted: pool full");
+  EXPECT_EQ(s.WithContext("alloc").message(), "alloc: pool full");
+  EXPECT_TRUE(Status::Ok().ok());
+  Result<int> r = InvalidArgument("no");
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  Result<int> v = 7;
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(*v, 7);
+}
+
+TEST(Sizes, ParseUnitsAndRejectGarbage) {
+  EXPECT_EQ(*yamlutil::ParseSize("4096"), 4096u);
+  EXPECT_EQ(*yamlutil::ParseSize("64MiB"), 64ull << 20);
+  EXPECT_EQ(*yamlutil::ParseSize("1 GiB"), 1ull << 30);
+  EXPECT_EQ(*yamlutil::ParseSize("2MB"), 2000000u);
+  EXPECT_FALSE(yamlutil::ParseSize("MiB").ok());
+  EXPECT_FALSE(yamlutil::ParseSize("12 parsecs").ok());
+  EXPECT_FALSE(yamlutil::ParseSize("99999999999999999999").ok());
+  EXPECT_FALSE(yamlutil::ParseSize("17179869184TiB").ok());
+}
+
+TEST(Config, DefaultsAndOverrides) {
+  auto c = ParseConfig("backend: host\npool:\n  size: 64MiB\n  slab: 1MiB\ncopy_streams: 3\n", "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->backend, daemon::BackendChoice::kHost);
+  EXPECT_EQ(c->pool_bytes, 64ull << 20);
+  EXPECT_EQ(c->slab_bytes, 1ull << 20);
+  EXPECT_EQ(c->copy_streams, 3u);
+  EXPECT_EQ(c->socket_name, "ferryd.sock");
+}
+
+TEST(Config, ShippedFileIsValid) {
+  auto c = daemon::LoadConfig(FERRY_SOURCE_DIR "/config/ferryd.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->backend, daemon::BackendChoice::kAuto);
+}
+
+struct BadConfig {
+  const char* text;
+  const char* message;  // must appear in the error
+};
+
+class ConfigErrors : public ::testing::TestWithParam<BadConfig> {};
+
+TEST_P(ConfigErrors, SayWhereAndWhat) {
+  auto c = ParseConfig(GetParam().text, "bad.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(c.status().message().find(GetParam().message), std::string::npos) << c.status().message();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, ConfigErrors,
+    ::testing::Values(BadConfig{"bakend: host\n", "bad.yaml:1:1: unknown key 'bakend'"},
+                      BadConfig{"backend: gpu\n", "bad.yaml:1:10: backend 'gpu' unknown"},
+                      BadConfig{"pool:\n  size: lots\n", "bad.yaml:2:9: expected a size"},
+                      BadConfig{"pool:\n  size: 64MiB\n  slab: 3MiB\n", "power of two"},
+                      BadConfig{"pool:\n  size: 10MiB\n  slab: 4MiB\n", "multiple of pool.slab"},
+                      BadConfig{"ring_entries: 100\n", "ring_entries must be a power of two"},
+                      BadConfig{"copy_streams: 0\n", "bad.yaml:1:15: value 0 out of range [1, 16]"},
+                      BadConfig{"runtime_dir: relative/dir\n", "absolute path"},
+                      BadConfig{"pool: [1, 2\n", "bad.yaml:"},
+                      BadConfig{"a: {b: {c: {d: {e: {f: {g: {h: {i: 1}}}}}}}}\n", "nested deeper"}));
+
+TEST(Config, HugeFileIsRejected) {
+  std::string big(2 << 20, '#');
+  auto c = ParseConfig(big, "huge.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("the limit is"), std::string::npos);
+}
+
+class PoolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto p = daemon::PinnedPool::Create(8ull << 20, 1ull << 20);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    pool_ = std::move(*p);
+  }
+  std::unique_ptr<daemon::PinnedPool> pool_;
+};
+
+TEST_F(PoolTest, SessionsNeverShareASlab) {
+  daemon::SessionArena a(*pool_, 1, pool_->size());
+  daemon::SessionArena b(*pool_, 2, pool_->size());
+  auto x = a.Allocate(1000);
+  auto y = b.Allocate(1000);
+  ASSERT_TRUE(x.ok() && y.ok());
+  EXPECT_NE(x->first_slab, y->first_slab);
+  EXPECT_EQ(pool_->owner(x->first_slab), 1u);
+  EXPECT_EQ(pool_->owner(y->first_slab), 2u);
+  // Small buffers of one session pack into its slab.
+  auto x2 = a.Allocate(1000);
+  ASSERT_TRUE(x2.ok());
+  EXPECT_EQ(x2->first_slab, x->first_slab);
+  EXPECT_EQ(pool_->free_bytes(), 6ull << 20);
+}
+
+TEST_F(PoolTest, LargeBuffersSpanContiguousSlabs) {
+  daemon::SessionArena a(*pool_, 1, pool_->size());
+  auto x = a.Allocate(3ull << 20);
+  ASSERT_TRUE(x.ok());
+  EXPECT_EQ(x->slab_count, 3u);
+  for (uint32_t s = x->first_slab; s < x->first_slab + 3; ++s) EXPECT_EQ(pool_->owner(s), 1u);
+}
+
+TEST_F(PoolTest, QuotaAndExhaustionAreClearErrors) {
+  daemon::SessionArena a(*pool_, 1, 2ull << 20);
+  ASSERT_TRUE(a.Allocate(2ull << 20).ok());
+  auto over = a.Allocate(1);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), Code::kResourceExhausted);
+  EXPECT_NE(over.status().message().find("quota"), std::string::npos);
+  daemon::SessionArena b(*pool_, 2, pool_->size());
+  auto huge = b.Allocate(7ull << 20);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), Code::kResourceExhausted);
+}
+
+TEST_F(PoolTest, ReleasedSlabsAreZeroedAndReturned) {
+  uint32_t slab;
+  {
+    daemon::SessionArena a(*pool_, 1, pool_->size());
+    auto x = a.Allocate(4096);
+    ASSERT_TRUE(x.ok());
+    slab = x->first_slab;
+    std::memset(pool_->base() + x->pool_offset, 0x77, 4096);
+  }
+  EXPECT_EQ(pool_->free_bytes(), pool_->size());
+  EXPECT_EQ(pool_->owner(slab), 0u);
+  const std::byte* p = pool_->base() + slab * pool_->slab_bytes();
+  for (size_t i = 0; i < pool_->slab_bytes(); ++i) ASSERT_EQ(p[i], std::byte{0}) << "byte " << i;
+}
+
+TEST_F(PoolTest, FindBoundsEveryRangeAndDefersFreeWhileInFlight) {
+  daemon::SessionArena a(*pool_, 1, pool_->size());
+  auto x = a.Allocate(4096);
+  ASSERT_TRUE(x.ok());
+  uint64_t off = 0;
+  EXPECT_NE(a.Find(x->pool_offset, 4096, &off), nullptr);
+  EXPECT_EQ(a.Find(x->pool_offset + 1, 4096, &off), nullptr);       // runs past the end
+  EXPECT_EQ(a.Find(x->pool_offset, UINT64_MAX, &off), nullptr);     // overflow
+  EXPECT_EQ(a.Find(x->pool_offset + 4096, 1, &off), nullptr);       // not allocated
+  EXPECT_EQ(a.Find(UINT64_MAX, 1, &off), nullptr);
+  daemon::BufferInfo* b = a.Find(x->pool_offset, 16, &off);
+  ASSERT_NE(b, nullptr);
+  b->in_flight = 1;
+  ASSERT_TRUE(a.Free(x->pool_offset).ok());
+  EXPECT_EQ(a.Find(x->pool_offset, 16, &off), nullptr);  // freeing: no new copies
+  EXPECT_EQ(a.buffer_count(), 1u);
+  a.CopyDone(x->pool_offset);
+  EXPECT_EQ(a.buffer_count(), 0u);
+  EXPECT_EQ(a.Free(x->pool_offset).code(), Code::kNotFound);
+}
+
+TEST(Channel, CarriesMessagesAndFds) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+  UniqueFd a(sv[0]), b(sv[1]);
+  auto mem = CreateSealedMemfd("t", 4096);
+  ASSERT_TRUE(mem.ok());
+  wire::AllocBufferRequest req{12345};
+  int fd = mem->get();
+  ASSERT_OK(Send(a.get(), wire::MsgType::kAllocBuffer, 9, req, &fd, 1));
+  auto m = RecvMessage(b.get(), 1000);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->type(), wire::MsgType::kAllocBuffer);
+  EXPECT_EQ(m->header.seq, 9u);
+  EXPECT_EQ(m->As<wire::AllocBufferRequest>().size, 12345u);
+  ASSERT_EQ(m->fds.size(), 1u);
+  EXPECT_TRUE(CheckSealedMemfd(m->fds[0].get(), 4096).ok());
+}
+
+TEST(Channel, RejectsBadMagicVersionTypeAndLength) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+  UniqueFd a(sv[0]), b(sv[1]);
+  auto send_raw = [&](wire::MsgHeader h, size_t payload) {
+    std::vector<char> buf(sizeof h + payload, 0);
+    std::memcpy(buf.data(), &h, sizeof h);
+    ASSERT_EQ(::send(a.get(), buf.data(), buf.size(), 0), static_cast<ssize_t>(buf.size()));
+  };
+  const size_t n = sizeof(wire::AllocBufferRequest);
+  send_raw({0xdeadbeef, wire::kVersion, 3, static_cast<uint32_t>(n), 1}, n);
+  EXPECT_NE(RecvMessage(b.get(), 1000).status().message().find("bad magic"), std::string::npos);
+  send_raw({wire::kMagic, 99, 3, static_cast<uint32_t>(n), 1}, n);
+  EXPECT_NE(RecvMessage(b.get(), 1000).status().message().find("protocol version 99"), std::string::npos);
+  send_raw({wire::kMagic, wire::kVersion, 999, static_cast<uint32_t>(n), 1}, n);
+  EXPECT_NE(RecvMessage(b.get(), 1000).status().message().find("unknown control message type"), std::string::npos);
+  send_raw({wire::kMagic, wire::kVersion, 3, static_cast<uint32_t>(n), 1}, n - 1);
+  EXPECT_EQ(RecvMessage(b.get(), 1000).status().code(), Code::kProtocol);
+  send_raw({wire::kMagic, wire::kVersion, 3, 4, 1}, 4);
+  EXPECT_EQ(RecvMessage(b.get(), 1000).status().code(), Code::kProtocol);
+}
+
+TEST(Memfd, PeerMustSealIt) {
+  UniqueFd unsealed(::memfd_create("u", MFD_CLOEXEC));
+  ASSERT_TRUE(unsealed.valid());
+  ASSERT_EQ(::ftruncate(unsealed.get(), 4096), 0);
+  EXPECT_FALSE(CheckSealedMemfd(unsealed.get(), 4096).ok());
+  auto sealed = CreateSealedMemfd("s", 4096);
+  ASSERT_TRUE(sealed.ok());
+  EXPECT_TRUE(CheckSealedMemfd(sealed->get(), 4096).ok());
+  EXPECT_FALSE(CheckSealedMemfd(sealed->get(), 8192).ok());  // smaller than claimed
+  EXPECT_NE(::ftruncate(sealed->get(), 0), 0);                // cannot be shrunk under us
+}
+
+}  // namespace
+}  // namespace ferry
