@@ -77,8 +77,11 @@ class Backend {
                                                                  UniqueFd fd) = 0;
   virtual Result<std::unique_ptr<SharedEvent>> OpenEvent(const wire::RegisterEventRequest& req) = 0;
 
-  // Enqueues a plan; its fence completes once every piece has.
+  // Enqueues a plan; its fence completes once every piece has. A backend may hold the pieces
+  // until Flush(), so that copies submitted together reach the engines as one batch.
   virtual Result<FenceId> Submit(const CopyPlan& plan) = 0;
+  // Hands everything submitted so far to the engines. Errors surface on the fences.
+  virtual void Flush() {}
   // Appends the fences that completed since the last call. Never blocks.
   virtual void PollCompleted(std::vector<FenceResult>& done) = 0;
   // Readable when PollCompleted has news. -1: none; the caller polls while fences are pending.
@@ -124,6 +127,7 @@ class FaultInjectingBackend : public Backend {
     }
     return inner_->Submit(plan);
   }
+  void Flush() override { inner_->Flush(); }
   void PollCompleted(std::vector<FenceResult>& done) override {
     size_t before = done.size();
     inner_->PollCompleted(done);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <utility>
 #include <string>
 
 #include "common/cuda_status.hpp"
@@ -85,7 +86,7 @@ class CudaBackend : public Backend {
   ~CudaBackend() override {
     cudaSetDevice(device_);
     cudaDeviceSynchronize();
-    for (auto& f : pending_) for (cudaEvent_t e : f.events) free_events_.push_back(e);
+    for (auto& g : pending_) for (cudaEvent_t e : g.events) free_events_.push_back(e);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     for (auto& d : streams_) for (cudaStream_t s : d) cudaStreamDestroy(s);
     for (void* p : registered_) cudaHostUnregister(p);
@@ -177,64 +178,81 @@ class CudaBackend : public Backend {
     return std::unique_ptr<SharedEvent>(std::make_unique<CudaEvent>(e));
   }
 
+  // Pieces are staged per stream and issued at Flush(): a loop turn's copies go to each stream
+  // as one cudaMemcpyBatchAsync, with one fence event per stream, instead of one API call and
+  // one event per copy. Latency-class copies (stream 0) and bulk copies form separate groups, so
+  // a small urgent copy never waits for a bulk batch to be reported done.
   Result<FenceId> Submit(const CopyPlan& plan) override {
     if (plan.pieces.empty()) return InvalidArgument("empty copy plan");
-    const int d = static_cast<int>(plan.direction);
-    const cudaMemcpyKind kind = plan.direction == Direction::kHostToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
-    uint32_t used_mask = 0;
     for (const CopyPiece& p : plan.pieces) {
       if (p.stream >= streams_per_dir_) return Internal("stream index out of range");
-      used_mask |= 1u << p.stream;
     }
+    const int d = static_cast<int>(plan.direction);
+    const int cls = plan.pieces[0].stream == 0 ? 0 : 1;
+    if (plan.wait != nullptr || plan.signal != nullptr) Flush();  // order against what came before
     if (plan.wait != nullptr) {
       cudaEvent_t w = static_cast<CudaEvent*>(plan.wait)->get();
-      for (uint32_t s = 0; s < streams_per_dir_; ++s) {
-        if (used_mask & (1u << s)) FERRY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(streams_[d][s], w, 0));
-      }
-    }
-    // Group the pieces by stream; a stream given several pieces gets them as one batch.
-    for (uint32_t s = 0; s < streams_per_dir_; ++s) {
-      if (!(used_mask & (1u << s))) continue;
-      dsts_.clear();
-      srcs_.clear();
-      sizes_.clear();
+      uint32_t waited = 0;
       for (const CopyPiece& p : plan.pieces) {
-        if (p.stream != s) continue;
-        dsts_.push_back(kind == cudaMemcpyHostToDevice ? static_cast<void*>(p.device) : static_cast<void*>(p.host));
-        srcs_.push_back(kind == cudaMemcpyHostToDevice ? static_cast<const void*>(p.host) : static_cast<const void*>(p.device));
-        sizes_.push_back(p.length);
-      }
-      if (dsts_.size() == 1) {
-        FERRY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dsts_[0], srcs_[0], sizes_[0], kind, streams_[d][s]));
-      } else {
-        cudaMemcpyAttributes attr{};
-        attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-        size_t idx = 0;
-        FERRY_CUDA_RETURN_IF_ERROR(cudaMemcpyBatchAsync(dsts_.data(), srcs_.data(), sizes_.data(), dsts_.size(),
-                                                        &attr, &idx, 1, streams_[d][s]));
+        if (waited & (1u << p.stream)) continue;
+        waited |= 1u << p.stream;
+        FERRY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(streams_[d][p.stream], w, 0));
       }
     }
-    Fence f;
-    f.id = next_fence_++;
-    for (uint32_t s = 0; s < streams_per_dir_; ++s) {
-      if (!(used_mask & (1u << s))) continue;
-      FERRY_ASSIGN_OR_RETURN(cudaEvent_t e, TakeEvent());
-      FERRY_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, streams_[d][s]));
-      f.events.push_back(e);
-      f.streams.push_back(streams_[d][s]);
+    const bool h2d = plan.direction == Direction::kHostToDevice;
+    for (const CopyPiece& p : plan.pieces) {
+      StagedCopies& st = staged_[d][p.stream];
+      st.dsts.push_back(h2d ? static_cast<void*>(p.device) : static_cast<void*>(p.host));
+      st.srcs.push_back(h2d ? static_cast<const void*>(p.host) : static_cast<const void*>(p.device));
+      st.sizes.push_back(p.length);
+      groups_[cls].staged_mask |= uint64_t{1} << (d * 32 + p.stream);
     }
+    const FenceId id = next_fence_++;
+    groups_[cls].fences.push_back(id);
     if (plan.signal != nullptr) {
-      cudaStream_t primary = f.streams[0];
-      for (size_t i = 1; i < f.events.size(); ++i) FERRY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(primary, f.events[i], 0));
-      FERRY_CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<CudaEvent*>(plan.signal)->get(), primary));
+      Flush();
+      Group& g = pending_.back();  // this plan alone: Flush() above emptied the staging first
+      cudaStream_t primary = g.streams[0];
+      Status st;
+      for (size_t i = 1; i < g.events.size() && st.ok(); ++i) st = CudaStatus(cudaStreamWaitEvent(primary, g.events[i], 0), "signal wait");
+      if (st.ok()) st = CudaStatus(cudaEventRecord(static_cast<CudaEvent*>(plan.signal)->get(), primary), "signal");
+      if (!st.ok() && g.status.ok()) g.status = st;
     }
-    pending_.push_back(std::move(f));
-    return pending_.back().id;
+    return id;
+  }
+
+  void Flush() override {
+    for (Group& staging : groups_) {
+      if (staging.fences.empty()) continue;
+      Group g;
+      g.fences = std::move(staging.fences);
+      staging.fences.clear();
+      const uint64_t mask = std::exchange(staging.staged_mask, 0);
+      for (int d = 0; d < 2; ++d) {
+        const cudaMemcpyKind kind = d == 0 ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+        for (uint32_t s = 0; s < streams_per_dir_; ++s) {
+          if (!(mask & (uint64_t{1} << (d * 32 + s)))) continue;
+          StagedCopies& st = staged_[d][s];
+          Status issued = Issue(st, kind, streams_[d][s]);
+          st.dsts.clear();
+          st.srcs.clear();
+          st.sizes.clear();
+          if (issued.ok()) {
+            auto e = TakeEvent();
+            issued = e.ok() ? CudaStatus(cudaEventRecord(*e, streams_[d][s]), "fence") : e.status();
+            if (e.ok()) g.events.push_back(*e);
+            g.streams.push_back(streams_[d][s]);
+          }
+          if (!issued.ok() && g.status.ok()) g.status = issued;
+        }
+      }
+      pending_.push_back(std::move(g));
+    }
   }
 
   void PollCompleted(std::vector<FenceResult>& done) override {
     for (auto it = pending_.begin(); it != pending_.end();) {
-      Status st;
+      Status st = it->status;
       bool ready = true;
       for (cudaEvent_t e : it->events) {
         cudaError_t q = cudaEventQuery(e);
@@ -249,18 +267,36 @@ class CudaBackend : public Backend {
         continue;
       }
       for (cudaEvent_t e : it->events) free_events_.push_back(e);
-      done.push_back({it->id, st});
+      for (FenceId f : it->fences) done.push_back({f, st});
       it = pending_.erase(it);
     }
   }
   int completion_fd() const override { return -1; }
 
  private:
-  struct Fence {
-    FenceId id;
+  struct Group {  // fences that complete together, once every event has
+    std::vector<FenceId> fences;
     std::vector<cudaEvent_t> events;
     std::vector<cudaStream_t> streams;
+    Status status;
+    uint64_t staged_mask = 0;  // while staging: bit d * 32 + s for each stream with staged pieces
   };
+  struct StagedCopies {
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+  };
+
+  static Status Issue(StagedCopies& st, cudaMemcpyKind kind, cudaStream_t stream) {
+    if (st.dsts.size() == 1) return CudaStatus(cudaMemcpyAsync(st.dsts[0], st.srcs[0], st.sizes[0], kind, stream), "copy");
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t idx = 0;
+    return CudaStatus(cudaMemcpyBatchAsync(st.dsts.data(), st.srcs.data(), st.sizes.data(), st.dsts.size(), &attr, &idx,
+                                           1, stream),
+                      "batched copy");
+  }
 
   Result<cudaEvent_t> TakeEvent() {
     if (!free_events_.empty()) {
@@ -279,12 +315,11 @@ class CudaBackend : public Backend {
   std::vector<cudaStream_t> streams_[2];
   std::vector<void*> registered_;
   std::map<HandleKey, OpenedMemory> opened_;
-  std::deque<Fence> pending_;
+  std::deque<Group> pending_;
+  Group groups_[2];                 // staging: [0] latency (stream 0), [1] bulk
+  StagedCopies staged_[2][32];      // [direction][stream]
   std::vector<cudaEvent_t> free_events_;
   FenceId next_fence_ = 1;
-  std::vector<void*> dsts_;
-  std::vector<const void*> srcs_;
-  std::vector<size_t> sizes_;
 };
 
 CudaRegion::~CudaRegion() { owner_->ReleaseRegion(key_); }

@@ -153,6 +153,7 @@ class Server::Impl {
       bool work = n > 0;
       for (int i = 0; i < n; ++i) HandleEvent(evs[i]);
       work |= PollSubmissions();
+      backend_->Flush();
       work |= PollBackend();
       FlushAll();
       ReapDead();

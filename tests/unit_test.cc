@@ -82,7 +82,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadConfig{"copy_streams: 0\n", "bad.yaml:1:15: value 0 out of range [1, 16]"},
                       BadConfig{"runtime_dir: relative/dir\n", "absolute path"},
                       BadConfig{"pool: [1, 2\n", "bad.yaml:"},
-                      BadConfig{"a: {b: {c: {d: {e: {f: {g: {h: {i: 1}}}}}}}}\n", "nested deeper"}));
+                      BadConfig{"a: {b: {c: {d: {e: {f: {g: {h: {i: 1}}}}}}}}\n", "nested deeper"}),
+    [](const ::testing::TestParamInfo<BadConfig>& info) { return "case" + std::to_string(info.index); });
 
 TEST(Config, HugeFileIsRejected) {
   std::string big(2 << 20, '#');
