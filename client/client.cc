@@ -236,7 +236,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
         return ResourceExhausted("submission ring full: " + std::to_string(outstanding_) +
                                  " copies in flight for 1 s; wait on some before submitting more");
       }
-      WaitForProgress(1);
+      WaitForProgress(1'000'000);
     }
   }
 
@@ -290,8 +290,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     outstanding_ = 0;
   }
 
-  // Sleeps until the daemon signals completions, the connection drops, or timeout_ms passes.
-  void WaitForProgress(int timeout_ms) {
+  // Sleeps until the daemon signals completions, the connection drops, or timeout_ns passes.
+  void WaitForProgress(uint64_t timeout_ns) {
     {
       std::lock_guard<std::mutex> l(wait_mu_);
       if (waiters_++ == 0) hdr_->client_state.value.store(wire::kClientWaiting, std::memory_order_relaxed);
@@ -304,7 +304,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     }
     if (!ready) {
       pollfd p[2] = {{complete_efd_.get(), POLLIN, 0}, {sock_.get(), POLLIN, 0}};
-      int n = ::poll(p, 2, timeout_ms);
+      const timespec ts{static_cast<time_t>(timeout_ns / 1'000'000'000), static_cast<long>(timeout_ns % 1'000'000'000)};
+      int n = ::ppoll(p, 2, &ts, nullptr);
       if (n > 0 && (p[0].revents & POLLIN)) DrainDoorbell(complete_efd_.get());
       if (n > 0 && (p[1].revents & (POLLHUP | POLLERR | POLLIN))) {
         // The daemon sends nothing unasked, so anything readable here is its goodbye.
@@ -317,8 +318,17 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     if (--waiters_ == 0) hdr_->client_state.value.store(0, std::memory_order_relaxed);
   }
 
+  // Waits without burning a core for long copies and without a wake-up's delay for short ones:
+  // a copy of n bytes cannot complete before n / kFastestBus after it was submitted, so sleep
+  // through most of that, spin across the moment it may land (up to a quarter past it, plus
+  // spin_ns_), and only then block on the doorbell.
   Status Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueued) {
+    constexpr uint64_t kFastestBusBytesPerUs = 64'000;  // above PCIe Gen5 x16
+    constexpr uint64_t kWakeAheadNs = 100'000;          // covers the kernel's default timer slack
     const uint64_t start = MonotonicNanos();
+    const uint64_t earliest = until_enqueued ? 0 : t.bytes * 1000 / kFastestBusBytesPerUs;
+    const uint64_t sleep_until = t.submit_ns + (earliest > kWakeAheadNs ? earliest - kWakeAheadNs : 0);
+    const uint64_t spin_until = std::max(start, t.submit_ns + earliest + earliest / 4) + spin_ns_;
     for (;;) {
       {
         std::lock_guard<std::mutex> l(ring_mu_);
@@ -327,11 +337,14 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
         if (until_enqueued && t.enqueued) return Status::Ok();
         FERRY_RETURN_IF_ERROR(broken_);
       }
-      const uint64_t waited = MonotonicNanos() - start;
-      if (waited >= timeout_ns) return Timeout("copy not done after " + std::to_string(timeout_ns / 1000) + " us");
-      if (waited < spin_ns_) continue;  // spin a little: most small copies finish within microseconds
-      const uint64_t left_ms = (timeout_ns - waited + 999'999) / 1'000'000;
-      WaitForProgress(static_cast<int>(std::min<uint64_t>(left_ms, 50)));
+      const uint64_t now = MonotonicNanos();
+      if (now - start >= timeout_ns) return Timeout("copy not done after " + std::to_string(timeout_ns / 1000) + " us");
+      const uint64_t left = timeout_ns - (now - start);
+      if (now < sleep_until) {
+        WaitForProgress(std::min(sleep_until - now, left));
+      } else if (now >= spin_until) {
+        WaitForProgress(std::min<uint64_t>(left, 50'000'000));
+      }
     }
   }
 

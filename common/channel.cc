@@ -41,18 +41,28 @@ size_t wire::PayloadLength(MsgType type) {
 }
 
 Result<UniqueFd> ListenUnix(const std::string& path, mode_t mode) {
-  FERRY_ASSIGN_OR_RETURN(sockaddr_un addr, UnixAddress(path));
+  FERRY_RETURN_IF_ERROR(UnixAddress(path).status());  // the final name must fit too
   UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return ErrnoStatus("socket", errno);
-  ::unlink(path.c_str());
+  // Bind and listen under a temporary name, then rename into place: whoever sees `path` can
+  // connect at once, and an old socket there is replaced in one step.
+  const std::string tmp = path + ".new-" + std::to_string(::getpid());
+  FERRY_ASSIGN_OR_RETURN(sockaddr_un tmp_addr, UnixAddress(tmp));
+  ::unlink(tmp.c_str());
   // Bind under a restrictive umask so the socket is never briefly open to everyone.
   mode_t old = ::umask(0177);
-  int rc = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  int rc = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&tmp_addr), sizeof tmp_addr);
   int err = errno;
   ::umask(old);
-  if (rc != 0) return ErrnoStatus("bind(" + path + ")", err);
-  if (::chmod(path.c_str(), mode) != 0) return ErrnoStatus("chmod(" + path + ")", errno);
-  if (::listen(fd.get(), 64) != 0) return ErrnoStatus("listen", errno);
+  if (rc != 0) return ErrnoStatus("bind(" + tmp + ")", err);
+  Status st;
+  if (::chmod(tmp.c_str(), mode) != 0) st = ErrnoStatus("chmod(" + tmp + ")", errno);
+  if (st.ok() && ::listen(fd.get(), 64) != 0) st = ErrnoStatus("listen", errno);
+  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) st = ErrnoStatus("rename(" + tmp + ", " + path + ")", errno);
+  if (!st.ok()) {
+    ::unlink(tmp.c_str());
+    return st;
+  }
   return fd;
 }
 

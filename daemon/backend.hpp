@@ -72,6 +72,8 @@ class Backend {
 
   // Registers the pool for DMA once, at start. Never on the hot path.
   virtual Status RegisterPool(std::byte* base, size_t length, size_t slab_bytes) = 0;
+  // True when the pool could only be registered slab by slab, so no piece may cross a slab.
+  virtual bool pieces_stay_in_one_slab() const { return false; }
 
   virtual Result<std::unique_ptr<DeviceRegion>> OpenDeviceRegion(const wire::RegisterDeviceRequest& req,
                                                                  UniqueFd fd) = 0;
@@ -112,6 +114,7 @@ class FaultInjectingBackend : public Backend {
   Status RegisterPool(std::byte* base, size_t length, size_t slab) override {
     return inner_->RegisterPool(base, length, slab);
   }
+  bool pieces_stay_in_one_slab() const override { return inner_->pieces_stay_in_one_slab(); }
   Result<std::unique_ptr<DeviceRegion>> OpenDeviceRegion(const wire::RegisterDeviceRequest& r, UniqueFd fd) override {
     if (fail_open_.load() > 0 && fail_open_.fetch_sub(1) > 0) {
       return DeviceError("injected: cannot open device memory handle");

@@ -113,8 +113,10 @@ class CudaBackend : public Backend {
       FERRY_CUDA_RETURN_IF_ERROR(cudaHostRegister(base + off, slab_bytes, cudaHostRegisterPortable));
       registered_.push_back(base + off);
     }
+    per_slab_ = true;
     return Status::Ok();
   }
+  bool pieces_stay_in_one_slab() const override { return per_slab_; }
 
   Result<std::unique_ptr<DeviceRegion>> OpenDeviceRegion(const wire::RegisterDeviceRequest& req, UniqueFd) override {
     if (req.kind != static_cast<uint32_t>(wire::DeviceHandleKind::kCudaIpc)) {
@@ -209,6 +211,7 @@ class CudaBackend : public Backend {
     }
     const FenceId id = next_fence_++;
     groups_[cls].fences.push_back(id);
+    if (plan.signal != nullptr) groups_[cls].needs_events = true;
     if (plan.signal != nullptr) {
       Flush();
       Group& g = pending_.back();  // this plan alone: Flush() above emptied the staging first
@@ -228,6 +231,14 @@ class CudaBackend : public Backend {
       g.fences = std::move(staging.fences);
       staging.fences.clear();
       const uint64_t mask = std::exchange(staging.staged_mask, 0);
+      // The latency streams carry nothing else, so when no earlier latency group is still out,
+      // "the stream is idle" is this group's fence and the event record can be saved.
+      const bool query_stream = &staging == &groups_[0] && streams_per_dir_ > 1 && latency_out_ == 0 &&
+                                !std::exchange(staging.needs_events, false);
+      staging.needs_events = false;
+      g.by_stream_query = query_stream;
+      if (&staging == &groups_[0]) ++latency_out_;
+      g.latency = &staging == &groups_[0];
       for (int d = 0; d < 2; ++d) {
         const cudaMemcpyKind kind = d == 0 ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
         for (uint32_t s = 0; s < streams_per_dir_; ++s) {
@@ -237,7 +248,9 @@ class CudaBackend : public Backend {
           st.dsts.clear();
           st.srcs.clear();
           st.sizes.clear();
-          if (issued.ok()) {
+          if (issued.ok() && query_stream) {
+            g.streams.push_back(streams_[d][s]);
+          } else if (issued.ok()) {
             auto e = TakeEvent();
             issued = e.ok() ? CudaStatus(cudaEventRecord(*e, streams_[d][s]), "fence") : e.status();
             if (e.ok()) g.events.push_back(*e);
@@ -262,12 +275,23 @@ class CudaBackend : public Backend {
         }
         if (q != cudaSuccess && st.ok()) st = CudaStatus(q, "copy");
       }
+      if (it->by_stream_query) {
+        for (cudaStream_t s : it->streams) {
+          cudaError_t q = cudaStreamQuery(s);
+          if (q == cudaErrorNotReady) {
+            ready = false;
+            break;
+          }
+          if (q != cudaSuccess && st.ok()) st = CudaStatus(q, "copy");
+        }
+      }
       if (!ready) {
         ++it;
         continue;
       }
       for (cudaEvent_t e : it->events) free_events_.push_back(e);
       for (FenceId f : it->fences) done.push_back({f, st});
+      if (it->latency) --latency_out_;
       it = pending_.erase(it);
     }
   }
@@ -279,6 +303,9 @@ class CudaBackend : public Backend {
     std::vector<cudaEvent_t> events;
     std::vector<cudaStream_t> streams;
     Status status;
+    bool by_stream_query = false;  // no events: done when its streams are idle
+    bool latency = false;
+    bool needs_events = false;     // while staging: a plan signals an event after these pieces
     uint64_t staged_mask = 0;  // while staging: bit d * 32 + s for each stream with staged pieces
   };
   struct StagedCopies {
@@ -314,12 +341,14 @@ class CudaBackend : public Backend {
   std::string describe_;
   std::vector<cudaStream_t> streams_[2];
   std::vector<void*> registered_;
+  bool per_slab_ = false;
   std::map<HandleKey, OpenedMemory> opened_;
   std::deque<Group> pending_;
   Group groups_[2];                 // staging: [0] latency (stream 0), [1] bulk
   StagedCopies staged_[2][32];      // [direction][stream]
   std::vector<cudaEvent_t> free_events_;
   FenceId next_fence_ = 1;
+  uint32_t latency_out_ = 0;  // latency groups not yet reported done
 };
 
 CudaRegion::~CudaRegion() { owner_->ReleaseRegion(key_); }

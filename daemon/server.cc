@@ -30,6 +30,7 @@ constexpr uint64_t SessionTag(uint64_t id, uint64_t kind) { return (id << 8) | 0
 constexpr uint32_t kMaxEventsPerSession = 4096;
 constexpr uint32_t kMaxRegionsPerSession = 4096;
 constexpr uint32_t kSubmissionsPerTurn = 64;  // per session per loop turn: fairness between clients
+constexpr uint32_t kTurnsPerEpoll = 32;       // while spinning, sockets are looked at every 32nd turn
 
 Status MakeRuntimeDir(const std::string& dir) {
   std::string path;
@@ -147,7 +148,13 @@ class Server::Impl {
           slept = true;
         }
       }
-      int n = ::epoll_wait(epoll_.get(), evs, 64, timeout);
+      // While spinning, look at the sockets only now and then: an epoll_wait per turn would
+      // add its cost to every copy's latency. Sockets carry only the slow path.
+      int n = 0;
+      if (timeout != 0 || ++turns_since_epoll_ >= kTurnsPerEpoll) {
+        turns_since_epoll_ = 0;
+        n = ::epoll_wait(epoll_.get(), evs, 64, timeout);
+      }
       if (slept) SetSleeping(false);
       if (n < 0 && errno != EINTR) return ErrnoStatus("epoll_wait", errno);
       bool work = n > 0;
@@ -551,17 +558,20 @@ class Server::Impl {
     if (plan.signal != nullptr) Complete(s, e.user_tag, Status::Ok(), wire::CompletionKind::kEnqueued, e.length, 0);
   }
 
-  // Splits a copy at chunk_size and at slab boundaries (a piece never crosses a slab, so the
-  // pool may be registered slab by slab). Latency-class copies go to stream 0, bulk ones round-robin
+  // Splits a copy at chunk_size, and at slab boundaries when the backend registered the pool
+  // slab by slab. A session's buffer sits in consecutive slabs of one mapping, so otherwise a
+  // piece may cross them. Latency-class copies go to stream 0, bulk ones round-robin
   // over the other streams.
   void PlanPieces(const wire::SubmissionEntry& e, std::byte* device_base, wire::Priority prio, CopyPlan& plan) {
     const uint64_t slab = pool_->slab_bytes();
+    const bool per_slab = backend_->pieces_stay_in_one_slab();
     const uint32_t nstreams = backend_->streams_per_direction();
     uint64_t host_off = e.pool_offset;
     uint64_t dev_off = e.device_offset;
     uint64_t left = e.length;
     while (left > 0) {
-      uint64_t n = std::min({left, config_.chunk_bytes, slab - host_off % slab});
+      uint64_t n = std::min(left, config_.chunk_bytes);
+      if (per_slab) n = std::min(n, slab - host_off % slab);
       uint32_t stream = 0;
       if (prio == wire::Priority::kBulk && nstreams > 1) stream = 1 + (bulk_cursor_++ % (nstreams - 1));
       plan.pieces.push_back(CopyPiece{stream, pool_->base() + host_off, device_base + dev_off, n});
@@ -653,7 +663,12 @@ class Server::Impl {
     for (auto it = sessions_.begin(); it != sessions_.end();) {
       Session& s = *it->second;
       if (s.dead && s.in_flight == 0) {
-        if (s.hello_done) counters_.sessions--;
+        if (s.hello_done) {
+          counters_.sessions--;
+          FERRY_LOG(kInfo) << "session " << s.id << " '" << s.name << "' reclaimed: " << s.regions.size()
+                           << " device regions closed, " << s.events.size() << " events closed, "
+                           << (s.arena ? s.arena->owned_bytes() >> 20 : 0) << " MiB back in the pool";
+        }
         it = sessions_.erase(it);  // closes regions and events, returns and zeroes slabs
         counters_.pool_free_bytes = pool_->free_bytes();
       } else {
@@ -680,6 +695,7 @@ class Server::Impl {
   std::string socket_path_;
   UniqueFd listen_, stop_efd_, epoll_;
   bool stopping_ = false;
+  uint32_t turns_since_epoll_ = 0;
   bool has_allowed_gid_ = false;
   gid_t allowed_gid_ = 0;
   uint64_t quota_ = 0;

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One batched session on a lent GPU machine (see ../shared/device/README.md): GPU tests, the
+# demo, and ferry-bench transfer against the in-process baseline. Results go to $OUT.
+# Expects a build made elsewhere in $BUILD (default build-dev) with its libraries bundled in
+# $BUILD/devlibs. Absolute paths baked into the build point at $FERRY_BUILT_AT.
+set -uo pipefail
+BUILD=${BUILD:-build-dev}
+OUT=${OUT:-/tmp/ferry-out}
+mkdir -p "$OUT"
+built_at=${FERRY_BUILT_AT:-/work/main}
+if [ ! -e "$built_at" ]; then mkdir -p "$(dirname "$built_at")" && ln -s "$PWD" "$built_at"; fi
+export LD_LIBRARY_PATH=$PWD/$BUILD/devlibs:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv | tee "$OUT/gpu.txt"
+
+echo "== gpu tests"
+(cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 300) >"$OUT/gpu-tests.log" 2>&1
+echo "gpu tests rc=$?"; tail -n 15 "$OUT/gpu-tests.log"
+
+# Each variant: NAME:key=value,key=value (config keys). The first is the shipped default config.
+variants=${VARIANTS:-"default:"}
+first=1
+for v in $variants; do
+  name=${v%%:*}; body=${v#*:}
+  rt=$(mktemp -d /tmp/ferry-bench-XXXXXX)
+  printf 'runtime_dir: %s\npool:\n  size: %s\n' "$rt" "${POOL:-2GiB}" >"$rt/ferryd.yaml"
+  [ -n "$body" ] && echo "$body" | tr ',' '\n' | sed 's/=/: /' >>"$rt/ferryd.yaml"
+  echo "== variant $name: $body"
+  "$BUILD/ferryd" --backend cuda --config "$rt/ferryd.yaml" >"$rt/ferryd.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 400); do [ -S "$rt/ferryd.sock" ] && break; sleep 0.05; done
+  head -n 3 "$rt/ferryd.log"
+  if [ $first = 1 ]; then
+    echo "== demo"
+    "$BUILD/ferry-demo" --socket "$rt/ferryd.sock" 2>&1 | tee "$OUT/demo.txt"
+  fi
+  csv=()
+  [ $first = 1 ] && csv=(--csv "$OUT/transfer.csv")
+  "$BUILD/ferry-bench" transfer --socket "$rt/ferryd.sock" --daemon-pid $pid "${csv[@]}" ${BENCH_ARGS:-} \
+    >"$OUT/transfer-$name.txt" 2>/dev/null
+  echo "bench rc=$?"
+  cat "$OUT/transfer-$name.txt"
+  kill -TERM $pid; wait $pid; echo "ferryd rc=$?"
+  tail -n 1 "$rt/ferryd.log"; [ $first = 1 ] && cp "$rt/ferryd.log" "$OUT/ferryd.log"
+  first=0
+done

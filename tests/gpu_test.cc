@@ -1,0 +1,203 @@
+// GPU tests (ctest label "gpu"): a real ferryd on the cuda backend, this test process as its
+// client through CUDA IPC. They skip, reported as skipped, when no CUDA GPU answers.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <vector>
+
+#include "ferry/client.hpp"
+#include "gpu_kernels.hpp"
+#include "process_util.hpp"
+#include "test_util.hpp"
+
+namespace ferry {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+using testing::Child;
+using testing::FillRandom;
+using testing::FirstDifference;
+
+#define ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
+
+class GpuDaemon : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) GTEST_SKIP() << "no CUDA GPU answers: " << cudaGetErrorString(e);
+    ASSERT_CUDA(cudaSetDevice(0));
+    dir_ = testing::MakeTempDir("gpu");
+    socket_ = dir_ + "/ferryd.sock";
+    daemon_ = std::make_unique<Child>(std::vector<std::string>{FERRY_DAEMON_PATH, "--backend", "cuda", "--runtime-dir",
+                                                               dir_, "--pool-size", "1GiB", "--log-level", "debug"},
+                                      dir_ + "/ferryd.log");
+    ASSERT_TRUE(testing::DaemonHarness::Eventually([&] { return fs::exists(socket_); }, 30000)) << daemon_->Output();
+    ConnectOptions o;
+    o.socket_path = socket_;
+    auto c = Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString() << "\n" << daemon_->Output();
+    client_ = std::move(*c);
+    ASSERT_EQ(client_->backend(), BackendKind::kCuda) << daemon_->Output();
+    ASSERT_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  void TearDown() override {
+    if (stream_) cudaStreamDestroy(stream_);
+    client_.reset();
+    if (daemon_) {
+      daemon_->Signal(SIGTERM);
+      int st = daemon_->Wait(20s);
+      EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << daemon_->Output();
+      EXPECT_EQ(daemon_->Output().find("[error]"), std::string::npos) << daemon_->Output();
+    }
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+
+  // Reads the whole device allocation back with the CUDA runtime, independent of ferry.
+  std::vector<std::byte> ReadBack(const void* dev, size_t n) {
+    std::vector<std::byte> out(n);
+    EXPECT_EQ(cudaMemcpy(out.data(), dev, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    return out;
+  }
+
+  std::string dir_, socket_;
+  std::unique_ptr<Child> daemon_;
+  std::unique_ptr<Client> client_;
+  cudaStream_t stream_ = nullptr;
+};
+
+TEST_F(GpuDaemon, CopiesEveryByteBothWaysThroughTheCopyEngines) {
+  const uint64_t seed = testing::RandomSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (size_t n : {size_t{1}, size_t{4095}, size_t{4096}, size_t{(1 << 20) + 13}, size_t{(64 << 20) + 7},
+                   size_t{200 << 20}}) {
+    SCOPED_TRACE("bytes " + std::to_string(n));
+    const size_t host_off = n % 257, dev_off = n % 131, total = dev_off + n + 4096;
+    ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(host_off + n));
+    void* dev = nullptr;
+    ASSERT_CUDA(cudaMalloc(&dev, total));
+    ASSERT_CUDA(cudaMemset(dev, 0xA5, total));
+    // ferryd is another process: nothing of ours is ordered before its copies unless we wait.
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    {
+      ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev, total));
+      // host -> device: random bytes land exactly in [dev_off, dev_off + n), poison elsewhere.
+      FillRandom(host.data() + host_off, n, seed + n);
+      ASSERT_OK_AND_ASSIGN(Transfer up, client_->Copy(Direction::kHostToDevice, host, host_off, region, dev_off, n));
+      ASSERT_OK(up.Wait(10s));
+      std::vector<std::byte> back = ReadBack(dev, total);
+      EXPECT_EQ(FirstDifference(back.data() + dev_off, host.data() + host_off, n), -1);
+      for (size_t i = 0; i < dev_off; ++i) ASSERT_EQ(back[i], std::byte{0xA5}) << i;
+      for (size_t i = dev_off + n; i < total; ++i) ASSERT_EQ(back[i], std::byte{0xA5}) << i;
+
+      // device -> host: fresh random device bytes into a poisoned pool buffer.
+      std::vector<std::byte> fresh(n);
+      FillRandom(fresh.data(), n, seed + n + 1);
+      ASSERT_CUDA(cudaMemcpy(static_cast<std::byte*>(dev) + dev_off, fresh.data(), n, cudaMemcpyHostToDevice));
+      // From pageable memory cudaMemcpy may return before the bytes land on the device.
+      ASSERT_CUDA(cudaDeviceSynchronize());
+      testing::Poison(host.data(), host.size());
+      ASSERT_OK_AND_ASSIGN(Transfer down, client_->Copy(Direction::kDeviceToHost, host, host_off, region, dev_off, n));
+      ASSERT_OK(down.Wait(10s));
+      EXPECT_EQ(FirstDifference(host.data() + host_off, fresh.data(), n), -1);
+      for (size_t i = 0; i < host_off; ++i) ASSERT_EQ(host.data()[i], std::byte{0xA5}) << i;
+    }
+    cudaFree(dev);
+  }
+}
+
+TEST_F(GpuDaemon, ManySmallCopiesInFlightLandWhereTheyShould) {
+  constexpr size_t kPiece = 64 << 10, kCount = 1024;
+  ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(kPiece * kCount));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client_->AllocateDevice(kPiece * kCount));
+  ASSERT_CUDA(cudaMemset(dev.data(), 0xA5, dev.size()));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
+  FillRandom(host.data(), host.size(), testing::RandomSeed());
+  std::vector<Transfer> ts;
+  // Reverse order, so a piece landing at the wrong offset cannot go unnoticed.
+  for (size_t i = kCount; i-- > 0;) {
+    ASSERT_OK_AND_ASSIGN(Transfer t, client_->Copy(Direction::kHostToDevice, host, i * kPiece, region, i * kPiece, kPiece));
+    ts.push_back(std::move(t));
+  }
+  for (auto& t : ts) ASSERT_OK(t.Wait(10s));
+  std::vector<std::byte> back = ReadBack(dev.data(), dev.size());
+  EXPECT_EQ(FirstDifference(back.data(), host.data(), host.size()), -1);
+}
+
+TEST_F(GpuDaemon, ACopyAfterAnEventWaitsOnTheGpuForTheKernelBeforeIt) {
+  constexpr size_t n = 4 << 20;
+  ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(n));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client_->AllocateDevice(n));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
+  ASSERT_OK_AND_ASSIGN(SharedEvent ready, client_->CreateEvent());
+  ASSERT_CUDA(cudaMemset(dev.data(), 0xA5, n));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  testing::Poison(host.data(), n);
+  // ~50 ms of spinning at ~2 GHz, then 0x3C everywhere: a copy that did not wait reads 0xA5.
+  ASSERT_CUDA(testing::LaunchSpinThenFill(dev.data(), n, 0x3C, 100'000'000, stream_));
+  ASSERT_OK(ready.Record(stream_));
+  ASSERT_OK_AND_ASSIGN(Transfer t, client_->Copy(Direction::kDeviceToHost, host, 0, region, 0, n, {.after = &ready}));
+  ASSERT_OK(t.Wait(10s));
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(host.data()[i], std::byte{0x3C}) << "copy ran ahead of the kernel at " << i;
+}
+
+TEST_F(GpuDaemon, AStreamWaitsOnTheGpuForACopyWithoutTheHostBlocking) {
+  constexpr size_t n = 256 << 20;  // ~5 ms on the bus
+  ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(n));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client_->AllocateDevice(n));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
+  void* mirror = nullptr;
+  ASSERT_CUDA(cudaMalloc(&mirror, n));
+  ASSERT_CUDA(cudaMemset(dev.data(), 0xA5, n));
+  ASSERT_CUDA(cudaMemset(mirror, 0x5A, n));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  FillRandom(host.data(), n, testing::RandomSeed());
+  ASSERT_OK_AND_ASSIGN(Transfer t, client_->Copy(Direction::kHostToDevice, host, 0, region, 0, n, {.stream_waitable = true}));
+  ASSERT_OK(t.StreamWait(stream_));
+  // The consumer: a device-to-device copy on our stream, which must see the copied bytes.
+  ASSERT_CUDA(cudaMemcpyAsync(mirror, dev.data(), n, cudaMemcpyDeviceToDevice, stream_));
+  ASSERT_CUDA(cudaStreamSynchronize(stream_));
+  std::vector<std::byte> back = ReadBack(mirror, n);
+  EXPECT_EQ(FirstDifference(back.data(), host.data(), n), -1) << "the stream did not wait for the copy";
+  ASSERT_OK(t.Wait(1s));
+  cudaFree(mirror);
+}
+
+TEST_F(GpuDaemon, BadDeviceRangesAreRefusedByTheDaemon) {
+  void* dev = nullptr;
+  ASSERT_CUDA(cudaMalloc(&dev, 1 << 20));
+  // More than the allocation holds: the client library refuses before asking.
+  EXPECT_FALSE(client_->RegisterDevice(dev, 2 << 20).ok());
+  int host_var = 0;
+  EXPECT_EQ(client_->RegisterDevice(&host_var, sizeof host_var).status().code(), Code::kInvalidArgument);
+  cudaFree(dev);
+}
+
+TEST_F(GpuDaemon, AClientKilledMidCopyIsClosedOutAndTheDaemonStaysUp) {
+  const uint64_t full = client_->Stats()->pool_free_bytes;
+  auto victim = std::make_unique<Child>(
+      std::vector<std::string>{FERRY_TEST_CLIENT_PATH, "hold", socket_, std::to_string(256 << 20)}, dir_ + "/victim.log");
+  ASSERT_TRUE(victim->WaitForOutput("ready", 30s)) << victim->Output();
+  std::this_thread::sleep_for(30ms);  // it keeps 256 MiB copies going
+  victim->Signal(SIGKILL);
+  EXPECT_TRUE(WIFSIGNALED(victim->Wait()));
+  EXPECT_TRUE(testing::DaemonHarness::Eventually([&] { return client_->Stats()->pool_free_bytes == full; }, 10000))
+      << daemon_->Output();
+  EXPECT_TRUE(testing::DaemonHarness::Eventually(
+      [&] { return daemon_->Output().find("'hold'") != std::string::npos &&
+                   daemon_->Output().find("closed") != std::string::npos; }, 5000))
+      << daemon_->Output();
+  // Still serving: a fresh round trip.
+  auto worker = std::make_unique<Child>(
+      std::vector<std::string>{FERRY_TEST_CLIENT_PATH, "roundtrip", socket_, std::to_string(64 << 20), "3"},
+      dir_ + "/worker.log");
+  int st = worker->Wait(60s);
+  ASSERT_TRUE(WIFEXITED(st)) << worker->Output();
+  EXPECT_EQ(WEXITSTATUS(st), 0) << worker->Output();
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,65 @@
+// Small helpers the benchmark tools share: sample summaries, a progress bar, CSV rows.
+#pragma once
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace ferry::bench {
+
+struct Summary {
+  double median = 0, min = 0, max = 0, p99 = 0;
+  size_t n = 0;
+};
+
+inline Summary Summarize(std::vector<double> v) {
+  Summary s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  s.n = v.size();
+  s.median = v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  s.min = v.front();
+  s.max = v.back();
+  s.p99 = v[std::min(v.size() - 1, static_cast<size_t>(static_cast<double>(v.size()) * 0.99))];
+  return s;
+}
+
+inline double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+inline std::string HumanBytes(size_t n) {
+  if (n >= (1ull << 30) && n % (1ull << 30) == 0) return std::to_string(n >> 30) + " GiB";
+  if (n >= (1ull << 20) && n % (1ull << 20) == 0) return std::to_string(n >> 20) + " MiB";
+  if (n >= (1ull << 10) && n % (1ull << 10) == 0) return std::to_string(n >> 10) + " KiB";
+  return std::to_string(n) + " B";
+}
+
+// A progress bar on stderr when it is a terminal; one line per step otherwise (logs stay short).
+class Progress {
+ public:
+  explicit Progress(size_t total) : total_(total), tty_(::isatty(2) != 0) {}
+  void Step(const std::string& what) {
+    ++done_;
+    if (tty_) {
+      const int width = 30;
+      const int filled = static_cast<int>(width * done_ / std::max<size_t>(total_, 1));
+      std::fprintf(stderr, "\r[%s%s] %3zu%% %-40s", std::string(filled, '#').c_str(),
+                   std::string(width - filled, ' ').c_str(), 100 * done_ / std::max<size_t>(total_, 1), what.c_str());
+      if (done_ == total_) std::fputc('\n', stderr);
+    } else {
+      std::fprintf(stderr, "[%zu/%zu] %s\n", done_, total_, what.c_str());
+    }
+    std::fflush(stderr);
+  }
+
+ private:
+  size_t total_, done_ = 0;
+  bool tty_;
+};
+
+}  // namespace ferry::bench

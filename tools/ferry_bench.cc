@@ -1,0 +1,520 @@
+// ferry-bench: measures ferry against the in-process baseline, side by side, in one run.
+//
+//   ferry-bench transfer --socket /run/ferry/ferryd.sock [--daemon-pid PID] [--csv out.csv] [--json]
+//
+// transfer: for 4 KiB to 1 GiB, both directions and both at once, the same copies done in this
+// process with cudaMemcpyAsync from cudaMallocHost memory, and through ferryd from its pinned
+// pool into the same device memory. Host clock, submit to completion seen; warm-up first; the
+// median with min and max. Small copies: p50/p99 latency. Many copies: 1024 x 64 KiB. With
+// --daemon-pid, ferryd's CPU use at idle. Every size's data is checked once byte for byte.
+#include <cuda_runtime_api.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench_util.hpp"
+#include "ferry/client.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using ferry::bench::HumanBytes;
+using ferry::bench::NowSeconds;
+using ferry::bench::Summarize;
+using ferry::bench::Summary;
+
+constexpr const char* kUsage = R"(usage: ferry-bench transfer [options]
+
+Runs the same host<->device copies in this process (cudaMemcpyAsync from cudaMallocHost memory)
+and through ferryd (its pinned pool, its copy streams), and prints them side by side.
+
+options:
+  --socket PATH      ferryd's control socket (default: $FERRY_SOCKET or /run/ferry/ferryd.sock)
+  --max-size BYTES   largest copy (default 1073741824 = 1 GiB); ferryd's pool must hold it
+  --daemon-pid PID   also measure ferryd's CPU use while idle (5 s)
+  --csv FILE         write every sample as CSV (test,bytes,direction,path,rep,seconds)
+  --json             print one JSON object instead of the tables
+  --quick            fewer repetitions
+  -h, --help         this help
+)";
+
+#define CUDA_OR_DIE(call)                                                                     \
+  do {                                                                                        \
+    cudaError_t e_ = (call);                                                                  \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "ferry-bench: %s: %s\n", #call, cudaGetErrorString(e_));           \
+      return 1;                                                                               \
+    }                                                                                         \
+  } while (0)
+#define FERRY_OR_DIE(expr)                                                                    \
+  do {                                                                                        \
+    ::ferry::Status s_ = (expr);                                                              \
+    if (!s_.ok()) {                                                                           \
+      std::fprintf(stderr, "ferry-bench: %s: %s\n", #expr, s_.ToString().c_str());            \
+      return 1;                                                                               \
+    }                                                                                         \
+  } while (0)
+
+struct Sample {
+  std::string test;
+  size_t bytes;
+  std::string direction, path;
+  int rep;
+  double seconds;
+};
+
+void FillRandom(std::byte* p, size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t v = rng();
+    std::memcpy(p + i, &v, 8);
+  }
+  for (; i < n; ++i) p[i] = static_cast<std::byte>(rng());
+}
+
+double ProcessCpuSeconds(int pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), {});
+  auto close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::vector<std::string> fields;
+  size_t pos = close + 2;
+  while (pos < stat.size()) {
+    size_t sp = stat.find(' ', pos);
+    fields.push_back(stat.substr(pos, sp - pos));
+    if (sp == std::string::npos) break;
+    pos = sp + 1;
+  }
+  if (fields.size() < 13) return -1;
+  // fields[0] is field 3 (state); utime and stime are fields 14 and 15.
+  return (std::stod(fields[11]) + std::stod(fields[12])) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+class TransferBench {
+ public:
+  int Run(int argc, char** argv);
+
+ private:
+  int Setup();
+  int Bandwidth();
+  int Bidirectional();
+  int Latency();
+  int ManySmall();
+  int Verify(size_t n);
+  void Report(bool json) const;
+  void Add(const std::string& test, size_t bytes, const std::string& dir, const std::string& path, int rep, double s) {
+    samples_.push_back({test, bytes, dir, path, rep, s});
+  }
+  Summary Gbps(const std::string& test, size_t bytes, const std::string& dir, const std::string& path,
+               double factor = 1) const;
+  Summary Micros(const std::string& test, const std::string& dir, const std::string& path) const;
+
+  ferry::ConnectOptions opts_;
+  size_t max_size_ = 1ull << 30;
+  int daemon_pid_ = -1;
+  std::string csv_;
+  bool json_ = false, quick_ = false;
+
+  std::unique_ptr<ferry::Client> client_;
+  std::optional<ferry::HostBuffer> pool_buf_;
+  std::optional<ferry::DeviceRegion> region_;
+  std::byte* pinned_ = nullptr;  // in-process baseline: cudaMallocHost
+  void* dev_ = nullptr;
+  cudaStream_t s_[2] = {nullptr, nullptr};
+  std::string device_name_, daemon_backend_;
+  std::vector<Sample> samples_;
+  std::vector<size_t> sizes_;
+  double idle_cpu_pct_ = -1;
+  double last_ = 0;
+  bool verified_ = true;
+  std::vector<std::string> failures_;
+  std::unique_ptr<ferry::bench::Progress> progress_;
+};
+
+int TransferBench::Run(int argc, char** argv) {
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--socket") {
+      opts_.socket_path = value();
+    } else if (a == "--max-size") {
+      max_size_ = std::stoull(value());
+    } else if (a == "--daemon-pid") {
+      daemon_pid_ = std::stoi(value());
+    } else if (a == "--csv") {
+      csv_ = value();
+    } else if (a == "--json") {
+      json_ = true;
+    } else if (a == "--quick") {
+      quick_ = true;
+    } else {
+      std::fprintf(stderr, "ferry-bench: unknown option '%s' (try --help)\n", a.c_str());
+      return 64;
+    }
+  }
+  for (size_t n = 4096; n <= max_size_; n *= 4) sizes_.push_back(n);
+  if (int rc = Setup()) return rc;
+  progress_ = std::make_unique<ferry::bench::Progress>(sizes_.size() * 2 + 5 + (daemon_pid_ > 0));
+  if (int rc = Bandwidth()) return rc;
+  if (int rc = Bidirectional()) return rc;
+  if (int rc = Latency()) return rc;
+  if (int rc = ManySmall()) return rc;
+  if (daemon_pid_ > 0) {
+    std::this_thread::sleep_for(1s);  // past ferryd's spin window
+    const double c0 = ProcessCpuSeconds(daemon_pid_), t0 = NowSeconds();
+    std::this_thread::sleep_for(5s);
+    const double c1 = ProcessCpuSeconds(daemon_pid_), t1 = NowSeconds();
+    if (c0 >= 0 && c1 >= 0) idle_cpu_pct_ = 100 * (c1 - c0) / (t1 - t0);
+    progress_->Step("idle CPU");
+  }
+  if (!csv_.empty()) {
+    std::ofstream f(csv_);
+    f << "test,bytes,direction,path,rep,seconds\n";
+    for (const Sample& s : samples_) {
+      f << s.test << ',' << s.bytes << ',' << s.direction << ',' << s.path << ',' << s.rep << ',' << s.seconds << '\n';
+    }
+  }
+  Report(json_);
+  return verified_ ? 0 : 1;
+}
+
+int TransferBench::Setup() {
+  opts_.name = "ferry-bench";
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::fprintf(stderr, "ferry-bench: no CUDA GPU answers; transfer compares against the GPU and needs one\n");
+    return 2;
+  }
+  auto c = ferry::Client::Connect(opts_);
+  FERRY_OR_DIE(c.status());
+  client_ = std::move(*c);
+  if (client_->backend() != ferry::BackendKind::kCuda) {
+    std::fprintf(stderr, "ferry-bench: ferryd runs the host backend; start it with --backend cuda\n");
+    return 2;
+  }
+  CUDA_OR_DIE(cudaSetDevice(client_->device_ordinal()));
+  cudaDeviceProp prop{};
+  CUDA_OR_DIE(cudaGetDeviceProperties(&prop, client_->device_ordinal()));
+  device_name_ = prop.name;
+  CUDA_OR_DIE(cudaMallocHost(reinterpret_cast<void**>(&pinned_), max_size_));
+  CUDA_OR_DIE(cudaMalloc(&dev_, max_size_));
+  for (auto& s : s_) CUDA_OR_DIE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  auto hb = client_->AllocateHost(max_size_);
+  FERRY_OR_DIE(hb.status());
+  pool_buf_.emplace(std::move(*hb));
+  auto r = client_->RegisterDevice(dev_, max_size_);
+  FERRY_OR_DIE(r.status());
+  region_.emplace(std::move(*r));
+  FillRandom(pinned_, max_size_, 1);
+  std::memcpy(pool_buf_->data(), pinned_, max_size_);
+  return 0;
+}
+
+int TransferBench::Verify(size_t n) {
+  // host -> device through ferry into poisoned device memory, read back in-process.
+  FillRandom(pool_buf_->data(), n, n);
+  CUDA_OR_DIE(cudaMemset(dev_, 0xA5, n));
+  CUDA_OR_DIE(cudaDeviceSynchronize());
+  auto t = client_->Copy(ferry::Direction::kHostToDevice, *pool_buf_, 0, *region_, 0, n);
+  FERRY_OR_DIE(t.status());
+  FERRY_OR_DIE(t->Wait(10s));
+  CUDA_OR_DIE(cudaMemcpy(pinned_, dev_, n, cudaMemcpyDeviceToHost));
+  bool ok = std::memcmp(pinned_, pool_buf_->data(), n) == 0;
+  // device -> host through ferry into a poisoned pool buffer.
+  std::memset(pool_buf_->data(), 0xA5, n);
+  auto d = client_->Copy(ferry::Direction::kDeviceToHost, *pool_buf_, 0, *region_, 0, n);
+  FERRY_OR_DIE(d.status());
+  FERRY_OR_DIE(d->Wait(10s));
+  ok = ok && std::memcmp(pinned_, pool_buf_->data(), n) == 0;
+  if (!ok) {
+    verified_ = false;
+    failures_.push_back("data check failed at " + HumanBytes(n));
+  }
+  return 0;
+}
+
+int TransferBench::Bandwidth() {
+  for (size_t n : sizes_) {
+    if (int rc = Verify(n)) return rc;
+    const int reps = std::clamp<int>(static_cast<int>((quick_ ? 1ull << 30 : 4ull << 30) / n), 5, quick_ ? 50 : 200);
+    for (int dir = 0; dir < 2; ++dir) {
+      const auto kind = dir == 0 ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+      const auto fdir = dir == 0 ? ferry::Direction::kHostToDevice : ferry::Direction::kDeviceToHost;
+      const std::string dname = dir == 0 ? "h2d" : "d2h";
+      // One path's reps, then the other's: alternating copies from two processes' contexts
+      // measures the switch between them (see the "mixed" latency line), not either path.
+      for (int rep = -2; rep < reps; ++rep) {
+        const double t0 = NowSeconds();
+        CUDA_OR_DIE(kind == cudaMemcpyHostToDevice ? cudaMemcpyAsync(dev_, pinned_, n, kind, s_[0])
+                                                   : cudaMemcpyAsync(pinned_, dev_, n, kind, s_[0]));
+        CUDA_OR_DIE(cudaStreamSynchronize(s_[0]));
+        if (rep >= 0) Add("bandwidth", n, dname, "in-process", rep, NowSeconds() - t0);
+      }
+      for (int rep = -2; rep < reps; ++rep) {
+        const double t0 = NowSeconds();
+        auto t = client_->Copy(fdir, *pool_buf_, 0, *region_, 0, n);
+        FERRY_OR_DIE(t.status());
+        FERRY_OR_DIE(t->Wait(10s));
+        if (rep >= 0) Add("bandwidth", n, dname, "ferry", rep, NowSeconds() - t0);
+      }
+      progress_->Step("bandwidth " + HumanBytes(n) + " " + dname);
+    }
+  }
+  return 0;
+}
+
+int TransferBench::Bidirectional() {
+  const size_t n = std::min<size_t>(256ull << 20, max_size_ / 2);
+  const int reps = quick_ ? 10 : 30;
+  for (int rep = -2; rep < reps; ++rep) {
+    double t0 = NowSeconds();
+    CUDA_OR_DIE(cudaMemcpyAsync(dev_, pinned_, n, cudaMemcpyHostToDevice, s_[0]));
+    CUDA_OR_DIE(cudaMemcpyAsync(pinned_ + n, static_cast<std::byte*>(dev_) + n, n, cudaMemcpyDeviceToHost, s_[1]));
+    CUDA_OR_DIE(cudaStreamSynchronize(s_[0]));
+    CUDA_OR_DIE(cudaStreamSynchronize(s_[1]));
+    double t1 = NowSeconds();
+    if (rep >= 0) Add("bidirectional", n, "both", "in-process", rep, t1 - t0);
+    t0 = NowSeconds();
+    auto up = client_->Copy(ferry::Direction::kHostToDevice, *pool_buf_, 0, *region_, 0, n);
+    auto down = client_->Copy(ferry::Direction::kDeviceToHost, *pool_buf_, n, *region_, n, n);
+    FERRY_OR_DIE(up.status());
+    FERRY_OR_DIE(down.status());
+    FERRY_OR_DIE(up->Wait(10s));
+    FERRY_OR_DIE(down->Wait(10s));
+    t1 = NowSeconds();
+    if (rep >= 0) Add("bidirectional", n, "both", "ferry", rep, t1 - t0);
+  }
+  progress_->Step("both directions at once");
+  return 0;
+}
+
+int TransferBench::Latency() {
+  constexpr size_t n = 4096;
+  const int reps = quick_ ? 1000 : 5000;
+  for (int dir = 0; dir < 2; ++dir) {
+    const auto kind = dir == 0 ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    const auto fdir = dir == 0 ? ferry::Direction::kHostToDevice : ferry::Direction::kDeviceToHost;
+    const std::string dname = dir == 0 ? "h2d" : "d2h";
+    auto in_process = [&]() -> int {
+      const double t0 = NowSeconds();
+      CUDA_OR_DIE(kind == cudaMemcpyHostToDevice ? cudaMemcpyAsync(dev_, pinned_, n, kind, s_[0])
+                                                 : cudaMemcpyAsync(pinned_, dev_, n, kind, s_[0]));
+      CUDA_OR_DIE(cudaStreamSynchronize(s_[0]));
+      last_ = NowSeconds() - t0;
+      return 0;
+    };
+    auto through_ferry = [&]() -> int {
+      const double t0 = NowSeconds();
+      auto t = client_->Copy(fdir, *pool_buf_, 0, *region_, 0, n, {.priority = ferry::Priority::kLatency});
+      FERRY_OR_DIE(t.status());
+      FERRY_OR_DIE(t->Wait(1s));
+      last_ = NowSeconds() - t0;
+      return 0;
+    };
+    for (int rep = -100; rep < reps; ++rep) {
+      if (int rc = in_process()) return rc;
+      if (rep >= 0) Add("latency", n, dname, "in-process", rep, last_);
+    }
+    for (int rep = -100; rep < reps; ++rep) {
+      if (int rc = through_ferry()) return rc;
+      if (rep >= 0) Add("latency", n, dname, "ferry", rep, last_);
+    }
+    // Mixed: this process's own copies alternating with ferryd's, as a client that also copies
+    // by itself would see them.
+    for (int rep = -10; rep < reps / 5; ++rep) {
+      if (int rc = in_process()) return rc;
+      if (rep >= 0) Add("latency-mixed", n, dname, "in-process", rep, last_);
+      if (int rc = through_ferry()) return rc;
+      if (rep >= 0) Add("latency-mixed", n, dname, "ferry", rep, last_);
+    }
+    progress_->Step("4 KiB latency " + dname);
+  }
+  return 0;
+}
+
+int TransferBench::ManySmall() {
+  constexpr size_t kPiece = 64 << 10, kCount = 1024;
+  if (kPiece * kCount > max_size_) return 0;
+  const int reps = quick_ ? 5 : 20;
+  std::vector<void*> dsts(kCount);
+  std::vector<const void*> srcs(kCount);
+  std::vector<size_t> sizes(kCount, kPiece);
+  for (size_t i = 0; i < kCount; ++i) {
+    dsts[i] = static_cast<std::byte*>(dev_) + i * kPiece;
+    srcs[i] = pinned_ + i * kPiece;
+  }
+  std::vector<ferry::Transfer> ts;
+  ts.reserve(kCount);
+  for (int rep = -2; rep < reps; ++rep) {
+    double t0 = NowSeconds();
+    for (size_t i = 0; i < kCount; ++i) {
+      CUDA_OR_DIE(cudaMemcpyAsync(dsts[i], srcs[i], kPiece, cudaMemcpyHostToDevice, s_[0]));
+    }
+    CUDA_OR_DIE(cudaStreamSynchronize(s_[0]));
+    double t1 = NowSeconds();
+    if (rep >= 0) Add("many", kPiece * kCount, "h2d", "in-process", rep, t1 - t0);
+    t0 = NowSeconds();
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t idx = 0;
+    CUDA_OR_DIE(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), kCount, &attr, &idx, 1, s_[0]));
+    CUDA_OR_DIE(cudaStreamSynchronize(s_[0]));
+    t1 = NowSeconds();
+    if (rep >= 0) Add("many", kPiece * kCount, "h2d", "in-process-batch", rep, t1 - t0);
+    ts.clear();
+    t0 = NowSeconds();
+    for (size_t i = 0; i < kCount; ++i) {
+      auto t = client_->Copy(ferry::Direction::kHostToDevice, *pool_buf_, i * kPiece, *region_, i * kPiece, kPiece);
+      FERRY_OR_DIE(t.status());
+      ts.push_back(std::move(*t));
+    }
+    for (auto& t : ts) FERRY_OR_DIE(t.Wait(10s));
+    t1 = NowSeconds();
+    if (rep >= 0) Add("many", kPiece * kCount, "h2d", "ferry", rep, t1 - t0);
+  }
+  progress_->Step("1024 x 64 KiB");
+  return 0;
+}
+
+Summary TransferBench::Gbps(const std::string& test, size_t bytes, const std::string& dir, const std::string& path,
+                            double factor) const {
+  std::vector<double> v;
+  for (const Sample& s : samples_) {
+    if (s.test == test && s.bytes == bytes && s.direction == dir && s.path == path) {
+      v.push_back(factor * static_cast<double>(s.bytes) / s.seconds / 1e9);
+    }
+  }
+  return Summarize(std::move(v));
+}
+
+Summary TransferBench::Micros(const std::string& test, const std::string& dir, const std::string& path) const {
+  std::vector<double> v;
+  for (const Sample& s : samples_) {
+    if (s.test == test && s.direction == dir && s.path == path) v.push_back(s.seconds * 1e6);
+  }
+  return Summarize(std::move(v));
+}
+
+void TransferBench::Report(bool json) const {
+  const size_t bidir_n = std::min<size_t>(256ull << 20, max_size_ / 2);
+  struct Check {
+    std::string what;
+    bool pass;
+    std::string figures;
+  };
+  std::vector<Check> checks;
+  char buf[256];
+  for (const char* d : {"h2d", "d2h"}) {
+    bool pass = true;
+    double worst = 1e9;
+    for (size_t n : sizes_) {
+      if (n < (64ull << 20)) continue;
+      double r = Gbps("bandwidth", n, d, "ferry").median / Gbps("bandwidth", n, d, "in-process").median;
+      worst = std::min(worst, r);
+      pass = pass && r >= 0.98;
+    }
+    std::snprintf(buf, sizeof buf, "worst ratio %.1f%%", 100 * worst);
+    checks.push_back({std::string(d) + " >= 64 MiB at >= 98% of in-process", pass, buf});
+  }
+  {
+    Summary in = Gbps("bidirectional", bidir_n, "both", "in-process", 2), fe = Gbps("bidirectional", bidir_n, "both", "ferry", 2);
+    std::snprintf(buf, sizeof buf, "%.1f vs %.1f GB/s, %.1f%%", fe.median, in.median, 100 * fe.median / in.median);
+    checks.push_back({"both ways at >= 98% of in-process", fe.median >= 0.98 * in.median, buf});
+  }
+  for (const char* d : {"h2d", "d2h"}) {
+    Summary in = Micros("latency", d, "in-process"), fe = Micros("latency", d, "ferry");
+    std::snprintf(buf, sizeof buf, "p50 %.2f vs %.2f us (+%.2f), p99 %.2f us", fe.median, in.median,
+                  fe.median - in.median, fe.p99);
+    checks.push_back({std::string("4 KiB ") + d + " p50 <= in-process + 3 us, p99 < 30 us",
+                      fe.median <= in.median + 3 && fe.p99 < 30, buf});
+  }
+  {
+    Summary fe = Gbps("many", 1024 * (64 << 10), "h2d", "ferry");
+    std::snprintf(buf, sizeof buf, "%.1f GB/s", fe.median);
+    checks.push_back({"1024 x 64 KiB >= 40 GB/s", fe.median >= 40, buf});
+  }
+  if (idle_cpu_pct_ >= 0) {
+    std::snprintf(buf, sizeof buf, "%.3f%% of a core", idle_cpu_pct_);
+    checks.push_back({"ferryd idle CPU < 1% of a core", idle_cpu_pct_ < 1, buf});
+  }
+  checks.push_back({"every byte checked at every size", verified_, verified_ ? "all sizes" : failures_.front()});
+
+  if (json) {
+    std::printf("{\"device\":\"%s\",\"bandwidth\":[", device_name_.c_str());
+    bool first = true;
+    for (size_t n : sizes_) {
+      for (const char* d : {"h2d", "d2h"}) {
+        Summary in = Gbps("bandwidth", n, d, "in-process"), fe = Gbps("bandwidth", n, d, "ferry");
+        std::printf("%s{\"bytes\":%zu,\"direction\":\"%s\",\"in_process_gbps\":{\"median\":%.3f,\"min\":%.3f,\"max\":%.3f},"
+                    "\"ferry_gbps\":{\"median\":%.3f,\"min\":%.3f,\"max\":%.3f}}",
+                    first ? "" : ",", n, d, in.median, in.min, in.max, fe.median, fe.min, fe.max);
+        first = false;
+      }
+    }
+    std::printf("],\"checks\":[");
+    for (size_t i = 0; i < checks.size(); ++i) {
+      std::printf("%s{\"target\":\"%s\",\"pass\":%s,\"figures\":\"%s\"}", i ? "," : "", checks[i].what.c_str(),
+                  checks[i].pass ? "true" : "false", checks[i].figures.c_str());
+    }
+    std::printf("],\"idle_cpu_percent\":%.4f}\n", idle_cpu_pct_);
+    return;
+  }
+  std::printf("\nferry-bench transfer on %s (host clock, submit to completion seen; median [min, max])\n\n",
+              device_name_.c_str());
+  std::printf("%-8s %-4s %-5s  %-26s %-26s %7s\n", "size", "dir", "reps", "in-process GB/s", "through ferryd GB/s", "ratio");
+  for (size_t n : sizes_) {
+    for (const char* d : {"h2d", "d2h"}) {
+      Summary in = Gbps("bandwidth", n, d, "in-process"), fe = Gbps("bandwidth", n, d, "ferry");
+      std::printf("%-8s %-4s %-5zu  %7.2f [%6.2f, %6.2f]   %7.2f [%6.2f, %6.2f]   %6.1f%%\n", HumanBytes(n).c_str(), d,
+                  in.n, in.median, in.min, in.max, fe.median, fe.min, fe.max, 100 * fe.median / in.median);
+    }
+  }
+  Summary bi = Gbps("bidirectional", bidir_n, "both", "in-process", 2), bf = Gbps("bidirectional", bidir_n, "both", "ferry", 2);
+  std::printf("%-8s %-4s %-5zu  %7.2f [%6.2f, %6.2f]   %7.2f [%6.2f, %6.2f]   %6.1f%%   (both ways at once, aggregate)\n",
+              HumanBytes(bidir_n).c_str(), "both", bi.n, bi.median, bi.min, bi.max, bf.median, bf.min, bf.max,
+              100 * bf.median / bi.median);
+  std::printf("\n4 KiB round trip (us)   %-34s %-34s\n", "in-process submit+sync", "through ferryd (latency class)");
+  for (const char* d : {"h2d", "d2h"}) {
+    Summary in = Micros("latency", d, "in-process"), fe = Micros("latency", d, "ferry");
+    std::printf("  %-20s  p50 %6.2f p99 %6.2f [%5.2f, %7.1f]   p50 %6.2f p99 %6.2f [%5.2f, %7.1f]\n", d, in.median, in.p99,
+                in.min, in.max, fe.median, fe.p99, fe.min, fe.max);
+  }
+  for (const char* d : {"h2d", "d2h"}) {
+    Summary in = Micros("latency-mixed", d, "in-process"), fe = Micros("latency-mixed", d, "ferry");
+    std::printf("  %-20s  p50 %6.2f p99 %6.2f [%5.2f, %7.1f]   p50 %6.2f p99 %6.2f [%5.2f, %7.1f]\n",
+                (std::string(d) + " alternating").c_str(), in.median, in.p99, in.min, in.max, fe.median, fe.p99, fe.min,
+                fe.max);
+  }
+  Summary m1 = Gbps("many", 1024 * (64 << 10), "h2d", "in-process"),
+          m2 = Gbps("many", 1024 * (64 << 10), "h2d", "in-process-batch"), m3 = Gbps("many", 1024 * (64 << 10), "h2d", "ferry");
+  std::printf("\n1024 x 64 KiB h2d (GB/s)  in-process one stream %.2f [%.2f, %.2f]   in-process cudaMemcpyBatchAsync %.2f "
+              "[%.2f, %.2f]   through ferryd %.2f [%.2f, %.2f]\n",
+              m1.median, m1.min, m1.max, m2.median, m2.min, m2.max, m3.median, m3.min, m3.max);
+  if (idle_cpu_pct_ >= 0) std::printf("ferryd idle: %.3f%% of a core over 5 s\n", idle_cpu_pct_);
+  std::printf("\ntargets\n");
+  for (const Check& c : checks) std::printf("  %-4s %-52s %s\n", c.pass ? "PASS" : "FAIL", c.what.c_str(), c.figures.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help") {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 64 : 0;
+  }
+  if (std::string(argv[1]) == "transfer") return TransferBench().Run(argc, argv);
+  std::fprintf(stderr, "ferry-bench: unknown command '%s' (try --help)\n", argv[1]);
+  return 64;
+}
