@@ -36,6 +36,9 @@ size_t wire::PayloadLength(MsgType type) {
     case MsgType::kSimpleReply: return sizeof(PayloadOf<MsgType::kSimpleReply>::type);
     case MsgType::kStats: return sizeof(PayloadOf<MsgType::kStats>::type);
     case MsgType::kStatsReply: return sizeof(PayloadOf<MsgType::kStatsReply>::type);
+    case MsgType::kApplyPolicy: return sizeof(PayloadOf<MsgType::kApplyPolicy>::type);
+    case MsgType::kPolicyReply: return sizeof(PayloadOf<MsgType::kPolicyReply>::type);
+    case MsgType::kGetPolicy: return sizeof(PayloadOf<MsgType::kGetPolicy>::type);
   }
   return 0;
 }

@@ -102,3 +102,19 @@ uint64_t MonotonicNanos() {
 }
 
 }  // namespace ferry
+
+namespace ferry {
+Result<std::string> ReadWholeFd(int fd, size_t max_bytes) {
+  std::string out;
+  char buf[65536];
+  for (off_t off = 0;;) {
+    ssize_t n = ::pread(fd, buf, sizeof buf, off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus("read", errno);
+    if (n == 0) return out;
+    out.append(buf, static_cast<size_t>(n));
+    off += n;
+    if (out.size() > max_bytes) return InvalidArgument("file is larger than " + std::to_string(max_bytes) + " bytes");
+  }
+}
+}  // namespace ferry

@@ -80,6 +80,9 @@ void DrainDoorbell(int efd);
 // Waits up to timeout_ms (-1: forever) for fd to become readable. true if readable.
 Result<bool> WaitReadable(int fd, int timeout_ms);
 
+// Reads a whole file from its start; kInvalidArgument if it is longer than max_bytes.
+Result<std::string> ReadWholeFd(int fd, size_t max_bytes);
+
 uint64_t MonotonicNanos();
 
 }  // namespace ferry

@@ -39,6 +39,9 @@ enum class MsgType : uint16_t {
   kSimpleReply = 14,  // answer to requests that return only a status
   kStats = 15,
   kStatsReply = 16,
+  kApplyPolicy = 17,  // operator only: carries one fd, the policy file
+  kPolicyReply = 18,
+  kGetPolicy = 19,    // reply carries one fd: a memfd with the running policy, canonical form
 };
 
 struct MsgHeader {
@@ -149,6 +152,21 @@ struct StatsReply {
   uint32_t reserved;
 };
 
+struct ApplyPolicyRequest {
+  char source[96];   // the file's name, for error messages and the daemon's log
+  uint32_t dry_run;  // 1: validate only
+  uint32_t reserved;
+};
+struct GetPolicyRequest {
+  uint32_t reserved;
+};
+struct PolicyReply {
+  ReplyStatus status;
+  char name[64];
+  char hash[32];           // of the policy now running (after an apply: the new one)
+  char previous_hash[32];  // after an apply: the one it replaced
+};
+
 // Which payload struct belongs to a type, so both sides check length the same way.
 template <MsgType T>
 struct PayloadOf;
@@ -165,6 +183,9 @@ template <> struct PayloadOf<MsgType::kRegisterEventReply> { using type = Regist
 template <> struct PayloadOf<MsgType::kSimpleReply> { using type = SimpleReply; };
 template <> struct PayloadOf<MsgType::kStats> { using type = StatsRequest; };
 template <> struct PayloadOf<MsgType::kStatsReply> { using type = StatsReply; };
+template <> struct PayloadOf<MsgType::kApplyPolicy> { using type = ApplyPolicyRequest; };
+template <> struct PayloadOf<MsgType::kGetPolicy> { using type = GetPolicyRequest; };
+template <> struct PayloadOf<MsgType::kPolicyReply> { using type = PolicyReply; };
 
 // Expected payload length for a type; 0 for an unknown type.
 size_t PayloadLength(MsgType type);

@@ -40,11 +40,18 @@ class SharedEvent {
   virtual ~SharedEvent() = default;
 };
 
+// Streams of each direction: 0 is the latency stream (greatest priority); 1..kMaxBulkStreams
+// are bulk streams at the least priority; the next kMaxBulkStreams bulk at the greatest.
+inline constexpr uint32_t kBulkStreamsPerBank = 8;
+inline constexpr uint32_t kStreamsPerDirection = 1 + 2 * kBulkStreamsPerBank;
+inline bool StreamHasGreatestPriority(uint32_t stream) { return stream == 0 || stream > kBulkStreamsPerBank; }
+
 struct CopyPiece {
-  uint32_t stream;  // 0: the latency stream (highest priority); 1..streams_per_direction-1: bulk
+  uint32_t stream;
   std::byte* host;  // inside the registered pool
   std::byte* device;
   uint64_t length;
+  bool batchable = true;  // may go to the engines in one batch with others on its stream
 };
 
 struct CopyPlan {

@@ -4,8 +4,8 @@
 namespace ferry::daemon {
 
 Result<std::unique_ptr<Backend>> CreateBackend(const DaemonConfig& config, std::string* why) {
-  // One more stream than bulk streams: stream 0 of each direction is the latency stream.
-  const uint32_t streams = config.copy_streams + 1;
+  // Every stream a policy may use exists from the start, so switching policies never creates any.
+  const uint32_t streams = kStreamsPerDirection;
   switch (config.backend) {
     case BackendChoice::kHost:
       *why = "backend: host (as configured)";

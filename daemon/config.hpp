@@ -23,8 +23,7 @@ struct DaemonConfig {
   uint32_t max_sessions = 64;
   uint32_t ring_entries = 256;       // submission ring; the completion ring is twice that
   uint32_t spin_us = 200;            // busy-poll this long after the last activity, then sleep
-  uint64_t chunk_bytes = 8ull << 20; // larger copies are split into chunks of this size
-  uint32_t copy_streams = 2;         // bulk copy streams per direction (plus one latency stream)
+  std::string policy_path;           // scheduling policy (policies/*.yaml); empty: built-in default
   std::string metrics_address = "127.0.0.1:9477";  // empty: no exporter
 
   std::string SocketPath() const { return runtime_dir + "/" + socket_name; }

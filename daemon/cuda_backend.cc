@@ -75,8 +75,7 @@ class CudaBackend : public Backend {
     for (int d = 0; d < 2; ++d) {
       for (uint32_t i = 0; i < streams_per_dir_; ++i) {
         cudaStream_t s;
-        // Stream 0 of each direction carries latency-class copies: greatest priority.
-        FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, i == 0 ? hi : lo));
+        FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, StreamHasGreatestPriority(i) ? hi : lo));
         streams_[d].push_back(s);
       }
     }
@@ -207,6 +206,7 @@ class CudaBackend : public Backend {
       st.dsts.push_back(h2d ? static_cast<void*>(p.device) : static_cast<void*>(p.host));
       st.srcs.push_back(h2d ? static_cast<const void*>(p.host) : static_cast<const void*>(p.device));
       st.sizes.push_back(p.length);
+      st.batchable.push_back(p.batchable);
       groups_[cls].staged_mask |= uint64_t{1} << (d * 32 + p.stream);
     }
     const FenceId id = next_fence_++;
@@ -248,6 +248,7 @@ class CudaBackend : public Backend {
           st.dsts.clear();
           st.srcs.clear();
           st.sizes.clear();
+          st.batchable.clear();
           if (issued.ok() && query_stream) {
             g.streams.push_back(streams_[d][s]);
           } else if (issued.ok()) {
@@ -312,16 +313,29 @@ class CudaBackend : public Backend {
     std::vector<void*> dsts;
     std::vector<const void*> srcs;
     std::vector<size_t> sizes;
+    std::vector<bool> batchable;
   };
 
+  // Large pieces go one call each; the small ones of a stream go as one batch.
   static Status Issue(StagedCopies& st, cudaMemcpyKind kind, cudaStream_t stream) {
-    if (st.dsts.size() == 1) return CudaStatus(cudaMemcpyAsync(st.dsts[0], st.srcs[0], st.sizes[0], kind, stream), "copy");
+    size_t kept = 0;
+    for (size_t i = 0; i < st.dsts.size(); ++i) {
+      if (!st.batchable[i] || st.dsts.size() == 1) {
+        FERRY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(st.dsts[i], st.srcs[i], st.sizes[i], kind, stream));
+        continue;
+      }
+      st.dsts[kept] = st.dsts[i];
+      st.srcs[kept] = st.srcs[i];
+      st.sizes[kept] = st.sizes[i];
+      ++kept;
+    }
+    if (kept == 0) return Status::Ok();
+    if (kept == 1) return CudaStatus(cudaMemcpyAsync(st.dsts[0], st.srcs[0], st.sizes[0], kind, stream), "copy");
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
     size_t idx = 0;
-    return CudaStatus(cudaMemcpyBatchAsync(st.dsts.data(), st.srcs.data(), st.sizes.data(), st.dsts.size(), &attr, &idx,
-                                           1, stream),
+    return CudaStatus(cudaMemcpyBatchAsync(st.dsts.data(), st.srcs.data(), st.sizes.data(), kept, &attr, &idx, 1, stream),
                       "batched copy");
   }
 
@@ -345,7 +359,7 @@ class CudaBackend : public Backend {
   std::map<HandleKey, OpenedMemory> opened_;
   std::deque<Group> pending_;
   Group groups_[2];                 // staging: [0] latency (stream 0), [1] bulk
-  StagedCopies staged_[2][32];      // [direction][stream]
+  StagedCopies staged_[2][kStreamsPerDirection];  // [direction][stream]
   std::vector<cudaEvent_t> free_events_;
   FenceId next_fence_ = 1;
   uint32_t latency_out_ = 0;  // latency groups not yet reported done

@@ -28,16 +28,11 @@ class HostEvent : public SharedEvent {};
 class HostBackend : public Backend {
  public:
   explicit HostBackend(const HostBackendOptions& o, UniqueFd efd) : streams_(o.streams_per_direction), efd_(std::move(efd)) {
-    for (uint32_t i = 0; i < 2 * streams_; ++i) {
-      workers_.emplace_back(std::make_unique<Worker>());
-    }
-    for (auto& w : workers_) {
-      Worker* wp = w.get();
-      wp->thread = std::thread([this, wp] { RunWorker(*wp); });
-    }
+    for (uint32_t i = 0; i < 2 * streams_; ++i) workers_.emplace_back(std::make_unique<Worker>());
   }
   ~HostBackend() override {
     for (auto& w : workers_) {
+      if (!w->thread.joinable()) continue;
       {
         std::lock_guard<std::mutex> l(w->mu);
         w->stop = true;
@@ -75,14 +70,17 @@ class HostBackend : public Backend {
 
   Result<FenceId> Submit(const CopyPlan& plan) override {
     if (plan.pieces.empty()) return InvalidArgument("empty copy plan");
+    for (const CopyPiece& p : plan.pieces) {
+      if (p.stream >= streams_) return Internal("stream index out of range");
+    }
     FenceId id = next_fence_++;
     {
       std::lock_guard<std::mutex> l(fence_mu_);
       remaining_[id] = plan.pieces.size();
     }
     for (const CopyPiece& p : plan.pieces) {
-      if (p.stream >= streams_) return Internal("stream index out of range");
       Worker& w = *workers_[static_cast<size_t>(plan.direction) * streams_ + p.stream];
+      if (!w.thread.joinable()) w.thread = std::thread([this, &w] { RunWorker(w); });  // a stream's first use
       {
         std::lock_guard<std::mutex> l(w.mu);
         w.jobs.push_back(Job{id, plan.direction, p});

@@ -16,15 +16,20 @@ namespace {
 
 ferry::daemon::Server* g_server = nullptr;
 
-void OnSignal(int) {
-  if (g_server != nullptr) g_server->Stop();
+void OnSignal(int sig) {
+  if (g_server == nullptr) return;
+  if (sig == SIGHUP) {
+    g_server->RequestReload();
+  } else {
+    g_server->Stop();
+  }
 }
 
 constexpr const char* kUsage = R"(usage: ferryd [options]
 
 ferryd owns this node's pinned host memory pool and CUDA copy streams and runs host<->device
 copies for client processes (libferry) under their compute. Runs in the foreground; stops
-cleanly on SIGTERM or SIGINT.
+cleanly on SIGTERM or SIGINT; SIGHUP re-reads the policy file.
 
 options:
   --config PATH        YAML config (default: /etc/ferry/ferryd.yaml if it exists, else built-in defaults)
@@ -32,6 +37,7 @@ options:
   --backend NAME       override backend: auto | cuda | host
   --pool-size SIZE     override pool.size, e.g. 256MiB
   --slab-size SIZE     override pool.slab, e.g. 8MiB
+  --policy FILE        override policy: the scheduling policy (policies/*.yaml)
   --log-level LEVEL    debug | info | warning | error (default info)
   --check-config       validate the config, print what it sets, and exit
   --version            print the version and exit
@@ -43,7 +49,7 @@ options:
 int main(int argc, char** argv) {
   using namespace ferry;
   std::string config_path;
-  std::string runtime_dir, backend, pool_size, slab_size;
+  std::string runtime_dir, backend, pool_size, slab_size, policy;
   bool check_only = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -70,6 +76,8 @@ int main(int argc, char** argv) {
       pool_size = value("--pool-size");
     } else if (a == "--slab-size") {
       slab_size = value("--slab-size");
+    } else if (a == "--policy") {
+      policy = value("--policy");
     } else if (a == "--check-config") {
       check_only = true;
     } else if (a == "--log-level") {
@@ -98,6 +106,7 @@ int main(int argc, char** argv) {
     config = *c;
   }
   if (!runtime_dir.empty()) config.runtime_dir = runtime_dir;
+  if (!policy.empty()) config.policy_path = policy;
   if (!backend.empty()) {
     if (backend == "auto") config.backend = daemon::BackendChoice::kAuto;
     else if (backend == "cuda") config.backend = daemon::BackendChoice::kCuda;
@@ -120,12 +129,21 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ferryd: invalid config: %s\n", v.message().c_str());
     return 2;
   }
+  std::shared_ptr<const daemon::Policy> running = std::make_shared<const daemon::Policy>();
+  if (!config.policy_path.empty()) {
+    auto p = daemon::LoadPolicyFile(config.policy_path);
+    if (!p.ok()) {
+      std::fprintf(stderr, "ferryd: %s\n", p.status().message().c_str());
+      return 2;
+    }
+    running = *p;
+  }
   if (check_only) {
-    std::printf("socket %s\nbackend %s\npool %llu bytes in slabs of %llu\nring_entries %u\nchunk_size %llu\n"
-                "copy_streams %u\n",
+    std::printf("socket %s\nbackend %s\npool %llu bytes in slabs of %llu\nring_entries %u\npolicy %s (%s)\n",
                 config.SocketPath().c_str(), std::string(daemon::BackendChoiceName(config.backend)).c_str(),
                 static_cast<unsigned long long>(config.pool_bytes), static_cast<unsigned long long>(config.slab_bytes),
-                config.ring_entries, static_cast<unsigned long long>(config.chunk_bytes), config.copy_streams);
+                config.ring_entries, config.policy_path.empty() ? "built-in default" : config.policy_path.c_str(),
+                running->Hash().c_str());
     return 0;
   }
 
@@ -137,7 +155,7 @@ int main(int argc, char** argv) {
   }
   FERRY_LOG(kInfo) << "ferryd " << kVersionString << ": " << why;
   FERRY_LOG(kInfo) << (*be)->Describe();
-  auto server = daemon::Server::Create(config, std::move(*be));
+  auto server = daemon::Server::Create(config, std::move(*be), {.policy = running, .policy_source = config.policy_path.empty() ? "built-in default" : config.policy_path});
   if (!server.ok()) {
     std::fprintf(stderr, "ferryd: %s\n", server.status().ToString().c_str());
     return 1;
@@ -148,6 +166,7 @@ int main(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
   FERRY_LOG(kInfo) << "ready";
   Status st = (*server)->Run();

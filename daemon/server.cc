@@ -12,10 +12,12 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <unordered_map>
 
 #include "common/channel.hpp"
 #include "common/log.hpp"
+#include "common/yaml_util.hpp"
 #include "daemon/pinned_pool.hpp"
 
 namespace ferry::daemon {
@@ -24,12 +26,16 @@ namespace {
 constexpr uint64_t kListenTag = 1;
 constexpr uint64_t kStopTag = 2;
 constexpr uint64_t kBackendTag = 3;
+constexpr uint64_t kReloadTag = 4;
 constexpr uint64_t kSocketKind = 0;
 constexpr uint64_t kDoorbellKind = 1;
 constexpr uint64_t SessionTag(uint64_t id, uint64_t kind) { return (id << 8) | 0x10 | kind; }
 constexpr uint32_t kMaxEventsPerSession = 4096;
 constexpr uint32_t kMaxRegionsPerSession = 4096;
 constexpr uint32_t kSubmissionsPerTurn = 64;  // per session per loop turn: fairness between clients
+constexpr uint64_t kQuantumBytes = 1ull << 20;     // deficit round robin: bytes per visit per unit of weight
+constexpr uint64_t kMaxDeficitBytes = 64ull << 20;  // a piece larger than this goes once the deficit is full
+constexpr int kMaxDispatchRounds = 128;
 constexpr uint32_t kTurnsPerEpoll = 32;       // while spinning, sockets are looked at every 32nd turn
 
 Status MakeRuntimeDir(const std::string& dir) {
@@ -72,16 +78,47 @@ struct Session {
   uint32_t next_region_id = 1;
   std::map<uint32_t, std::unique_ptr<SharedEvent>> events;
   uint32_t next_event_id = 1;
+
+  // Scheduling: bulk copies wait here in order; deficit round robin shares the engines.
+  std::deque<uint64_t> queue;
+  uint64_t queued_bytes = 0;
+  uint64_t deficit = 0;
+  uint64_t bulk_out_bytes = 0;
+  ClientClass klass;
 };
 
-struct InFlight {
-  uint64_t session_id;
-  uint64_t user_tag;
+// A client's copy, accepted and planned under the policy current at the time; dispatched
+// piece by piece (latency-class and stream-waitable copies: all at once) as limits allow.
+struct Copy {
+  uint64_t id = 0;
+  uint64_t session_id = 0;
+  uint64_t user_tag = 0;
+  uint64_t bytes = 0;
+  uint64_t accepted_ns = 0, first_dispatch_ns = 0;
+  uint64_t buffer_offset = 0;
+  uint32_t region_id = 0;
+  Direction direction = Direction::kHostToDevice;
+  bool latency = false;
+  std::shared_ptr<const Policy> policy;
+  SharedEvent* wait = nullptr;    // owned by the session, which outlives its copies
+  SharedEvent* signal = nullptr;
+  std::vector<CopyPiece> pieces;  // stream chosen at dispatch
+  size_t next = 0;                // first piece not yet dispatched
+  uint32_t out = 0;               // fences dispatched and not yet done
+  Status status;                  // the first failure
+  bool WholeAtOnce() const { return latency || signal != nullptr || policy->schedule == Schedule::kSerial; }
+  uint64_t NextDispatchBytes() const {
+    if (!WholeAtOnce()) return pieces[next].length;
+    uint64_t n = 0;
+    for (size_t i = next; i < pieces.size(); ++i) n += pieces[i].length;
+    return n;
+  }
+};
+
+struct FenceRef {
+  uint64_t copy_id;
   uint64_t bytes;
-  uint64_t start_ns;
-  uint64_t buffer_offset;
-  uint32_t region_id;
-  Direction direction;
+  bool bulk;
 };
 
 }  // namespace
@@ -115,10 +152,12 @@ class Server::Impl {
       return ErrnoStatus("chown(" + socket_path_ + ")", errno);
     }
     FERRY_ASSIGN_OR_RETURN(stop_efd_, CreateEventFd());
+    FERRY_ASSIGN_OR_RETURN(reload_efd_, CreateEventFd());
     epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
     if (!epoll_.valid()) return ErrnoStatus("epoll_create1", errno);
     FERRY_RETURN_IF_ERROR(Watch(listen_.get(), kListenTag));
     FERRY_RETURN_IF_ERROR(Watch(stop_efd_.get(), kStopTag));
+    FERRY_RETURN_IF_ERROR(Watch(reload_efd_.get(), kReloadTag));
     if (backend_->completion_fd() >= 0) FERRY_RETURN_IF_ERROR(Watch(backend_->completion_fd(), kBackendTag));
     FERRY_LOG(kInfo) << "listening on " << socket_path_ << (has_allowed_gid_ ? " (group " + config_.allowed_group + ")" : " (owner only)");
     return Status::Ok();
@@ -129,6 +168,41 @@ class Server::Impl {
   }
 
   void Stop() { RingDoorbell(stop_efd_.get()); }
+  void RequestReload() { RingDoorbell(reload_efd_.get()); }
+
+  // Makes `p` the policy for copies accepted from now on; copies already accepted keep theirs.
+  void SwitchPolicy(std::shared_ptr<const Policy> p, const std::string& source) {
+    std::shared_ptr<const Policy> old;
+    {
+      std::lock_guard<std::mutex> l(policy_mu_);
+      old = std::exchange(policy_, std::move(p));
+    }
+    if (old) {
+      counters_.policy_switches++;
+      FERRY_LOG(kInfo) << "policy switched: " << old->name << " (" << old->Hash() << ") -> " << policy_->name << " ("
+                       << policy_->Hash() << ") from " << source;
+    } else {
+      FERRY_LOG(kInfo) << "policy: " << policy_->name << " (" << policy_->Hash() << ") from " << source;
+    }
+    for (auto& [id, sp] : sessions_) sp->klass = policy_->ClassFor(sp->name, sp->peer.uid);
+    if (observer_ != nullptr) observer_->OnPolicy(*policy_);
+  }
+
+  void PolicyFailed(const std::string& source, const Status& why) {
+    counters_.policy_failures++;
+    FERRY_LOG(kError) << "policy from " << source << " refused, keeping " << policy_->name << " (" << policy_->Hash()
+                      << "): " << why.message();
+  }
+
+  void ReloadFromFile() {
+    if (config_.policy_path.empty()) {
+      FERRY_LOG(kWarning) << "reload asked, but no policy file is configured (config key 'policy')";
+      return;
+    }
+    auto p = LoadPolicyFile(config_.policy_path);
+    if (!p.ok()) return PolicyFailed(config_.policy_path + " (reload)", p.status());
+    SwitchPolicy(*p, config_.policy_path + " (reload)");
+  }
 
   Status Run() {
     const uint64_t spin_ns = static_cast<uint64_t>(config_.spin_us) * 1000;
@@ -160,8 +234,9 @@ class Server::Impl {
       bool work = n > 0;
       for (int i = 0; i < n; ++i) HandleEvent(evs[i]);
       work |= PollSubmissions();
-      backend_->Flush();
       work |= PollBackend();
+      work |= DispatchBulk();
+      backend_->Flush();
       FlushAll();
       ReapDead();
       if (work) last_activity = MonotonicNanos();
@@ -214,6 +289,11 @@ class Server::Impl {
       return;
     }
     if (tag == kBackendTag) return;  // PollBackend runs every turn
+    if (tag == kReloadTag) {
+      DrainDoorbell(reload_efd_.get());
+      ReloadFromFile();
+      return;
+    }
     const uint64_t id = tag >> 8;
     auto it = sessions_.find(id);
     if (it == sessions_.end() || it->second->dead) return;
@@ -305,6 +385,11 @@ class Server::Impl {
       case wire::MsgType::kUnregisterDevice: return HandleUnregister(s, seq, msg.As<wire::UnregisterDeviceRequest>());
       case wire::MsgType::kRegisterEvent: return HandleRegisterEvent(s, seq, msg.As<wire::RegisterEventRequest>());
       case wire::MsgType::kStats: return HandleStats(s, seq);
+      case wire::MsgType::kApplyPolicy: {
+        UniqueFd fd = msg.fds.empty() ? UniqueFd() : std::move(msg.fds[0]);
+        return HandleApplyPolicy(s, seq, msg.As<wire::ApplyPolicyRequest>(), std::move(fd));
+      }
+      case wire::MsgType::kGetPolicy: return HandleGetPolicy(s, seq);
       default:
         counters_.rejected++;
         Evict(s, "unexpected control message type " + std::to_string(msg.header.type), kWarningLevel);
@@ -354,6 +439,7 @@ class Server::Impl {
     s.sq = wire::SubmissionEntries(s.ring.data());
     s.cq = wire::CompletionEntries(s.ring.data(), s.sq_entries);
     s.arena = std::make_unique<SessionArena>(*pool_, s.id, quota_);
+    s.klass = policy_->ClassFor(s.name, s.peer.uid);
     if (!Watch(s.submit_efd.get(), SessionTag(s.id, kDoorbellKind)).ok()) return refuse(Internal("epoll"));
     s.hello_done = true;
     counters_.sessions++;
@@ -369,7 +455,8 @@ class Server::Impl {
     r.slab_bytes = pool_->slab_bytes();
     r.session_quota_bytes = quota_;
     int fds[3] = {s.ring_fd.get(), s.submit_efd.get(), s.complete_efd.get()};
-    FERRY_LOG(kInfo) << "session " << s.id << " '" << s.name << "' from pid " << s.peer.pid << " uid " << s.peer.uid;
+    FERRY_LOG(kInfo) << "session " << s.id << " '" << s.name << "' from pid " << s.peer.pid << " uid " << s.peer.uid
+                     << ", class " << s.klass.name;
     Reply(s, wire::MsgType::kHelloReply, seq, r, fds, 3);
   }
 
@@ -445,6 +532,53 @@ class Server::Impl {
     r.status = ToWire(Status::Ok());
     r.event_id = id;
     Reply(s, wire::MsgType::kRegisterEventReply, seq, r);
+  }
+
+  // Policies change how every client is served: only ferryd's own user (or root) may apply one.
+  void HandleApplyPolicy(Session& s, uint32_t seq, const wire::ApplyPolicyRequest& req, UniqueFd fd) {
+    wire::PolicyReply r{};
+    const std::string source = ReadCString(req.source) + " (ferryctl, pid " + std::to_string(s.peer.pid) + ")";
+    auto reply = [&](const Status& st) {
+      r.status = ToWire(st);
+      CopyCString(r.name, policy_->name);
+      CopyCString(r.hash, policy_->Hash());
+      Reply(s, wire::MsgType::kPolicyReply, seq, r);
+    };
+    if (s.peer.uid != 0 && s.peer.uid != ::geteuid()) {
+      counters_.rejected++;
+      return reply(PermissionDenied("only ferryd's user or root may apply a policy"));
+    }
+    if (!fd.valid()) return reply(InvalidArgument("apply-policy carries the policy file as a file descriptor"));
+    auto text = ReadWholeFd(fd.get(), yamlutil::kMaxYamlBytes);
+    if (!text.ok()) return reply(text.status());
+    auto p = ParsePolicy(*text, ReadCString(req.source));
+    if (!p.ok()) {
+      if (req.dry_run == 0) PolicyFailed(source, p.status());
+      return reply(p.status());
+    }
+    const std::string previous = policy_->Hash();
+    if (req.dry_run == 0) SwitchPolicy(*p, source);
+    CopyCString(r.previous_hash, previous);
+    r.status = ToWire(Status::Ok());
+    CopyCString(r.name, (*p)->name);
+    CopyCString(r.hash, (*p)->Hash());
+    Reply(s, wire::MsgType::kPolicyReply, seq, r);
+  }
+
+  void HandleGetPolicy(Session& s, uint32_t seq) {
+    wire::PolicyReply r{};
+    const std::string text = "# running policy, canonical form\n" + policy_->Canonical();
+    CopyCString(r.name, policy_->name);
+    CopyCString(r.hash, policy_->Hash());
+    auto fd = CreateSealedMemfd("ferry-policy", text.size());
+    Status st = fd.ok() ? Status::Ok() : fd.status();
+    if (st.ok() && ::pwrite(fd->get(), text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+      st = ErrnoStatus("pwrite", errno);
+    }
+    r.status = ToWire(st);
+    if (!st.ok()) return Reply(s, wire::MsgType::kPolicyReply, seq, r);
+    int f = fd->get();
+    Reply(s, wire::MsgType::kPolicyReply, seq, r, &f, 1);
   }
 
   void HandleStats(Session& s, uint32_t seq) {
@@ -531,82 +665,248 @@ class Server::Impl {
     if (e.device_offset > rsize || e.length > rsize - e.device_offset) {
       return Reject(s, e.user_tag, InvalidArgument("device range is outside region " + std::to_string(e.region_id)));
     }
-    CopyPlan plan;
-    plan.direction = op == wire::Opcode::kHostToDevice ? Direction::kHostToDevice : Direction::kDeviceToHost;
+    auto c = std::make_unique<Copy>();
+    c->direction = op == wire::Opcode::kHostToDevice ? Direction::kHostToDevice : Direction::kDeviceToHost;
     if (e.wait_event_id != wire::kNoEvent) {
       auto it = s.events.find(e.wait_event_id);
       if (it == s.events.end()) return Reject(s, e.user_tag, NotFound("no event " + std::to_string(e.wait_event_id)));
-      plan.wait = it->second.get();
+      c->wait = it->second.get();
     }
     if (e.signal_event_id != wire::kNoEvent) {
       auto it = s.events.find(e.signal_event_id);
       if (it == s.events.end()) return Reject(s, e.user_tag, NotFound("no event " + std::to_string(e.signal_event_id)));
-      plan.signal = it->second.get();
+      c->signal = it->second.get();
     }
-    PlanPieces(e, rit->second.region->base(), static_cast<wire::Priority>(e.priority), plan);
-    const uint64_t start = MonotonicNanos();
-    auto fence = backend_->Submit(plan);
-    if (!fence.ok()) {
-      counters_.copies_failed++;
-      return Complete(s, e.user_tag, fence.status(), wire::CompletionKind::kCompleted, 0, 0);
-    }
+    c->id = next_copy_id_++;
+    c->session_id = s.id;
+    c->user_tag = e.user_tag;
+    c->bytes = e.length;
+    c->accepted_ns = MonotonicNanos();
+    c->buffer_offset = buffer_offset;
+    c->region_id = e.region_id;
+    c->policy = policy_;
+    c->latency = e.priority == static_cast<uint16_t>(wire::Priority::kLatency) && s.klass.latency_allowed &&
+                 e.length <= policy_->latency_max_bytes && backend_->streams_per_direction() > 1;
+    PlanPieces(*c, e, rit->second.region->base());
     buf->in_flight++;
     rit->second.in_flight++;
     s.in_flight++;
     counters_.in_flight++;
-    fences_[*fence] = InFlight{s.id, e.user_tag, e.length, start, buffer_offset, e.region_id, plan.direction};
-    if (plan.signal != nullptr) Complete(s, e.user_tag, Status::Ok(), wire::CompletionKind::kEnqueued, e.length, 0);
+    Copy& ref = *c;
+    copies_.emplace(c->id, std::move(c));
+    if (ref.latency) {
+      DispatchNext(s, ref);  // the latency stream: never queued behind bulk work
+      MaybeFinish(ref);
+    } else {
+      s.queue.push_back(ref.id);
+      s.queued_bytes += ref.bytes;
+      counters_.queued_bytes += ref.bytes;
+    }
   }
 
-  // Splits a copy at chunk_size, and at slab boundaries when the backend registered the pool
-  // slab by slab. A session's buffer sits in consecutive slabs of one mapping, so otherwise a
-  // piece may cross them. Latency-class copies go to stream 0, bulk ones round-robin
-  // over the other streams.
-  void PlanPieces(const wire::SubmissionEntry& e, std::byte* device_base, wire::Priority prio, CopyPlan& plan) {
+  // Cuts a copy as its policy says, and also at slab boundaries when the backend registered the
+  // pool slab by slab (a session's buffer sits in consecutive slabs of one mapping, so otherwise
+  // a piece may cross them). Latency copies are one piece: they are small by definition.
+  void PlanPieces(Copy& c, const wire::SubmissionEntry& e, std::byte* device_base) {
     const uint64_t slab = pool_->slab_bytes();
     const bool per_slab = backend_->pieces_stay_in_one_slab();
-    const uint32_t nstreams = backend_->streams_per_direction();
+    lengths_.clear();
+    if (c.latency) {
+      lengths_.push_back(e.length);
+    } else {
+      c.policy->Pieces(e.length, lengths_);
+    }
     uint64_t host_off = e.pool_offset;
     uint64_t dev_off = e.device_offset;
-    uint64_t left = e.length;
-    while (left > 0) {
-      uint64_t n = std::min(left, config_.chunk_bytes);
-      if (per_slab) n = std::min(n, slab - host_off % slab);
-      uint32_t stream = 0;
-      if (prio == wire::Priority::kBulk && nstreams > 1) stream = 1 + (bulk_cursor_++ % (nstreams - 1));
-      plan.pieces.push_back(CopyPiece{stream, pool_->base() + host_off, device_base + dev_off, n});
-      host_off += n;
-      dev_off += n;
-      left -= n;
+    for (uint64_t len : lengths_) {
+      while (len > 0) {
+        uint64_t n = per_slab ? std::min(len, slab - host_off % slab) : len;
+        c.pieces.push_back(CopyPiece{0, pool_->base() + host_off, device_base + dev_off, n,
+                                     n <= c.policy->batch_threshold_bytes});
+        host_off += n;
+        dev_off += n;
+        len -= n;
+      }
     }
+  }
+
+  // The stream for the next bulk piece of `c`: round robin over its policy's bulk streams, in
+  // the bank of its bulk priority.
+  uint32_t BulkStream(const Copy& c) {
+    const uint32_t n = std::min(c.policy->bulk_streams, kMaxBulkStreams);
+    const uint32_t bank = c.policy->bulk_priority == StreamPriority::kLeast ? 1 : 1 + kMaxBulkStreams;
+    return bank + static_cast<uint32_t>(bulk_cursor_++ % n);
+  }
+
+  // Hands the next piece of `c` (or all of it, when it goes whole) to the backend.
+  void DispatchNext(Session& s, Copy& c) {
+    CopyPlan plan;
+    plan.direction = c.direction;
+    plan.wait = c.wait;
+    const bool whole = c.WholeAtOnce();
+    const size_t end = whole ? c.pieces.size() : c.next + 1;
+    uint64_t bytes = 0;
+    for (size_t i = c.next; i < end; ++i) {
+      CopyPiece p = c.pieces[i];
+      p.stream = c.latency ? 0 : BulkStream(c);  // a whole bulk copy spreads over the streams too
+      plan.pieces.push_back(p);
+      bytes += p.length;
+    }
+    const bool last = end == c.pieces.size();
+    if (last) plan.signal = c.signal;
+    c.next = end;
+    if (c.first_dispatch_ns == 0) c.first_dispatch_ns = MonotonicNanos();
+    auto fence = backend_->Submit(plan);
+    if (!fence.ok()) {
+      if (c.status.ok()) c.status = fence.status();
+      c.next = c.pieces.size();  // nothing more of it goes out
+      return;
+    }
+    c.out++;
+    fences_[*fence] = FenceRef{c.id, bytes, !c.latency};
+    if (!c.latency) {
+      s.bulk_out_bytes += bytes;
+      bulk_out_bytes_ += bytes;
+    }
+    counters_.in_flight_bytes += bytes;
+    if (last && c.signal != nullptr) Complete(s, c.user_tag, Status::Ok(), wire::CompletionKind::kEnqueued, c.bytes, 0);
+  }
+
+  // Deficit round robin over the sessions with queued bulk work, within the current policy's
+  // in-flight limits. A visit adds weight x quantum to the session's deficit; the session
+  // dispatches while its next piece fits in the deficit. A visit cut short by full engines stays
+  // open, so the session resumes first when they drain: shares follow the weights even when
+  // every completion frees room for one piece only.
+  bool DispatchBulk() {
+    const Policy& pol = *policy_;
+    const uint64_t client_limit = pol.client_in_flight_bytes ? pol.client_in_flight_bytes : pol.in_flight_bytes;
+    auto engines_full = [&] { return bulk_out_bytes_ >= pol.in_flight_bytes; };
+    auto blocked = [&](const Copy& c) {
+      return c.first_dispatch_ns == 0 && pol.max_copies_in_flight != 0 && copies_started_ >= pol.max_copies_in_flight;
+    };
+    bool any = false;
+    size_t idle_visits = 0;  // visits in a row that dispatched nothing
+    while (!engines_full() && !sessions_.empty() && idle_visits <= 2 * sessions_.size() + kMaxDispatchRounds) {
+      auto it = visit_open_ ? sessions_.lower_bound(rr_cursor_) : sessions_.upper_bound(rr_cursor_);
+      if (it == sessions_.end()) it = sessions_.begin();
+      if (visit_open_ && it->first != rr_cursor_) visit_open_ = false;  // that session is gone
+      rr_cursor_ = it->first;
+      Session& s = *it->second;
+      if (s.queue.empty() || s.dead || s.bulk_out_bytes >= client_limit || blocked(*copies_.at(s.queue.front()))) {
+        visit_open_ = false;
+        ++idle_visits;
+        if (idle_visits > sessions_.size() && !AnyDispatchable(client_limit, blocked)) break;
+        continue;
+      }
+      if (!visit_open_) {
+        s.deficit = std::min<uint64_t>(s.deficit + kQuantumBytes * s.klass.weight, kMaxDeficitBytes);
+        visit_open_ = true;
+      }
+      bool sent = false;
+      while (!s.queue.empty() && !engines_full() && s.bulk_out_bytes < client_limit) {
+        Copy& c = *copies_.at(s.queue.front());
+        if (blocked(c)) break;
+        const uint64_t need = c.NextDispatchBytes();
+        if (need > s.deficit && s.deficit < kMaxDeficitBytes) break;
+        s.deficit -= std::min(need, s.deficit);
+        if (c.first_dispatch_ns == 0) copies_started_++;
+        DispatchNext(s, c);
+        sent = any = true;
+        if (c.next == c.pieces.size()) {
+          s.queue.pop_front();
+          s.queued_bytes -= c.bytes;
+          counters_.queued_bytes -= c.bytes;
+          MaybeFinish(c);  // done already if its dispatch failed
+        }
+      }
+      if (s.queue.empty()) s.deficit = 0;
+      if (engines_full() && !s.queue.empty()) return any;  // the visit stays open
+      visit_open_ = false;
+      idle_visits = sent ? 0 : idle_visits + 1;
+    }
+    return any;
+  }
+
+  template <typename Blocked>
+  bool AnyDispatchable(uint64_t client_limit, Blocked blocked) {
+    for (auto& [id, sp] : sessions_) {
+      const Session& s = *sp;
+      if (!s.queue.empty() && !s.dead && s.bulk_out_bytes < client_limit && !blocked(*copies_.at(s.queue.front()))) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Finishes a copy once nothing of it is queued or out: completion to the client, resources
+  // released, counters and the observer told.
+  void MaybeFinish(Copy& c) {
+    if (c.out != 0 || c.next != c.pieces.size()) return;
+    const uint64_t now = MonotonicNanos();
+    if (!c.latency && c.first_dispatch_ns != 0) copies_started_--;
+    counters_.in_flight--;
+    if (c.status.ok()) {
+      counters_.copies_completed++;
+      (c.direction == Direction::kHostToDevice ? counters_.bytes_h2d : counters_.bytes_d2h) += c.bytes;
+    } else {
+      counters_.copies_failed++;
+    }
+    auto sit = sessions_.find(c.session_id);
+    if (sit != sessions_.end()) {
+      Session& s = *sit->second;
+      s.in_flight--;
+      s.arena->CopyDone(c.buffer_offset);
+      auto rit = s.regions.find(c.region_id);
+      if (rit != s.regions.end() && --rit->second.in_flight == 0 && rit->second.unregistering) s.regions.erase(rit);
+      if (!s.dead) Complete(s, c.user_tag, c.status, wire::CompletionKind::kCompleted, c.bytes, now - c.accepted_ns);
+      if (observer_ != nullptr) {
+        CopyRecord r{c.direction, c.latency, s.klass.name, c.policy->name, c.bytes,
+                     (c.first_dispatch_ns ? c.first_dispatch_ns - c.accepted_ns : 0) * 1e-9,
+                     (now - c.accepted_ns) * 1e-9, c.status.ok()};
+        observer_->OnCopyDone(r);
+      }
+    }
+    copies_.erase(c.id);
   }
 
   bool PollBackend() {
     done_.clear();
     backend_->PollCompleted(done_);
-    const uint64_t now = MonotonicNanos();
     for (const FenceResult& r : done_) {
       auto it = fences_.find(r.fence);
       if (it == fences_.end()) continue;
-      const InFlight f = it->second;
+      const FenceRef f = it->second;
       fences_.erase(it);
-      counters_.in_flight--;
-      if (r.status.ok()) {
-        counters_.copies_completed++;
-        (f.direction == Direction::kHostToDevice ? counters_.bytes_h2d : counters_.bytes_d2h) += f.bytes;
-      } else {
-        counters_.copies_failed++;
+      counters_.in_flight_bytes -= f.bytes;
+      auto cit = copies_.find(f.copy_id);
+      if (cit == copies_.end()) continue;
+      Copy& c = *cit->second;
+      c.out--;
+      if (!r.status.ok() && c.status.ok()) c.status = r.status;
+      if (f.bulk) {
+        bulk_out_bytes_ -= f.bytes;
+        auto sit = sessions_.find(c.session_id);
+        if (sit != sessions_.end()) sit->second->bulk_out_bytes -= f.bytes;
       }
-      auto sit = sessions_.find(f.session_id);
-      if (sit == sessions_.end()) continue;
-      Session& s = *sit->second;
-      s.in_flight--;
-      s.arena->CopyDone(f.buffer_offset);
-      auto rit = s.regions.find(f.region_id);
-      if (rit != s.regions.end() && --rit->second.in_flight == 0 && rit->second.unregistering) s.regions.erase(rit);
-      if (!s.dead) Complete(s, f.user_tag, r.status, wire::CompletionKind::kCompleted, f.bytes, now - f.start_ns);
+      if (!c.status.ok() && c.next < c.pieces.size()) {
+        // A piece failed: the rest of the copy does not go out.
+        auto sit = sessions_.find(c.session_id);
+        if (sit != sessions_.end()) DropQueued(*sit->second, c);
+      }
+      MaybeFinish(c);
     }
     return !done_.empty();
+  }
+
+  // Takes a copy's undispatched pieces out of its session's queue.
+  void DropQueued(Session& s, Copy& c) {
+    c.next = c.pieces.size();
+    auto q = std::find(s.queue.begin(), s.queue.end(), c.id);
+    if (q != s.queue.end()) {
+      s.queue.erase(q);
+      s.queued_bytes -= c.bytes;
+      counters_.queued_bytes -= c.bytes;
+    }
   }
 
   void FlushAll() {
@@ -657,6 +957,13 @@ class Server::Impl {
     Unwatch(s.submit_efd.get());
     s.sock.reset();
     s.backlog.clear();
+    // Its queued copies never go out; the ones on the engines finish first (they use its memory).
+    const std::vector<uint64_t> queued(s.queue.begin(), s.queue.end());
+    for (uint64_t id : queued) {
+      Copy& c = *copies_.at(id);
+      DropQueued(s, c);
+      MaybeFinish(c);
+    }
   }
 
   void ReapDead() {
@@ -702,22 +1009,54 @@ class Server::Impl {
   uint64_t next_session_id_ = 1;
   uint64_t bulk_cursor_ = 0;
   std::map<uint64_t, std::unique_ptr<Session>> sessions_;
-  std::unordered_map<FenceId, InFlight> fences_;
+  std::unordered_map<uint64_t, std::unique_ptr<Copy>> copies_;
+  std::unordered_map<FenceId, FenceRef> fences_;
   std::vector<FenceResult> done_;
+  std::vector<uint64_t> lengths_;
+  uint64_t next_copy_id_ = 1;
+  uint64_t bulk_out_bytes_ = 0;   // bulk bytes on the engines, all sessions
+  uint32_t copies_started_ = 0;   // bulk copies with pieces out and not finished
+  uint64_t rr_cursor_ = 0;        // deficit round robin: the session visited last (or now)
+  bool visit_open_ = false;       // ... and its visit continues when the engines drain
+  UniqueFd reload_efd_;
+
+ public:
+  std::shared_ptr<const Policy> policy_;  // written on the loop thread only; read under policy_mu_
+  mutable std::mutex policy_mu_;
+  ServerObserver* observer_ = nullptr;
+ private:
 };
 
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Server::~Server() = default;
 
-Result<std::unique_ptr<Server>> Server::Create(const DaemonConfig& config, std::unique_ptr<Backend> backend) {
+Result<std::unique_ptr<Server>> Server::Create(const DaemonConfig& config, std::unique_ptr<Backend> backend,
+                                               ServerOptions options) {
   FERRY_RETURN_IF_ERROR(ValidateConfig(config));
+  std::shared_ptr<const Policy> policy = options.policy;
+  std::string source = options.policy_source.empty() ? "the caller" : options.policy_source;
+  if (!policy && !config.policy_path.empty()) {
+    FERRY_ASSIGN_OR_RETURN(policy, LoadPolicyFile(config.policy_path));
+    source = config.policy_path;
+  }
+  if (!policy) {
+    policy = std::make_shared<const Policy>();
+    source = "built-in default";
+  }
   auto impl = std::make_unique<Impl>(config, std::move(backend));
+  impl->observer_ = options.observer;
+  impl->SwitchPolicy(std::move(policy), source);
   FERRY_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
 Status Server::Run() { return impl_->Run(); }
 void Server::Stop() { impl_->Stop(); }
+void Server::RequestReload() { impl_->RequestReload(); }
+std::shared_ptr<const Policy> Server::policy() const {
+  std::lock_guard<std::mutex> l(impl_->policy_mu_);
+  return impl_->policy_;
+}
 const DaemonConfig& Server::config() const { return impl_->config_; }
 const ServerCounters& Server::counters() const { return impl_->counters_; }
 Backend& Server::backend() { return *impl_->backend_; }

@@ -9,6 +9,7 @@
 
 #include "daemon/backend.hpp"
 #include "daemon/config.hpp"
+#include "daemon/policy.hpp"
 #include "ferry/status.hpp"
 
 namespace ferry::daemon {
@@ -23,13 +24,48 @@ struct ServerCounters {
   std::atomic<uint64_t> evictions{0};
   std::atomic<uint64_t> rejected{0};
   std::atomic<uint64_t> pool_free_bytes{0};
-  std::atomic<uint64_t> in_flight{0};
+  std::atomic<uint64_t> in_flight{0};        // copies accepted and not finished
+  std::atomic<uint64_t> in_flight_bytes{0};  // bytes on the engines now
+  std::atomic<uint64_t> queued_bytes{0};     // bytes accepted, waiting for the engines
+  std::atomic<uint64_t> policy_switches{0};
+  std::atomic<uint64_t> policy_failures{0};
+};
+
+// What a finished copy looked like, for metrics. Called on the event-loop thread.
+struct CopyRecord {
+  Direction direction;
+  bool latency;
+  std::string_view client_class;
+  std::string_view policy;
+  uint64_t bytes;
+  double queued_seconds;  // accepted to first piece on the engines
+  double seconds;         // accepted to done
+  bool ok;
+};
+
+// Told about copies, exposed time and policy changes; the metrics exporter implements it.
+class ServerObserver {
+ public:
+  virtual ~ServerObserver() = default;
+  virtual void OnCopyDone(const CopyRecord& r) = 0;
+  // A client reported how long it was blocked waiting for a copy: exposed copy time.
+  virtual void OnExposed(Direction direction, std::string_view client_class, std::string_view policy,
+                         double seconds) = 0;
+  virtual void OnPolicy(const Policy& now) = 0;
+  virtual void OnRejected(std::string_view reason) = 0;
+};
+
+struct ServerOptions {
+  std::shared_ptr<const Policy> policy;  // null: config.policy_path, or the built-in default
+  std::string policy_source;             // where `policy` came from, for the log
+  ServerObserver* observer = nullptr;    // must outlive the server
 };
 
 class Server {
  public:
   // Creates the pool, registers it with the backend, and listens on config.SocketPath().
-  static Result<std::unique_ptr<Server>> Create(const DaemonConfig& config, std::unique_ptr<Backend> backend);
+  static Result<std::unique_ptr<Server>> Create(const DaemonConfig& config, std::unique_ptr<Backend> backend,
+                                                ServerOptions options = {});
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -37,7 +73,10 @@ class Server {
   // Serves until Stop(); then evicts every session, waits for in-flight copies, and removes the
   // socket. Returns an error only if the loop itself failed.
   Status Run();
-  void Stop();  // async-signal-safe
+  void Stop();           // async-signal-safe
+  void RequestReload();  // async-signal-safe: re-reads config.policy_path (SIGHUP)
+  // The running policy (thread-safe snapshot).
+  std::shared_ptr<const Policy> policy() const;
 
   const DaemonConfig& config() const;
   const ServerCounters& counters() const;

@@ -163,7 +163,7 @@ TEST(Daemon, AFreedBufferComesBackZeroedToTheNextClient) {
 
 TEST(Daemon, DeviceFailureFailsThatCopyAndTheDaemonKeepsServing) {
   auto config = DaemonHarness::SmallConfig();
-  auto inner = daemon::CreateHostBackend({config.copy_streams + 1});
+  auto inner = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
   ASSERT_TRUE(inner.ok());
   auto faulty = std::make_unique<daemon::FaultInjectingBackend>(std::move(*inner));
   auto* fault = faulty.get();

@@ -122,6 +122,62 @@ TEST_F(RealDaemon, TheSocketIsNotWorldAccessible) {
   EXPECT_EQ(st.st_mode & S_IRWXO, 0u) << std::oct << st.st_mode;
 }
 
+TEST_F(RealDaemon, FerryctlAppliesPoliciesAndABadOneChangesNothing) {
+  auto ctl = [&](std::vector<std::string> args, const std::string& tag) {
+    args.insert(args.begin(), {FERRY_CTL_PATH, "--socket", socket_});
+    auto c = std::make_unique<Child>(std::move(args), dir_ + "/" + tag + ".log");
+    int st = c->Wait();
+    return std::make_pair(WIFEXITED(st) ? WEXITSTATUS(st) : -1, c->Output());
+  };
+  const std::string src = FERRY_SOURCE_DIR;
+  auto [rc0, before] = ctl({"policy", "show"}, "show0");
+  ASSERT_EQ(rc0, 0) << before;
+  {
+    std::ofstream(dir_ + "/bad.yaml") << "name: broken\nschedule:\n  kind: chunked\n  chunk_size: 8MiB\n  ratio: 2\n";
+  }
+  auto [rc1, out1] = ctl({"policy", "apply", dir_ + "/bad.yaml"}, "bad");
+  EXPECT_EQ(rc1, 1);
+  EXPECT_NE(out1.find("bad.yaml:5:10: ratio applies to kind geometric only"), std::string::npos) << out1;
+  EXPECT_NE(out1.find("unchanged"), std::string::npos) << out1;
+  EXPECT_EQ(ctl({"policy", "show"}, "show1").second, before);
+
+  auto [rc2, out2] = ctl({"policy", "apply", src + "/policies/geometric.yaml"}, "good");
+  EXPECT_EQ(rc2, 0) << out2;
+  EXPECT_NE(out2.find("applied"), std::string::npos) << out2;
+  auto [rc3, diff] = ctl({"policy", "diff", "running", src + "/policies/geometric.yaml"}, "diff");
+  EXPECT_EQ(rc3, 0);
+  EXPECT_EQ(diff, "no differences\n");
+  EXPECT_TRUE(testing::DaemonHarness::Eventually(
+      [&] { return daemon_->Output().find("policy switched: chunked") != std::string::npos; }, 2000))
+      << daemon_->Output();
+  // Copies still work under the new policy.
+  auto c = StartClient({"roundtrip", socket_, std::to_string(5 << 20), "3"}, "after");
+  int st = c->Wait();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << c->Output();
+}
+
+TEST(Ferryd, SighupReloadsThePolicyFile) {
+  std::string dir = testing::MakeTempDir("hup");
+  const std::string policy = dir + "/policy.yaml";
+  std::ofstream(policy) << "name: one\nschedule: {kind: serial}\n";
+  Child d({FERRY_DAEMON_PATH, "--backend", "host", "--runtime-dir", dir, "--pool-size", "16MiB", "--slab-size", "1MiB",
+           "--policy", policy},
+          dir + "/ferryd.log");
+  ASSERT_TRUE(testing::DaemonHarness::Eventually([&] { return fs::exists(dir + "/ferryd.sock"); }, 10000)) << d.Output();
+  std::ofstream(policy) << "name: two\nschedule: {kind: side-stream}\n";
+  d.Signal(SIGHUP);
+  EXPECT_TRUE(testing::DaemonHarness::Eventually(
+      [&] { return d.Output().find("policy switched: one") != std::string::npos; }, 5000)) << d.Output();
+  std::ofstream(policy) << "name: three\nschedule: {kind: nonsense}\n";
+  d.Signal(SIGHUP);
+  EXPECT_TRUE(testing::DaemonHarness::Eventually(
+      [&] { return d.Output().find("refused, keeping two") != std::string::npos; }, 5000)) << d.Output();
+  d.Signal(SIGTERM);
+  int st = d.Wait();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << d.Output();
+  fs::remove_all(dir);
+}
+
 TEST(Ferryd, ABadConfigIsRefusedWithItsLineAndColumn) {
   std::string dir = testing::MakeTempDir("cfg");
   {

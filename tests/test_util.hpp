@@ -50,16 +50,18 @@ inline uint64_t RandomSeed() { return std::random_device{}() | (uint64_t{std::ra
 class DaemonHarness {
  public:
   explicit DaemonHarness(daemon::DaemonConfig config = SmallConfig(),
-                         std::unique_ptr<daemon::Backend> backend = nullptr) {
+                         std::unique_ptr<daemon::Backend> backend = nullptr,
+                         std::shared_ptr<const daemon::Policy> policy = SmallChunks(),
+                         daemon::ServerObserver* observer = nullptr) {
     dir_ = MakeTempDir("rt");
     config.runtime_dir = dir_;
     if (!backend) {
-      auto b = daemon::CreateHostBackend({config.copy_streams + 1});
+      auto b = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
       EXPECT_TRUE(b.ok()) << b.status().ToString();
       backend = std::move(*b);
     }
     backend_ = backend.get();
-    auto s = daemon::Server::Create(config, std::move(backend));
+    auto s = daemon::Server::Create(config, std::move(backend), {.policy = std::move(policy), .observer = observer});
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     if (!s.ok()) return;
     server_ = std::move(*s);
@@ -72,10 +74,17 @@ class DaemonHarness {
     c.backend = daemon::BackendChoice::kHost;
     c.pool_bytes = 64ull << 20;
     c.slab_bytes = 1ull << 20;
-    c.chunk_bytes = 256 << 10;
     c.ring_entries = 64;
     c.spin_us = 50;
     return c;
+  }
+
+  // The default policy, with chunks small enough that test-sized copies are cut into several.
+  static std::shared_ptr<const daemon::Policy> SmallChunks() {
+    auto p = std::make_shared<daemon::Policy>();
+    p->name = "test-chunked";
+    p->chunk_bytes = 256 << 10;
+    return p;
   }
 
   void Stop() {

@@ -42,12 +42,12 @@ TEST(Sizes, ParseUnitsAndRejectGarbage) {
 }
 
 TEST(Config, DefaultsAndOverrides) {
-  auto c = ParseConfig("backend: host\npool:\n  size: 64MiB\n  slab: 1MiB\ncopy_streams: 3\n", "t.yaml");
+  auto c = ParseConfig("backend: host\npool:\n  size: 64MiB\n  slab: 1MiB\npolicy: /etc/ferry/p.yaml\n", "t.yaml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->backend, daemon::BackendChoice::kHost);
   EXPECT_EQ(c->pool_bytes, 64ull << 20);
   EXPECT_EQ(c->slab_bytes, 1ull << 20);
-  EXPECT_EQ(c->copy_streams, 3u);
+  EXPECT_EQ(c->policy_path, "/etc/ferry/p.yaml");
   EXPECT_EQ(c->socket_name, "ferryd.sock");
 }
 
@@ -79,7 +79,7 @@ INSTANTIATE_TEST_SUITE_P(
                       BadConfig{"pool:\n  size: 64MiB\n  slab: 3MiB\n", "power of two"},
                       BadConfig{"pool:\n  size: 10MiB\n  slab: 4MiB\n", "multiple of pool.slab"},
                       BadConfig{"ring_entries: 100\n", "ring_entries must be a power of two"},
-                      BadConfig{"copy_streams: 0\n", "bad.yaml:1:15: value 0 out of range [1, 16]"},
+                      BadConfig{"max_sessions: 0\n", "bad.yaml:1:15: value 0 out of range [1, 4096]"},
                       BadConfig{"runtime_dir: relative/dir\n", "absolute path"},
                       BadConfig{"pool: [1, 2\n", "bad.yaml:"},
                       BadConfig{"a: {b: {c: {d: {e: {f: {g: {h: {i: 1}}}}}}}}\n", "nested deeper"}),

@@ -1,0 +1,75 @@
+// Scheduling policies (policies/*.yaml): how ferryd cuts copies into pieces, how many copy
+// streams it feeds, how much it keeps on the engines at once, and how it shares them between
+// clients. A Policy is immutable once parsed; the server holds the current one by shared_ptr and
+// every accepted copy keeps the one it started under.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/status.hpp"
+
+namespace ferry::daemon {
+
+enum class Schedule {
+  kSerial,      // whole copies, one at a time, one stream: the baseline
+  kSideStream,  // whole copies on their own streams, running under the clients' compute
+  kChunked,     // fixed-size chunks over N streams
+  kGeometric,   // chunks shrinking toward the tail, so the last (exposed) piece is small
+};
+
+enum class StreamPriority { kGreatest, kLeast };
+
+struct ClientClass {
+  std::string name;
+  uint32_t weight = 1;            // share of the copy engines against other clients with bulk work
+  bool latency_allowed = true;    // may its latency-class copies use the latency stream
+};
+
+struct ClientRule {
+  std::string name_glob;  // fnmatch(3) against the client's name
+  int64_t uid = -1;       // -1: any
+  std::string class_name;
+};
+
+struct Policy {
+  // The defaults are policies/chunked.yaml (a test keeps the two equal).
+  std::string name = "chunked";
+  std::string description;
+  Schedule schedule = Schedule::kChunked;
+  uint64_t chunk_bytes = 8ull << 20;      // chunked
+  uint64_t first_chunk_bytes = 0;         // geometric: 0 = (1 - ratio) of the copy
+  double ratio = 0.5;                     // geometric: each chunk this fraction of the one before
+  uint64_t min_chunk_bytes = 1ull << 20;  // geometric: no chunk smaller (except a copy's remainder)
+  uint32_t bulk_streams = 2;              // per direction
+  StreamPriority bulk_priority = StreamPriority::kLeast;
+  uint64_t in_flight_bytes = 64ull << 20;         // bulk bytes on the engines at once, all clients
+  uint64_t client_in_flight_bytes = 0;            // per client; 0: same as in_flight_bytes
+  uint32_t max_copies_in_flight = 0;              // 0: unlimited (serial: 1)
+  uint64_t latency_max_bytes = 1ull << 20;        // larger "latency" copies are scheduled as bulk
+  uint64_t batch_threshold_bytes = 1ull << 20;    // pieces up to this size are batched per stream
+  std::vector<ClientClass> classes{{"default", 1, true}};
+  std::vector<ClientRule> clients;
+  std::string default_class = "default";
+
+  // Every setting, one "key: value" per line, sorted: what `policy show` prints and what the
+  // hash covers (so two files that say the same thing have the same hash).
+  std::string Canonical() const;
+  std::string Hash() const;  // first 16 hex digits of SHA-256(Canonical())
+  const ClientClass& ClassFor(const std::string& client_name, int64_t uid) const;
+  // The piece lengths for a copy of `length` bytes under this policy.
+  void Pieces(uint64_t length, std::vector<uint64_t>& out) const;
+};
+
+inline constexpr uint32_t kMaxBulkStreams = 8;  // == kBulkStreamsPerBank
+
+// Every error names file:line:col and what was expected.
+Result<std::shared_ptr<const Policy>> ParsePolicy(const std::string& text, const std::string& name);
+Result<std::shared_ptr<const Policy>> LoadPolicyFile(const std::string& path);
+// "key: old -> new" for each setting that differs.
+std::vector<std::string> DiffPolicies(const Policy& a, const Policy& b);
+std::string_view ScheduleName(Schedule s);
+
+}  // namespace ferry::daemon

@@ -1,0 +1,354 @@
+// Policies: the shipped files, the parser's errors, the schedules' pieces, and the scheduler
+// applying them to real clients of an in-process ferryd (host backend).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "daemon/policy.hpp"
+#include "test_util.hpp"
+
+namespace ferry {
+namespace {
+
+using namespace std::chrono_literals;
+using daemon::ParsePolicy;
+using daemon::Policy;
+using testing::DaemonHarness;
+
+std::shared_ptr<const Policy> MustParse(const std::string& text) {
+  auto p = ParsePolicy(text, "t.yaml");
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  return p.ok() ? *p : nullptr;
+}
+
+TEST(Policy, EveryShippedPolicyParsesAndTheDefaultIsChunked) {
+  for (const char* name : {"serial", "side-stream", "chunked", "geometric", "latency-bulk"}) {
+    auto p = daemon::LoadPolicyFile(std::string(FERRY_SOURCE_DIR) + "/policies/" + name + ".yaml");
+    ASSERT_TRUE(p.ok()) << name << ": " << p.status().ToString();
+    EXPECT_EQ((*p)->name, name);
+  }
+  auto chunked = daemon::LoadPolicyFile(std::string(FERRY_SOURCE_DIR) + "/policies/chunked.yaml");
+  EXPECT_EQ(Policy().Hash(), (*chunked)->Hash()) << "built-in default:\n" << Policy().Canonical()
+                                                 << "chunked.yaml:\n" << (*chunked)->Canonical();
+}
+
+TEST(Policy, SchedulesCutCopiesAsTheySay) {
+  std::vector<uint64_t> v;
+  MustParse("schedule: {kind: serial}\n")->Pieces(100 << 20, v);
+  EXPECT_EQ(v, std::vector<uint64_t>{100 << 20});
+  MustParse("schedule: {kind: chunked, chunk_size: 4MiB}\n")->Pieces((10 << 20) + 1, v);
+  EXPECT_EQ(v, (std::vector<uint64_t>{4 << 20, 4 << 20, (2 << 20) + 1}));
+  MustParse("schedule: {kind: geometric, ratio: 0.5, min_chunk: 1MiB}\n")->Pieces(64 << 20, v);
+  ASSERT_GE(v.size(), 4u);
+  uint64_t sum = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    sum += v[i];
+    if (i + 1 < v.size()) EXPECT_GE(v[i], v[i + 1]) << "chunks must shrink toward the tail";
+  }
+  EXPECT_EQ(sum, 64ull << 20);
+  EXPECT_EQ(v.front(), 32ull << 20);
+  EXPECT_LE(v.back(), 2ull << 20) << "the tail piece is small";
+}
+
+TEST(Policy, HashCoversSettingsNotSpelling) {
+  auto a = MustParse("schedule:\n  kind: chunked\n  chunk_size: 8MiB\n");
+  auto b = MustParse("# same, said differently\nschedule: {kind: chunked, chunk_size: 8388608}\nname: chunked\n");
+  auto c = MustParse("schedule: {kind: chunked, chunk_size: 16MiB}\n");
+  EXPECT_EQ(a->Hash(), b->Hash());
+  EXPECT_NE(a->Hash(), c->Hash());
+  auto diff = daemon::DiffPolicies(*a, *c);
+  ASSERT_EQ(diff.size(), 1u);
+  EXPECT_EQ(diff[0], "schedule.chunk_size: 8MiB -> 16MiB");
+}
+
+TEST(Policy, ClientsAreClassedByNameAndUid) {
+  auto p = MustParse(
+      "classes: [{name: fast, weight: 3}, {name: slow, weight: 1, latency: false}]\n"
+      "clients: [{name: 'serve-*', class: fast}, {uid: 1234, class: slow}]\ndefault_class: slow\n");
+  EXPECT_EQ(p->ClassFor("serve-llama", 99).name, "fast");
+  EXPECT_EQ(p->ClassFor("other", 1234).name, "slow");
+  EXPECT_EQ(p->ClassFor("other", 1).name, "slow");
+  EXPECT_FALSE(p->ClassFor("other", 1).latency_allowed);
+  EXPECT_EQ(p->ClassFor("serve-x", 1).weight, 3u);
+}
+
+struct BadPolicy {
+  const char* text;
+  const char* message;
+};
+class PolicyErrors : public ::testing::TestWithParam<BadPolicy> {};
+
+TEST_P(PolicyErrors, NameFileLineColumnAndWhatWasExpected) {
+  auto p = ParsePolicy(GetParam().text, "bad.yaml");
+  ASSERT_FALSE(p.ok()) << GetParam().text;
+  EXPECT_NE(p.status().message().find(GetParam().message), std::string::npos) << p.status().message();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, PolicyErrors,
+    ::testing::Values(
+        BadPolicy{"shedule: {kind: serial}\n", "bad.yaml:1:1: unknown key 'shedule'"},
+        BadPolicy{"schedule: {kind: fancy}\n", "bad.yaml:1:18: schedule kind 'fancy' unknown (expected serial, side-stream, chunked or geometric)"},
+        BadPolicy{"schedule: {chunk_size: 1MiB}\n", "bad.yaml:1:11: schedule needs a kind"},
+        BadPolicy{"schedule:\n  kind: chunked\n  chunk_size: 1KiB\n", "bad.yaml:3:15: size 1KiB out of range"},
+        BadPolicy{"schedule:\n  kind: chunked\n  ratio: 0.5\n", "bad.yaml:3:10: ratio applies to kind geometric only"},
+        BadPolicy{"schedule: {kind: geometric, ratio: 1.5}\n", "bad.yaml:1:36: expected a number in [0.05, 0.95], got '1.5'"},
+        BadPolicy{"streams: {per_direction: 9}\n", "bad.yaml:1:26: value 9 out of range [1, 8]"},
+        BadPolicy{"streams: {bulk_priority: medium}\n", "priority 'medium' unknown (expected greatest or least)"},
+        BadPolicy{"schedule: {kind: serial}\nstreams: {per_direction: 2}\n", "bad.yaml:2:26: a serial schedule uses one stream"},
+        BadPolicy{"limits: {in_flight_bytes: lots}\n", "bad.yaml:1:27: expected a size"},
+        BadPolicy{"limits: {in_flight_bytes: 1MiB, client_in_flight_bytes: 2MiB}\n", "client_in_flight_bytes is above in_flight_bytes"},
+        BadPolicy{"classes: []\n", "classes is a non-empty list"},
+        BadPolicy{"classes: [{name: a}, {name: a}]\n", "class 'a' defined twice"},
+        BadPolicy{"classes: [{name: a, weight: 0}]\n", "value 0 out of range [1, 1000]"},
+        BadPolicy{"clients: [{name: x, class: nope}]\n", "class 'nope' is not defined in classes"},
+        BadPolicy{"default_class: nope\n", "default_class 'nope' is not a defined class"},
+        BadPolicy{"batching: {threshold: -1}\n", "bad.yaml:1:23"},
+        BadPolicy{"- just\n- a list\n", "a policy is a map of settings"},
+        BadPolicy{"schedule: {kind: chunked\n", "bad.yaml:"}),
+    [](const ::testing::TestParamInfo<BadPolicy>& info) { return "case" + std::to_string(info.index); });
+
+// Holds completions back while paused, so a test can see what the scheduler puts on the
+// engines when they are busy, and in which order.
+class PausableBackend : public daemon::FaultInjectingBackend {
+ public:
+  using FaultInjectingBackend::FaultInjectingBackend;
+  struct Submitted {
+    uint32_t stream;
+    uint64_t bytes;
+  };
+  Result<daemon::FenceId> Submit(const daemon::CopyPlan& plan) override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      uint64_t n = 0;
+      for (auto& p : plan.pieces) n += p.length;
+      log_.push_back({plan.pieces[0].stream, n});
+    }
+    return FaultInjectingBackend::Submit(plan);
+  }
+  void PollCompleted(std::vector<daemon::FenceResult>& done) override {
+    FaultInjectingBackend::PollCompleted(held_);
+    if (paused_) return;
+    done.insert(done.end(), held_.begin(), held_.end());
+    held_.clear();
+  }
+  int completion_fd() const override { return paused_ ? -1 : FaultInjectingBackend::completion_fd(); }
+  void Pause(bool p) { paused_ = p; }
+  std::vector<Submitted> log() {
+    std::lock_guard<std::mutex> l(mu_);
+    return log_;
+  }
+
+ private:
+  std::atomic<bool> paused_{false};
+  std::mutex mu_;
+  std::vector<Submitted> log_;
+  std::vector<daemon::FenceResult> held_;  // event-loop thread only
+};
+
+struct Fixture {
+  std::unique_ptr<Client> client;
+  HostBuffer host;
+  DeviceAllocation dev;
+  DeviceRegion region;
+};
+
+Fixture NewClient(DaemonHarness& d, const std::string& name, size_t bytes) {
+  auto c = d.Connect(name);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  auto h = (*c)->AllocateHost(bytes);
+  auto dev = (*c)->AllocateDevice(bytes);
+  EXPECT_TRUE(h.ok() && dev.ok());
+  auto r = (*c)->RegisterDevice(dev->data(), dev->size());
+  EXPECT_TRUE(r.ok());
+  testing::FillRandom(h->data(), bytes, testing::RandomSeed());
+  testing::Poison(static_cast<std::byte*>(dev->data()), bytes);
+  return Fixture{std::move(*c), std::move(*h), std::move(*dev), std::move(*r)};
+}
+
+TEST(Scheduler, ALatencyCopyGoesAheadOfQueuedBulkWork) {
+  auto inner = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
+  ASSERT_TRUE(inner.ok());
+  auto backend = std::make_unique<PausableBackend>(std::move(*inner));
+  PausableBackend* be = backend.get();
+  auto policy = MustParse("schedule: {kind: chunked, chunk_size: 1MiB}\nlimits: {in_flight_bytes: 2MiB}\n");
+  DaemonHarness d(DaemonHarness::SmallConfig(), std::move(backend), policy);
+  Fixture f = NewClient(d, "mixed", 9 << 20);
+  be->Pause(true);
+  std::vector<Transfer> bulk;
+  for (int i = 0; i < 8; ++i) {
+    auto t = f.client->Copy(Direction::kHostToDevice, f.host, i << 20, f.region, i << 20, 1 << 20);
+    ASSERT_TRUE(t.ok());
+    bulk.push_back(std::move(*t));
+  }
+  // The engines are "busy": only the in-flight limit's worth of bulk went out.
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return be->log().size() == 2; })) << be->log().size();
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(be->log().size(), 2u) << "bulk beyond in_flight_bytes must wait in ferryd";
+  auto urgent = f.client->Copy(Direction::kHostToDevice, f.host, 8 << 20, f.region, 8 << 20, 4096,
+                               {.priority = Priority::kLatency});
+  ASSERT_TRUE(urgent.ok());
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return be->log().size() == 3; }));
+  auto log = be->log();
+  EXPECT_EQ(log[2].stream, 0u) << "the latency copy goes to the latency stream";
+  EXPECT_EQ(log[2].bytes, 4096u) << "and ahead of the six queued bulk chunks";
+  be->Pause(false);
+  ASSERT_OK(urgent->Wait(5s));
+  for (auto& t : bulk) ASSERT_OK(t.Wait(5s));
+  EXPECT_EQ(testing::FirstDifference(static_cast<std::byte*>(f.dev.data()), f.host.data(), (8 << 20) + 4096), -1);
+  log = be->log();
+  ASSERT_EQ(log.size(), 9u);
+  for (size_t i = 3; i < log.size(); ++i) EXPECT_NE(log[i].stream, 0u) << "bulk never uses the latency stream";
+}
+
+// Two clients keep bulk copies queued for a while; returns bytes each finished.
+std::vector<double> Contend(DaemonHarness& d, const std::vector<std::string>& names, std::chrono::milliseconds span) {
+  constexpr size_t kCopy = 1 << 20, kDepth = 16;  // deep queues: a client's own thread is never the bottleneck
+  std::vector<Fixture> fx;
+  for (const auto& n : names) fx.push_back(NewClient(d, n, kCopy * kDepth));
+  std::atomic<bool> go{false}, stop{false};
+  std::vector<std::atomic<uint64_t>> done(names.size());
+  std::vector<std::thread> threads;
+  for (size_t c = 0; c < names.size(); ++c) {
+    threads.emplace_back([&, c] {
+      std::deque<Transfer> q;
+      while (!go) std::this_thread::yield();
+      size_t slot = 0;
+      while (!stop) {
+        while (q.size() < kDepth) {
+          auto t = fx[c].client->Copy(Direction::kHostToDevice, fx[c].host, (slot % kDepth) * kCopy, fx[c].region,
+                                      (slot % kDepth) * kCopy, kCopy);
+          ++slot;
+          if (!t.ok()) return;
+          q.push_back(std::move(*t));
+        }
+        if (!q.front().Wait(5s).ok()) return;
+        q.pop_front();
+        if (!stop) done[c] += kCopy;
+      }
+      for (auto& t : q) t.Wait(5s).ok();
+    });
+  }
+  go = true;
+  std::this_thread::sleep_for(span);
+  stop = true;
+  for (auto& t : threads) t.join();
+  std::vector<double> out;
+  for (auto& v : done) out.push_back(static_cast<double>(v.load()));
+  return out;
+}
+
+double Jain(const std::vector<double>& x) {
+  double s = 0, s2 = 0;
+  for (double v : x) {
+    s += v;
+    s2 += v * v;
+  }
+  return s * s / (static_cast<double>(x.size()) * s2);
+}
+
+TEST(Scheduler, EqualWeightClientsGetEqualShares) {
+  auto policy = MustParse("schedule: {kind: chunked, chunk_size: 256KiB}\nlimits: {in_flight_bytes: 1MiB}\n");
+  auto config = DaemonHarness::SmallConfig();
+  config.pool_bytes = 128ull << 20;
+  DaemonHarness d(config, nullptr, policy);
+  auto bytes = Contend(d, {"a", "b", "c"}, 1500ms);
+  const double j = Jain(bytes);
+  std::printf("bytes done: %.0f %.0f %.0f MiB, Jain index %.4f\n", bytes[0] / (1 << 20), bytes[1] / (1 << 20),
+              bytes[2] / (1 << 20), j);
+  EXPECT_GT(bytes[0], 0);
+  EXPECT_GE(j, 0.95);
+}
+
+TEST(Scheduler, WeightsSetTheShares) {
+  auto policy = MustParse(
+      "schedule: {kind: chunked, chunk_size: 256KiB}\nlimits: {in_flight_bytes: 1MiB}\n"
+      "classes: [{name: big, weight: 3}, {name: small, weight: 1}]\n"
+      "clients: [{name: 'big-*', class: big}]\ndefault_class: small\n");
+  auto config = DaemonHarness::SmallConfig();
+  config.pool_bytes = 128ull << 20;
+  DaemonHarness d(config, nullptr, policy);
+  auto bytes = Contend(d, {"big-1", "other"}, 1500ms);
+  const double ratio = bytes[0] / bytes[1];
+  std::printf("weight 3 vs 1: %.0f vs %.0f MiB, ratio %.2f\n", bytes[0] / (1 << 20), bytes[1] / (1 << 20), ratio);
+  EXPECT_GT(ratio, 2.4);
+  EXPECT_LT(ratio, 3.6);
+}
+
+TEST(Scheduler, SerialRunsOneCopyAtATime) {
+  auto inner = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
+  auto backend = std::make_unique<PausableBackend>(std::move(*inner));
+  PausableBackend* be = backend.get();
+  DaemonHarness d(DaemonHarness::SmallConfig(), std::move(backend), MustParse("schedule: {kind: serial}\n"));
+  Fixture f = NewClient(d, "serial", 4 << 20);
+  be->Pause(true);
+  std::vector<Transfer> ts;
+  for (int i = 0; i < 4; ++i) {
+    ts.push_back(*f.client->Copy(Direction::kHostToDevice, f.host, i << 20, f.region, i << 20, 1 << 20));
+  }
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return be->log().size() == 1; }));
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(be->log().size(), 1u) << "serial: the next copy waits for the one before";
+  be->Pause(false);
+  for (auto& t : ts) ASSERT_OK(t.Wait(5s));
+  EXPECT_EQ(be->log().size(), 4u);
+  for (auto& e : be->log()) EXPECT_EQ(e.bytes, 1u << 20) << "serial copies go whole";
+  EXPECT_EQ(testing::FirstDifference(static_cast<std::byte*>(f.dev.data()), f.host.data(), 4 << 20), -1);
+}
+
+TEST(Scheduler, PoliciesSwitchUnderLoadAndNothingIsLost) {
+  const std::string dir = testing::MakeTempDir("pol");
+  const std::string file = dir + "/policy.yaml";
+  const char* variants[] = {"schedule: {kind: chunked, chunk_size: 64KiB}\n", "schedule: {kind: geometric, min_chunk: 64KiB}\n",
+                            "schedule: {kind: serial}\n", "schedule: {kind: side-stream}\nstreams: {per_direction: 3}\n"};
+  {
+    std::ofstream(file) << variants[0];
+  }
+  auto config = DaemonHarness::SmallConfig();
+  config.policy_path = file;
+  DaemonHarness d(config, nullptr, nullptr);
+  Fixture f = NewClient(d, "steady", 2 << 20);
+  std::atomic<bool> stop{false};
+  std::atomic<int> copies{0}, bad{0};
+  std::thread load([&] {
+    std::vector<std::byte> want(2 << 20);
+    auto* dev = static_cast<std::byte*>(f.dev.data());
+    for (uint64_t i = 0; !stop; ++i) {
+      const size_t n = (1 << 20) + (i * 4099) % (1 << 20);
+      testing::FillRandom(f.host.data(), n, i);
+      testing::Poison(dev, n);
+      auto t = f.client->Copy(Direction::kHostToDevice, f.host, 0, f.region, 0, n);
+      if (!t.ok() || !t->Wait(5s).ok() || testing::FirstDifference(dev, f.host.data(), n) != -1) bad++;
+      copies++;
+    }
+  });
+  const std::string first = d.server().policy()->Hash();
+  for (int i = 1; i <= 21; ++i) {
+    std::ofstream(file) << variants[i % 4];
+    d.server().RequestReload();
+    std::this_thread::sleep_for(15ms);
+  }
+  // A broken file: refused, the last good policy keeps running.
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().policy_switches.load() == 21; }));
+  const std::string last_good = d.server().policy()->Hash();
+  std::ofstream(file) << "schedule: {kind: chunked, chunk_size: 12}\n";
+  d.server().RequestReload();
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().policy_failures.load() == 1; }));
+  EXPECT_EQ(d.server().policy()->Hash(), last_good);
+  std::this_thread::sleep_for(50ms);
+  stop = true;
+  load.join();
+  EXPECT_NE(first, last_good);
+  EXPECT_GT(copies.load(), 20);
+  EXPECT_EQ(bad.load(), 0) << "of " << copies.load() << " copies";
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,243 @@
+// ferryctl: the operator's tool for a running ferryd: status, and policies (apply, show, diff).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/channel.hpp"
+#include "common/fd.hpp"
+#include "common/yaml_util.hpp"
+#include "daemon/policy.hpp"
+#include "ferry/client.hpp"
+#include "ferry/version.hpp"
+
+namespace {
+
+using namespace ferry;
+
+constexpr const char* kUsage = R"(usage: ferryctl [--socket PATH] COMMAND ...
+
+commands:
+  status [--json]                 what the running ferryd is doing
+  policy apply FILE [--dry-run]   validate FILE and make it the running policy (new copies use
+                                  it; copies in flight finish under theirs). A bad file changes
+                                  nothing and its error names file:line:col.
+  policy show [FILE]              every setting of FILE, or of the running policy, and its hash
+  policy diff A B                 the settings that differ; A or B may be "running"
+  version                         ferryctl's version
+
+options:
+  --socket PATH   ferryd's control socket (default: $FERRY_SOCKET or /run/ferry/ferryd.sock)
+  -h, --help      this help
+)";
+
+int Fail(const std::string& what) {
+  std::fprintf(stderr, "ferryctl: %s\n", what.c_str());
+  return 1;
+}
+
+// A control connection to ferryd that speaks only the slow path.
+class Control {
+ public:
+  Status Open(const std::string& socket) {
+    FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(socket.empty() ? DefaultSocketPath() : socket));
+    wire::HelloRequest h{};
+    h.client_version = wire::kVersion;
+    CopyCString(h.name, "ferryctl");
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kHello, h));
+    return FromWire(m.As<wire::HelloReply>().status);
+  }
+  template <typename T>
+  Result<ReceivedMessage> Call(wire::MsgType type, const T& req, int fd = -1) {
+    FERRY_RETURN_IF_ERROR(Send(sock_.get(), type, ++seq_, req, fd >= 0 ? &fd : nullptr, fd >= 0 ? 1 : 0));
+    return RecvMessage(sock_.get(), 10000);
+  }
+
+ private:
+  UniqueFd sock_;
+  uint32_t seq_ = 0;
+};
+
+Result<std::string> RunningPolicyText(Control& c) {
+  FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, c.Call(wire::MsgType::kGetPolicy, wire::GetPolicyRequest{}));
+  if (m.type() != wire::MsgType::kPolicyReply) return ProtocolError("unexpected reply");
+  FERRY_RETURN_IF_ERROR(FromWire(m.As<wire::PolicyReply>().status));
+  if (m.fds.size() != 1) return ProtocolError("policy reply without its text");
+  return ReadWholeFd(m.fds[0].get(), yamlutil::kMaxYamlBytes);
+}
+
+int PolicyShow(const std::vector<std::string>& args, const std::string& socket) {
+  if (args.empty()) {
+    Control c;
+    if (Status s = c.Open(socket); !s.ok()) return Fail(s.ToString());
+    auto text = RunningPolicyText(c);
+    if (!text.ok()) return Fail(text.status().ToString());
+    std::fputs(text->c_str(), stdout);
+    return 0;
+  }
+  auto p = daemon::LoadPolicyFile(args[0]);
+  if (!p.ok()) return Fail(p.status().message());
+  std::printf("# %s: %s\n# hash %s\n%s", args[0].c_str(), (*p)->description.c_str(), (*p)->Hash().c_str(),
+              (*p)->Canonical().c_str());
+  return 0;
+}
+
+// Settings as key -> value from canonical text (what `policy show` prints).
+std::vector<std::pair<std::string, std::string>> CanonicalLines(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> kv;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    std::string line = text.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
+    pos = nl == std::string::npos ? text.size() : nl + 1;
+    if (line.empty() || line[0] == '#') continue;
+    size_t colon = line.find(": ");
+    if (colon != std::string::npos) kv.emplace_back(line.substr(0, colon), line.substr(colon + 2));
+  }
+  return kv;
+}
+
+Result<std::string> CanonicalOf(const std::string& what, const std::string& socket) {
+  if (what == "running") {
+    Control c;
+    FERRY_RETURN_IF_ERROR(c.Open(socket));
+    return RunningPolicyText(c);
+  }
+  FERRY_ASSIGN_OR_RETURN(auto p, daemon::LoadPolicyFile(what));
+  return p->Canonical();
+}
+
+int PolicyDiff(const std::vector<std::string>& args, const std::string& socket) {
+  if (args.size() != 2) return Fail("policy diff takes two policies (files or \"running\")");
+  auto a = CanonicalOf(args[0], socket);
+  if (!a.ok()) return Fail(a.status().message());
+  auto b = CanonicalOf(args[1], socket);
+  if (!b.ok()) return Fail(b.status().message());
+  auto ka = CanonicalLines(*a), kb = CanonicalLines(*b);
+  std::map<std::string, std::pair<std::string, std::string>> all;
+  for (auto& [k, v] : ka) all[k].first = v;
+  for (auto& [k, v] : kb) all[k].second = v;
+  int changed = 0;
+  for (auto& [k, v] : all) {
+    if (v.first == v.second) continue;
+    std::printf("%s: %s -> %s\n", k.c_str(), v.first.empty() ? "(unset)" : v.first.c_str(),
+                v.second.empty() ? "(unset)" : v.second.c_str());
+    ++changed;
+  }
+  if (changed == 0) std::printf("no differences\n");
+  return 0;
+}
+
+int PolicyApply(const std::vector<std::string>& args, const std::string& socket) {
+  bool dry = false;
+  std::string file;
+  for (const auto& a : args) {
+    if (a == "--dry-run") dry = true;
+    else file = a;
+  }
+  if (file.empty()) return Fail("policy apply takes a FILE");
+  // Validate here first: the same parser as ferryd, so the error shows without a round trip.
+  auto local = daemon::LoadPolicyFile(file);
+  if (!local.ok()) return Fail(local.status().message() + " (the running policy is unchanged)");
+  UniqueFd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return Fail("cannot open " + file + ": " + std::strerror(errno));
+  Control c;
+  if (Status s = c.Open(socket); !s.ok()) return Fail(s.ToString());
+  wire::ApplyPolicyRequest req{};
+  CopyCString(req.source, file);
+  req.dry_run = dry ? 1 : 0;
+  auto m = c.Call(wire::MsgType::kApplyPolicy, req, fd.get());
+  if (!m.ok()) return Fail(m.status().ToString());
+  auto r = m->As<wire::PolicyReply>();
+  if (Status s = FromWire(r.status); !s.ok()) return Fail(s.message() + " (the running policy is unchanged)");
+  if (dry) {
+    std::printf("%s is valid: policy %s, hash %s (not applied)\n", file.c_str(), ReadCString(r.name).c_str(),
+                ReadCString(r.hash).c_str());
+  } else {
+    std::printf("applied %s: policy %s, hash %s -> %s\n", file.c_str(), ReadCString(r.name).c_str(),
+                ReadCString(r.previous_hash).c_str(), ReadCString(r.hash).c_str());
+  }
+  return 0;
+}
+
+int Status_(const std::vector<std::string>& args, const std::string& socket) {
+  const bool json = !args.empty() && args[0] == "--json";
+  ConnectOptions o;
+  o.socket_path = socket;
+  o.name = "ferryctl";
+  auto client = Client::Connect(o);
+  if (!client.ok()) return Fail(client.status().ToString());
+  auto st = (*client)->Stats();
+  if (!st.ok()) return Fail(st.status().ToString());
+  Control c;
+  std::string policy_line;
+  if (c.Open(socket).ok()) {
+    auto m = c.Call(wire::MsgType::kGetPolicy, wire::GetPolicyRequest{});
+    if (m.ok() && m->type() == wire::MsgType::kPolicyReply) {
+      auto r = m->As<wire::PolicyReply>();
+      policy_line = ReadCString(r.name) + " (" + ReadCString(r.hash) + ")";
+    }
+  }
+  const char* backend = (*client)->backend() == BackendKind::kCuda ? "cuda" : "host";
+  if (json) {
+    std::printf("{\"backend\":\"%s\",\"sessions\":%llu,\"copies_completed\":%llu,\"bytes_h2d\":%llu,\"bytes_d2h\":%llu,"
+                "\"pool_bytes\":%llu,\"pool_free_bytes\":%llu,\"evictions\":%llu,\"rejected\":%llu,\"policy\":\"%s\"}\n",
+                backend, (unsigned long long)st->sessions, (unsigned long long)st->copies_completed,
+                (unsigned long long)st->bytes_h2d, (unsigned long long)st->bytes_d2h, (unsigned long long)st->pool_bytes,
+                (unsigned long long)st->pool_free_bytes, (unsigned long long)st->evictions,
+                (unsigned long long)st->rejected, policy_line.c_str());
+    return 0;
+  }
+  std::printf("backend          %s\nclients          %llu (this one included)\ncopies done      %llu\n"
+              "bytes h2d / d2h  %llu / %llu\npool             %llu MiB free of %llu MiB\nevictions        %llu\n"
+              "rejected         %llu\npolicy           %s\n",
+              backend, (unsigned long long)st->sessions, (unsigned long long)st->copies_completed,
+              (unsigned long long)st->bytes_h2d, (unsigned long long)st->bytes_d2h,
+              (unsigned long long)(st->pool_free_bytes >> 20), (unsigned long long)(st->pool_bytes >> 20),
+              (unsigned long long)st->evictions, (unsigned long long)st->rejected, policy_line.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string socket;
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (a == "--socket" && i + 1 < argc) {
+      socket = argv[++i];
+      continue;
+    }
+    args.push_back(a);
+  }
+  if (args.empty()) {
+    std::fputs(kUsage, stderr);
+    return 64;
+  }
+  const std::string cmd = args[0];
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (cmd == "version") {
+    std::printf("ferryctl %s\n", ferry::kVersionString);
+    return 0;
+  }
+  if (cmd == "status") return Status_(rest, socket);
+  if (cmd == "policy" && !rest.empty()) {
+    const std::string sub = rest[0];
+    std::vector<std::string> pargs(rest.begin() + 1, rest.end());
+    if (sub == "apply") return PolicyApply(pargs, socket);
+    if (sub == "show") return PolicyShow(pargs, socket);
+    if (sub == "diff") return PolicyDiff(pargs, socket);
+  }
+  std::fprintf(stderr, "ferryctl: unknown command '%s' (try --help)\n", cmd.c_str());
+  return 64;
+}
