@@ -50,6 +50,7 @@ struct DeviceRegionState {
 struct TransferState {
   uint64_t tag = 0;
   size_t bytes = 0;
+  uint32_t direction = 0;  // 0 h2d, 1 d2h
   bool enqueued = false;
   bool done = false;
   Status status;
@@ -240,6 +241,21 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     }
   }
 
+  // Tells ferryd how long this thread was blocked on a copy: the exposed time its metrics show.
+  // Best effort: skipped when the ring is full. Caller holds ring_mu_.
+  void ReportWaitLocked(const TransferState& t, uint64_t blocked_ns) {
+    const uint32_t head = hdr_->sq_head.value.load(std::memory_order_acquire);
+    if (sq_tail_ - head >= sq_entries_) return;
+    wire::SubmissionEntry e{};
+    e.opcode = static_cast<uint16_t>(wire::Opcode::kReportWait);
+    e.user_tag = t.tag;
+    e.length = blocked_ns;
+    e.device_offset = t.direction;
+    sq_[sq_tail_ & (sq_entries_ - 1)] = e;
+    ++sq_tail_;
+    hdr_->sq_tail.value.store(sq_tail_, std::memory_order_release);
+  }
+
   // Caller holds ring_mu_.
   void ReapLocked() {
     const uint32_t tail = hdr_->cq_tail.value.load(std::memory_order_acquire);
@@ -329,11 +345,14 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     const uint64_t earliest = until_enqueued ? 0 : t.bytes * 1000 / kFastestBusBytesPerUs;
     const uint64_t sleep_until = t.submit_ns + (earliest > kWakeAheadNs ? earliest - kWakeAheadNs : 0);
     const uint64_t spin_until = std::max(start, t.submit_ns + earliest + earliest / 4) + spin_ns_;
-    for (;;) {
+    for (bool first = true;; first = false) {
       {
         std::lock_guard<std::mutex> l(ring_mu_);
         ReapLocked();
-        if (t.done) return t.status;
+        if (t.done) {
+          if (!until_enqueued) ReportWaitLocked(t, first ? 0 : MonotonicNanos() - start);
+          return t.status;
+        }
         if (until_enqueued && t.enqueued) return Status::Ok();
         FERRY_RETURN_IF_ERROR(broken_);
       }
@@ -538,6 +557,7 @@ Result<Transfer> Client::Copy(Direction direction, const HostBuffer& host, size_
   }
   auto t = std::make_shared<detail::TransferState>();
   t->bytes = bytes;
+  t->direction = direction == Direction::kHostToDevice ? 0 : 1;
   t->host_keep = host.s_;
   t->region_keep = device.s_;
   FERRY_ASSIGN_OR_RETURN(auto st, core_->Submit(e, std::move(t), options.stream_waitable));

@@ -193,7 +193,14 @@ size_t PayloadLength(MsgType type);
 // ---------------------------------------------------------------------------------------------
 // Data plane: the session ring segment.
 
-enum class Opcode : uint16_t { kNop = 0, kHostToDevice = 1, kDeviceToHost = 2 };
+enum class Opcode : uint16_t {
+  kNop = 0,
+  kHostToDevice = 1,
+  kDeviceToHost = 2,
+  // The client was blocked `length` ns waiting for a copy (direction in device_offset: 0 h2d,
+  // 1 d2h): exposed copy time, for metrics. No completion is sent for it.
+  kReportWait = 3,
+};
 enum class Priority : uint16_t { kBulk = 0, kLatency = 1 };
 
 inline constexpr uint32_t kNoEvent = 0;

@@ -68,9 +68,16 @@ struct FenceResult {
   Status status;
 };
 
+struct DeviceInfo {
+  std::string name;  // e.g. "NVIDIA H200"; "host" on the host backend
+  std::string uuid;  // "GPU-..."; empty on the host backend
+  std::string driver, runtime;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
+  virtual DeviceInfo device_info() const { return {"host", "", "", ""}; }
 
   virtual wire::BackendKind kind() const = 0;
   virtual std::string Describe() const = 0;  // one line for logs and `ferryctl status`
@@ -116,6 +123,7 @@ class FaultInjectingBackend : public Backend {
 
   wire::BackendKind kind() const override { return inner_->kind(); }
   std::string Describe() const override { return "fault-injecting " + inner_->Describe(); }
+  DeviceInfo device_info() const override { return inner_->device_info(); }
   int device_ordinal() const override { return inner_->device_ordinal(); }
   uint32_t streams_per_direction() const override { return inner_->streams_per_direction(); }
   Status RegisterPool(std::byte* base, size_t length, size_t slab) override {

@@ -4,6 +4,7 @@
 // and fences as events polled with cudaEventQuery (no CPU thread blocks on the GPU).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -67,6 +68,7 @@ class CudaBackend : public Backend {
     const unsigned char* u = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
     std::snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
                   u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    info_ = DeviceInfo{prop.name, uuid, std::to_string(driver), std::to_string(runtime)};
     describe_ = std::string("cuda: ") + prop.name + " (sm_" + std::to_string(prop.major) +
                 std::to_string(prop.minor) + ", " + uuid + "), " + std::to_string(prop.asyncEngineCount) +
                 " copy engines, driver " + std::to_string(driver) + ", runtime " + std::to_string(runtime);
@@ -93,6 +95,7 @@ class CudaBackend : public Backend {
 
   wire::BackendKind kind() const override { return wire::BackendKind::kCuda; }
   std::string Describe() const override { return describe_; }
+  DeviceInfo device_info() const override { return info_; }
   int device_ordinal() const override { return device_; }
   uint32_t streams_per_direction() const override { return streams_per_dir_; }
 
@@ -212,6 +215,10 @@ class CudaBackend : public Backend {
     const FenceId id = next_fence_++;
     groups_[cls].fences.push_back(id);
     if (plan.signal != nullptr) groups_[cls].needs_events = true;
+    // A large piece is worth its own fence: the scheduler refills the engines as each one
+    // lands instead of waiting for a whole turn's batch.
+    const bool large = std::any_of(plan.pieces.begin(), plan.pieces.end(), [](const CopyPiece& p) { return !p.batchable; });
+    if (large && plan.signal == nullptr) Flush();
     if (plan.signal != nullptr) {
       Flush();
       Group& g = pending_.back();  // this plan alone: Flush() above emptied the staging first
@@ -353,6 +360,7 @@ class CudaBackend : public Backend {
   int device_;
   uint32_t streams_per_dir_;
   std::string describe_;
+  DeviceInfo info_;
   std::vector<cudaStream_t> streams_[2];
   std::vector<void*> registered_;
   bool per_slab_ = false;

@@ -4,11 +4,13 @@
 
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "common/log.hpp"
 #include "common/yaml_util.hpp"
 #include "daemon/config.hpp"
+#include "daemon/metrics.hpp"
 #include "daemon/server.hpp"
 #include "ferry/version.hpp"
 
@@ -38,6 +40,8 @@ options:
   --pool-size SIZE     override pool.size, e.g. 256MiB
   --slab-size SIZE     override pool.slab, e.g. 8MiB
   --policy FILE        override policy: the scheduling policy (policies/*.yaml)
+  --metrics-address A  override metrics.address: host:port for /metrics (port 0: any free
+                       port, logged); "" turns the exporter off
   --log-level LEVEL    debug | info | warning | error (default info)
   --check-config       validate the config, print what it sets, and exit
   --version            print the version and exit
@@ -50,6 +54,7 @@ int main(int argc, char** argv) {
   using namespace ferry;
   std::string config_path;
   std::string runtime_dir, backend, pool_size, slab_size, policy;
+  std::optional<std::string> metrics_address;
   bool check_only = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -76,6 +81,8 @@ int main(int argc, char** argv) {
       pool_size = value("--pool-size");
     } else if (a == "--slab-size") {
       slab_size = value("--slab-size");
+    } else if (a == "--metrics-address") {
+      metrics_address = value("--metrics-address");
     } else if (a == "--policy") {
       policy = value("--policy");
     } else if (a == "--check-config") {
@@ -107,6 +114,7 @@ int main(int argc, char** argv) {
   }
   if (!runtime_dir.empty()) config.runtime_dir = runtime_dir;
   if (!policy.empty()) config.policy_path = policy;
+  if (metrics_address) config.metrics_address = *metrics_address;
   if (!backend.empty()) {
     if (backend == "auto") config.backend = daemon::BackendChoice::kAuto;
     else if (backend == "cuda") config.backend = daemon::BackendChoice::kCuda;
@@ -155,12 +163,31 @@ int main(int argc, char** argv) {
   }
   FERRY_LOG(kInfo) << "ferryd " << kVersionString << ": " << why;
   FERRY_LOG(kInfo) << (*be)->Describe();
-  auto server = daemon::Server::Create(config, std::move(*be), {.policy = running, .policy_source = config.policy_path.empty() ? "built-in default" : config.policy_path});
+  std::unique_ptr<daemon::MetricsExporter> metrics;
+  if (!config.metrics_address.empty()) {
+    const daemon::DeviceInfo dev = (*be)->device_info();
+    auto m = daemon::MetricsExporter::Create(
+        config.metrics_address, {kVersionString, (*be)->kind() == wire::BackendKind::kCuda ? "cuda" : "host", dev.uuid,
+                                 dev.name, (*be)->device_ordinal(), dev.driver, dev.runtime});
+    if (!m.ok()) {
+      std::fprintf(stderr, "ferryd: %s\n", m.status().ToString().c_str());
+      return 1;
+    }
+    metrics = std::move(*m);
+    FERRY_LOG(kInfo) << "metrics on http://" << config.metrics_address.substr(0, config.metrics_address.rfind(':'))
+                     << ":" << metrics->port() << "/metrics";
+  }
+  auto server = daemon::Server::Create(
+      config, std::move(*be),
+      {.policy = running,
+       .policy_source = config.policy_path.empty() ? "built-in default" : config.policy_path,
+       .observer = metrics.get()});
   if (!server.ok()) {
     std::fprintf(stderr, "ferryd: %s\n", server.status().ToString().c_str());
     return 1;
   }
   g_server = server->get();
+  if (metrics) metrics->Attach(server->get());
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
   sigemptyset(&sa.sa_mask);
@@ -171,6 +198,7 @@ int main(int argc, char** argv) {
   FERRY_LOG(kInfo) << "ready";
   Status st = (*server)->Run();
   g_server = nullptr;
+  if (metrics) metrics->Attach(nullptr);
   server->reset();
   if (!st.ok()) {
     std::fprintf(stderr, "ferryd: %s\n", st.ToString().c_str());

@@ -1,5 +1,6 @@
 #include "daemon/server.hpp"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -14,6 +15,8 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+
+#include <boost/interprocess/sync/file_lock.hpp>
 
 #include "common/channel.hpp"
 #include "common/log.hpp"
@@ -80,10 +83,11 @@ struct Session {
   uint32_t next_event_id = 1;
 
   // Scheduling: bulk copies wait here in order; deficit round robin shares the engines.
-  std::deque<uint64_t> queue;
+  // Each direction has its own copy engines, so its own queue, deficit and in-flight bytes.
+  std::deque<uint64_t> queue[2];
   uint64_t queued_bytes = 0;
-  uint64_t deficit = 0;
-  uint64_t bulk_out_bytes = 0;
+  uint64_t deficit[2] = {0, 0};
+  uint64_t bulk_out_bytes[2] = {0, 0};
   ClientClass klass;
 };
 
@@ -146,6 +150,7 @@ class Server::Impl {
     counters_.pool_free_bytes = pool_->free_bytes();
 
     FERRY_RETURN_IF_ERROR(MakeRuntimeDir(config_.runtime_dir));
+    FERRY_RETURN_IF_ERROR(LockRuntimeDir());
     socket_path_ = config_.SocketPath();
     FERRY_ASSIGN_OR_RETURN(listen_, ListenUnix(socket_path_, has_allowed_gid_ ? 0660 : 0600));
     if (has_allowed_gid_ && ::chown(socket_path_.c_str(), static_cast<uid_t>(-1), allowed_gid_) != 0) {
@@ -165,6 +170,31 @@ class Server::Impl {
 
   ~Impl() {
     if (!socket_path_.empty()) ::unlink(socket_path_.c_str());
+  }
+
+  // One ferryd per runtime directory: a second one would take over the socket. The lock is an
+  // fcntl lock (Boost.Interprocess file_lock), so the kernel drops it when the holder dies and
+  // a crashed ferryd never blocks its restart.
+  Status LockRuntimeDir() {
+    const std::string path = config_.runtime_dir + "/ferryd.lock";
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+    if (!fd.valid()) return ErrnoStatus("open(" + path + ")", errno);
+    try {
+      lock_ = std::make_unique<boost::interprocess::file_lock>(path.c_str());
+      if (!lock_->try_lock()) {
+        auto holder = ReadWholeFd(fd.get(), 64);
+        return Unavailable("another ferryd (pid " + (holder.ok() ? *holder : std::string("?")) + ") serves " +
+                           config_.runtime_dir);
+      }
+    } catch (const boost::interprocess::interprocess_exception& e) {
+      return Internal(std::string("lock ") + path + ": " + e.what());
+    }
+    const std::string pid = std::to_string(::getpid());
+    if (::ftruncate(fd.get(), 0) != 0 || ::pwrite(fd.get(), pid.data(), pid.size(), 0) < 0) {
+      return ErrnoStatus("write(" + path + ")", errno);
+    }
+    lock_fd_ = std::move(fd);
+    return Status::Ok();
   }
 
   void Stop() { RingDoorbell(stop_efd_.get()); }
@@ -190,6 +220,7 @@ class Server::Impl {
 
   void PolicyFailed(const std::string& source, const Status& why) {
     counters_.policy_failures++;
+    if (observer_ != nullptr) observer_->OnPolicyRefused();
     FERRY_LOG(kError) << "policy from " << source << " refused, keeping " << policy_->name << " (" << policy_->Hash()
                       << "): " << why.message();
   }
@@ -358,7 +389,7 @@ class Server::Impl {
         if (msg.status().code() == Code::kUnavailable) {
           Evict(s, "client disconnected", kInfoLevel);
         } else {
-          counters_.rejected++;
+          CountRejected(msg.status());
           Evict(s, "bad control message: " + msg.status().ToString(), kWarningLevel);
         }
         return;
@@ -391,7 +422,7 @@ class Server::Impl {
       }
       case wire::MsgType::kGetPolicy: return HandleGetPolicy(s, seq);
       default:
-        counters_.rejected++;
+        CountRejected(ProtocolError("unexpected message"));
         Evict(s, "unexpected control message type " + std::to_string(msg.header.type), kWarningLevel);
     }
   }
@@ -401,7 +432,7 @@ class Server::Impl {
     auto refuse = [&](const Status& st) {
       r.status = ToWire(st);
       Reply(s, wire::MsgType::kHelloReply, seq, r);
-      counters_.rejected++;
+      CountRejected(st);
       Evict(s, "hello refused: " + st.ToString(), kWarningLevel);
     };
     if (s.hello_done) return refuse(ProtocolError("hello sent twice"));
@@ -465,7 +496,7 @@ class Server::Impl {
     auto a = s.arena->Allocate(req.size);
     if (!a.ok()) {
       r.status = ToWire(a.status());
-      if (a.status().code() == Code::kResourceExhausted) counters_.rejected++;
+      CountRejected(a.status());
       return Reply(s, wire::MsgType::kAllocBufferReply, seq, r);
     }
     if (a->slab_count > wire::kMaxFdsPerMessage) {
@@ -545,7 +576,7 @@ class Server::Impl {
       Reply(s, wire::MsgType::kPolicyReply, seq, r);
     };
     if (s.peer.uid != 0 && s.peer.uid != ::geteuid()) {
-      counters_.rejected++;
+      CountRejected(PermissionDenied(""));
       return reply(PermissionDenied("only ferryd's user or root may apply a policy"));
     }
     if (!fd.valid()) return reply(InvalidArgument("apply-policy carries the policy file as a file descriptor"));
@@ -607,7 +638,7 @@ class Server::Impl {
       const uint32_t avail = tail - s.sq_head;
       if (avail == 0) continue;
       if (avail > s.sq_entries) {
-        counters_.rejected++;
+        CountRejected(ProtocolError(""));
         Evict(s, "submission ring tail out of range", kWarningLevel);
         continue;
       }
@@ -637,8 +668,21 @@ class Server::Impl {
     s.backlog.push_back(c);
   }
 
-  void Reject(Session& s, uint64_t tag, const Status& st) {
+  // Every refused request is counted under one of a few reasons (bounded metric labels).
+  void CountRejected(const Status& st) {
     counters_.rejected++;
+    if (observer_ == nullptr) return;
+    switch (st.code()) {
+      case Code::kResourceExhausted: return observer_->OnRejected("exhausted");
+      case Code::kPermissionDenied: return observer_->OnRejected("permission");
+      case Code::kNotFound: return observer_->OnRejected("not_found");
+      case Code::kProtocol: return observer_->OnRejected("protocol");
+      default: return observer_->OnRejected("invalid");
+    }
+  }
+
+  void Reject(Session& s, uint64_t tag, const Status& st) {
+    CountRejected(st);
     FERRY_LOG(kDebug) << "session " << s.id << ": rejected request " << tag << ": " << st.ToString();
     Complete(s, tag, st, wire::CompletionKind::kCompleted, 0, 0);
   }
@@ -646,6 +690,15 @@ class Server::Impl {
   void HandleSubmission(Session& s, const wire::SubmissionEntry& e) {
     const auto op = static_cast<wire::Opcode>(e.opcode);
     if (op == wire::Opcode::kNop) return Complete(s, e.user_tag, Status::Ok(), wire::CompletionKind::kCompleted, 0, 0);
+    if (op == wire::Opcode::kReportWait) {
+      // Statistics only, but still bounded: an hour of waiting, one of two directions.
+      if (e.device_offset > 1 || e.length > 3600ull * 1'000'000'000) return CountRejected(InvalidArgument("bad wait report"));
+      if (observer_ != nullptr) {
+        observer_->OnExposed(e.device_offset == 0 ? Direction::kHostToDevice : Direction::kDeviceToHost, s.klass.name,
+                             policy_->name, static_cast<double>(e.length) * 1e-9);
+      }
+      return;
+    }
     if (op != wire::Opcode::kHostToDevice && op != wire::Opcode::kDeviceToHost) {
       return Reject(s, e.user_tag, InvalidArgument("unknown opcode " + std::to_string(e.opcode)));
     }
@@ -698,7 +751,7 @@ class Server::Impl {
       DispatchNext(s, ref);  // the latency stream: never queued behind bulk work
       MaybeFinish(ref);
     } else {
-      s.queue.push_back(ref.id);
+      s.queue[static_cast<int>(ref.direction)].push_back(ref.id);
       s.queued_bytes += ref.bytes;
       counters_.queued_bytes += ref.bytes;
     }
@@ -765,8 +818,8 @@ class Server::Impl {
     c.out++;
     fences_[*fence] = FenceRef{c.id, bytes, !c.latency};
     if (!c.latency) {
-      s.bulk_out_bytes += bytes;
-      bulk_out_bytes_ += bytes;
+      s.bulk_out_bytes[static_cast<int>(c.direction)] += bytes;
+      bulk_out_bytes_[static_cast<int>(c.direction)] += bytes;
     }
     counters_.in_flight_bytes += bytes;
     if (last && c.signal != nullptr) Complete(s, c.user_tag, Status::Ok(), wire::CompletionKind::kEnqueued, c.bytes, 0);
@@ -777,61 +830,63 @@ class Server::Impl {
   // dispatches while its next piece fits in the deficit. A visit cut short by full engines stays
   // open, so the session resumes first when they drain: shares follow the weights even when
   // every completion frees room for one piece only.
-  bool DispatchBulk() {
+  bool DispatchBulk() { return DispatchBulk(0) | DispatchBulk(1); }
+
+  bool DispatchBulk(int d) {
     const Policy& pol = *policy_;
     const uint64_t client_limit = pol.client_in_flight_bytes ? pol.client_in_flight_bytes : pol.in_flight_bytes;
-    auto engines_full = [&] { return bulk_out_bytes_ >= pol.in_flight_bytes; };
+    auto engines_full = [&] { return bulk_out_bytes_[d] >= pol.in_flight_bytes; };
     auto blocked = [&](const Copy& c) {
-      return c.first_dispatch_ns == 0 && pol.max_copies_in_flight != 0 && copies_started_ >= pol.max_copies_in_flight;
+      return c.first_dispatch_ns == 0 && pol.max_copies_in_flight != 0 && copies_started_[d] >= pol.max_copies_in_flight;
     };
     bool any = false;
     size_t idle_visits = 0;  // visits in a row that dispatched nothing
     while (!engines_full() && !sessions_.empty() && idle_visits <= 2 * sessions_.size() + kMaxDispatchRounds) {
-      auto it = visit_open_ ? sessions_.lower_bound(rr_cursor_) : sessions_.upper_bound(rr_cursor_);
+      auto it = visit_open_[d] ? sessions_.lower_bound(rr_cursor_[d]) : sessions_.upper_bound(rr_cursor_[d]);
       if (it == sessions_.end()) it = sessions_.begin();
-      if (visit_open_ && it->first != rr_cursor_) visit_open_ = false;  // that session is gone
-      rr_cursor_ = it->first;
+      if (visit_open_[d] && it->first != rr_cursor_[d]) visit_open_[d] = false;  // that session is gone
+      rr_cursor_[d] = it->first;
       Session& s = *it->second;
-      if (s.queue.empty() || s.dead || s.bulk_out_bytes >= client_limit || blocked(*copies_.at(s.queue.front()))) {
-        visit_open_ = false;
+      if (s.queue[d].empty() || s.dead || s.bulk_out_bytes[d] >= client_limit || blocked(*copies_.at(s.queue[d].front()))) {
+        visit_open_[d] = false;
         ++idle_visits;
-        if (idle_visits > sessions_.size() && !AnyDispatchable(client_limit, blocked)) break;
+        if (idle_visits > sessions_.size() && !AnyDispatchable(d, client_limit, blocked)) break;
         continue;
       }
-      if (!visit_open_) {
-        s.deficit = std::min<uint64_t>(s.deficit + kQuantumBytes * s.klass.weight, kMaxDeficitBytes);
-        visit_open_ = true;
+      if (!visit_open_[d]) {
+        s.deficit[d] = std::min<uint64_t>(s.deficit[d] + kQuantumBytes * s.klass.weight, kMaxDeficitBytes);
+        visit_open_[d] = true;
       }
       bool sent = false;
-      while (!s.queue.empty() && !engines_full() && s.bulk_out_bytes < client_limit) {
-        Copy& c = *copies_.at(s.queue.front());
+      while (!s.queue[d].empty() && !engines_full() && s.bulk_out_bytes[d] < client_limit) {
+        Copy& c = *copies_.at(s.queue[d].front());
         if (blocked(c)) break;
         const uint64_t need = c.NextDispatchBytes();
-        if (need > s.deficit && s.deficit < kMaxDeficitBytes) break;
-        s.deficit -= std::min(need, s.deficit);
-        if (c.first_dispatch_ns == 0) copies_started_++;
+        if (need > s.deficit[d] && s.deficit[d] < kMaxDeficitBytes) break;
+        s.deficit[d] -= std::min(need, s.deficit[d]);
+        if (c.first_dispatch_ns == 0) copies_started_[d]++;
         DispatchNext(s, c);
         sent = any = true;
         if (c.next == c.pieces.size()) {
-          s.queue.pop_front();
+          s.queue[d].pop_front();
           s.queued_bytes -= c.bytes;
           counters_.queued_bytes -= c.bytes;
           MaybeFinish(c);  // done already if its dispatch failed
         }
       }
-      if (s.queue.empty()) s.deficit = 0;
-      if (engines_full() && !s.queue.empty()) return any;  // the visit stays open
-      visit_open_ = false;
+      if (s.queue[d].empty()) s.deficit[d] = 0;
+      if (engines_full() && !s.queue[d].empty()) return any;  // the visit stays open
+      visit_open_[d] = false;
       idle_visits = sent ? 0 : idle_visits + 1;
     }
     return any;
   }
 
   template <typename Blocked>
-  bool AnyDispatchable(uint64_t client_limit, Blocked blocked) {
+  bool AnyDispatchable(int d, uint64_t client_limit, Blocked blocked) {
     for (auto& [id, sp] : sessions_) {
       const Session& s = *sp;
-      if (!s.queue.empty() && !s.dead && s.bulk_out_bytes < client_limit && !blocked(*copies_.at(s.queue.front()))) {
+      if (!s.queue[d].empty() && !s.dead && s.bulk_out_bytes[d] < client_limit && !blocked(*copies_.at(s.queue[d].front()))) {
         return true;
       }
     }
@@ -843,7 +898,7 @@ class Server::Impl {
   void MaybeFinish(Copy& c) {
     if (c.out != 0 || c.next != c.pieces.size()) return;
     const uint64_t now = MonotonicNanos();
-    if (!c.latency && c.first_dispatch_ns != 0) copies_started_--;
+    if (!c.latency && c.first_dispatch_ns != 0) copies_started_[static_cast<int>(c.direction)]--;
     counters_.in_flight--;
     if (c.status.ok()) {
       counters_.copies_completed++;
@@ -884,9 +939,10 @@ class Server::Impl {
       c.out--;
       if (!r.status.ok() && c.status.ok()) c.status = r.status;
       if (f.bulk) {
-        bulk_out_bytes_ -= f.bytes;
+        const int d = static_cast<int>(c.direction);
+        bulk_out_bytes_[d] -= f.bytes;
         auto sit = sessions_.find(c.session_id);
-        if (sit != sessions_.end()) sit->second->bulk_out_bytes -= f.bytes;
+        if (sit != sessions_.end()) sit->second->bulk_out_bytes[d] -= f.bytes;
       }
       if (!c.status.ok() && c.next < c.pieces.size()) {
         // A piece failed: the rest of the copy does not go out.
@@ -901,9 +957,10 @@ class Server::Impl {
   // Takes a copy's undispatched pieces out of its session's queue.
   void DropQueued(Session& s, Copy& c) {
     c.next = c.pieces.size();
-    auto q = std::find(s.queue.begin(), s.queue.end(), c.id);
-    if (q != s.queue.end()) {
-      s.queue.erase(q);
+    auto& queue = s.queue[static_cast<int>(c.direction)];
+    auto q = std::find(queue.begin(), queue.end(), c.id);
+    if (q != queue.end()) {
+      queue.erase(q);
       s.queued_bytes -= c.bytes;
       counters_.queued_bytes -= c.bytes;
     }
@@ -916,7 +973,7 @@ class Server::Impl {
       const uint32_t head = s.hdr->cq_head.value.load(std::memory_order_acquire);
       const uint32_t used = s.cq_tail - head;
       if (used > s.cq_entries) {
-        counters_.rejected++;
+        CountRejected(ProtocolError(""));
         Evict(s, "completion ring head out of range", kWarningLevel);
         continue;
       }
@@ -958,7 +1015,8 @@ class Server::Impl {
     s.sock.reset();
     s.backlog.clear();
     // Its queued copies never go out; the ones on the engines finish first (they use its memory).
-    const std::vector<uint64_t> queued(s.queue.begin(), s.queue.end());
+    std::vector<uint64_t> queued(s.queue[0].begin(), s.queue[0].end());
+    queued.insert(queued.end(), s.queue[1].begin(), s.queue[1].end());
     for (uint64_t id : queued) {
       Copy& c = *copies_.at(id);
       DropQueued(s, c);
@@ -1014,11 +1072,13 @@ class Server::Impl {
   std::vector<FenceResult> done_;
   std::vector<uint64_t> lengths_;
   uint64_t next_copy_id_ = 1;
-  uint64_t bulk_out_bytes_ = 0;   // bulk bytes on the engines, all sessions
-  uint32_t copies_started_ = 0;   // bulk copies with pieces out and not finished
-  uint64_t rr_cursor_ = 0;        // deficit round robin: the session visited last (or now)
-  bool visit_open_ = false;       // ... and its visit continues when the engines drain
+  uint64_t bulk_out_bytes_[2] = {0, 0};  // per direction: bulk bytes on the engines, all sessions
+  uint32_t copies_started_[2] = {0, 0};  // per direction: bulk copies with pieces out, not finished
+  uint64_t rr_cursor_[2] = {0, 0};        // deficit round robin: the session visited last (or now)
+  bool visit_open_[2] = {false, false};  // ... and its visit continues when the engines drain
   UniqueFd reload_efd_;
+  UniqueFd lock_fd_;  // holds ferryd.lock open; the fcntl lock lives with lock_
+  std::unique_ptr<boost::interprocess::file_lock> lock_;
 
  public:
   std::shared_ptr<const Policy> policy_;  // written on the loop thread only; read under policy_mu_

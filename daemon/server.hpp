@@ -52,7 +52,8 @@ class ServerObserver {
   virtual void OnExposed(Direction direction, std::string_view client_class, std::string_view policy,
                          double seconds) = 0;
   virtual void OnPolicy(const Policy& now) = 0;
-  virtual void OnRejected(std::string_view reason) = 0;
+  virtual void OnPolicyRefused() = 0;
+  virtual void OnRejected(std::string_view reason) = 0;  // a bounded set: see RejectReason in server.cc
 };
 
 struct ServerOptions {

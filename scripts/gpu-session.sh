@@ -13,17 +13,19 @@ export LD_LIBRARY_PATH=$PWD/$BUILD/devlibs:/usr/local/cuda/lib64:${LD_LIBRARY_PA
 nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv | tee "$OUT/gpu.txt"
 
 echo "== gpu tests"
-(cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 300) >"$OUT/gpu-tests.log" 2>&1
-echo "gpu tests rc=$?"; tail -n 15 "$OUT/gpu-tests.log"
+if [ -z "${SKIP_TESTS:-}" ]; then
+  (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 300) >"$OUT/gpu-tests.log" 2>&1
+  echo "gpu tests rc=$?"; grep -E "tests passed|Failed|Passed" "$OUT/gpu-tests.log"
+fi
 
-# Each variant: NAME:key=value,key=value (config keys). The first is the shipped default config.
+# Each variant: NAME:POLICY_FILE (empty: the built-in default). The first also runs the demo.
 variants=${VARIANTS:-"default:"}
 first=1
 for v in $variants; do
   name=${v%%:*}; body=${v#*:}
   rt=$(mktemp -d /tmp/ferry-bench-XXXXXX)
   printf 'runtime_dir: %s\npool:\n  size: %s\n' "$rt" "${POOL:-2GiB}" >"$rt/ferryd.yaml"
-  [ -n "$body" ] && echo "$body" | tr ',' '\n' | sed 's/=/: /' >>"$rt/ferryd.yaml"
+  [ -n "$body" ] && echo "policy: $PWD/$body" >>"$rt/ferryd.yaml"
   echo "== variant $name: $body"
   "$BUILD/ferryd" --backend cuda --config "$rt/ferryd.yaml" >"$rt/ferryd.log" 2>&1 &
   pid=$!

@@ -31,7 +31,7 @@ class GpuDaemon : public ::testing::Test {
     ASSERT_CUDA(cudaSetDevice(0));
     dir_ = testing::MakeTempDir("gpu");
     socket_ = dir_ + "/ferryd.sock";
-    daemon_ = std::make_unique<Child>(std::vector<std::string>{FERRY_DAEMON_PATH, "--backend", "cuda", "--runtime-dir",
+    daemon_ = std::make_unique<Child>(std::vector<std::string>{FERRY_DAEMON_PATH, "--metrics-address", "127.0.0.1:0", "--backend", "cuda", "--runtime-dir",
                                                                dir_, "--pool-size", "1GiB", "--log-level", "debug"},
                                       dir_ + "/ferryd.log");
     ASSERT_TRUE(testing::DaemonHarness::Eventually([&] { return fs::exists(socket_); }, 30000)) << daemon_->Output();

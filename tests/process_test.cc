@@ -39,7 +39,7 @@ class RealDaemon : public ::testing::Test {
     socket_ = dir_ + "/ferryd.sock";
     shm_before_ = ShmEntries();
     daemon_ = std::make_unique<Child>(
-        std::vector<std::string>{FERRY_DAEMON_PATH, "--backend", "host", "--runtime-dir", dir_, "--pool-size",
+        std::vector<std::string>{FERRY_DAEMON_PATH, "--metrics-address", "127.0.0.1:0", "--backend", "host", "--runtime-dir", dir_, "--pool-size",
                                  "64MiB", "--slab-size", "1MiB", "--log-level", "debug"},
         dir_ + "/ferryd.log");
     ASSERT_GT(daemon_->pid(), 0);
@@ -116,6 +116,20 @@ TEST_F(RealDaemon, SigtermStopsCleanlyAndLeavesNothingBehind) {
   EXPECT_EQ(WEXITSTATUS(cst), 2) << holder->Output();
 }
 
+TEST_F(RealDaemon, ASecondFerrydOnTheSameDirectoryIsRefusedAndTheFirstKeepsServing) {
+  Child second({FERRY_DAEMON_PATH, "--metrics-address", "", "--backend", "host", "--runtime-dir", dir_, "--pool-size",
+                "16MiB", "--slab-size", "1MiB"},
+               dir_ + "/second.log");
+  int st = second.Wait();
+  ASSERT_TRUE(WIFEXITED(st)) << second.Output();
+  EXPECT_NE(WEXITSTATUS(st), 0);
+  EXPECT_NE(second.Output().find("another ferryd (pid " + std::to_string(daemon_->pid()) + ") serves"), std::string::npos)
+      << second.Output();
+  auto c = StartClient({"roundtrip", socket_, "4096", "2"}, "still");
+  st = c->Wait();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << c->Output();
+}
+
 TEST_F(RealDaemon, TheSocketIsNotWorldAccessible) {
   struct stat st{};
   ASSERT_EQ(::stat(socket_.c_str(), &st), 0);
@@ -160,7 +174,7 @@ TEST(Ferryd, SighupReloadsThePolicyFile) {
   std::string dir = testing::MakeTempDir("hup");
   const std::string policy = dir + "/policy.yaml";
   std::ofstream(policy) << "name: one\nschedule: {kind: serial}\n";
-  Child d({FERRY_DAEMON_PATH, "--backend", "host", "--runtime-dir", dir, "--pool-size", "16MiB", "--slab-size", "1MiB",
+  Child d({FERRY_DAEMON_PATH, "--metrics-address", "127.0.0.1:0", "--backend", "host", "--runtime-dir", dir, "--pool-size", "16MiB", "--slab-size", "1MiB",
            "--policy", policy},
           dir + "/ferryd.log");
   ASSERT_TRUE(testing::DaemonHarness::Eventually([&] { return fs::exists(dir + "/ferryd.sock"); }, 10000)) << d.Output();

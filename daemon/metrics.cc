@@ -1,0 +1,266 @@
+#include "daemon/metrics.hpp"
+
+#include <prometheus/collectable.h>
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+#include "common/fd.hpp"
+
+namespace ferry::daemon {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+const char* DirName(Direction d) { return d == Direction::kHostToDevice ? "h2d" : "d2h"; }
+
+// Copy sizes span 4 KiB to GiBs at 50 GB/s: 1 us to 100 ms and more.
+prometheus::Histogram::BucketBoundaries DurationBuckets() {
+  return {2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1, 2, 5};
+}
+
+MetricFamily GaugeFamily(std::string name, std::string help, std::vector<std::pair<ClientMetric::Label, double>> values) {
+  MetricFamily f;
+  f.name = std::move(name);
+  f.help = std::move(help);
+  f.type = MetricType::Gauge;
+  for (auto& [label, v] : values) {
+    ClientMetric m;
+    if (!label.name.empty()) m.label.push_back(label);
+    m.gauge.value = v;
+    f.metric.push_back(std::move(m));
+  }
+  return f;
+}
+
+// Reads the server's live counters at scrape time, so gauges are never stale.
+class LiveGauges : public prometheus::Collectable {
+ public:
+  void Attach(const Server* s) {
+    std::lock_guard<std::mutex> l(mu_);
+    server_ = s;
+  }
+  void SetBandwidth(double h2d, double d2h) {
+    bw_h2d_ = h2d;
+    bw_d2h_ = d2h;
+  }
+  std::vector<MetricFamily> Collect() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    std::vector<MetricFamily> out;
+    if (server_ == nullptr) return out;
+    const ServerCounters& c = server_->counters();
+    const double pool = static_cast<double>(server_->pool_bytes());
+    const double free_bytes = static_cast<double>(c.pool_free_bytes.load());
+    ClientMetric::Label none{};
+    out.push_back(GaugeFamily("ferry_clients", "Clients connected now.", {{none, double(c.sessions.load())}}));
+    out.push_back(GaugeFamily("ferry_pool_bytes", "Pinned pool bytes, by state.",
+                              {{{"state", "used"}, pool - free_bytes}, {{"state", "free"}, free_bytes}}));
+    out.push_back(GaugeFamily("ferry_pool_size_bytes", "Pinned pool size.", {{none, pool}}));
+    out.push_back(GaugeFamily("ferry_in_flight_bytes", "Bytes on the copy engines now.",
+                              {{none, double(c.in_flight_bytes.load())}}));
+    out.push_back(GaugeFamily("ferry_queued_bytes", "Bytes accepted and waiting for the copy engines.",
+                              {{none, double(c.queued_bytes.load())}}));
+    out.push_back(GaugeFamily("ferry_copies_in_flight", "Copies accepted and not finished (queue depth).",
+                              {{none, double(c.in_flight.load())}}));
+    out.push_back(GaugeFamily("ferry_achieved_bandwidth_bytes_per_second",
+                              "Bytes copied per second over the last second, by direction.",
+                              {{{"direction", "h2d"}, bw_h2d_.load()}, {{"direction", "d2h"}, bw_d2h_.load()}}));
+    MetricFamily ev;
+    ev.name = "ferry_evictions_total";
+    ev.help = "Clients evicted for breaking the protocol or not keeping up.";
+    ev.type = MetricType::Counter;
+    ClientMetric m;
+    m.counter.value = double(c.evictions.load());
+    ev.metric.push_back(m);
+    out.push_back(ev);
+    return out;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  const Server* server_ = nullptr;  // guarded by mu_
+  std::atomic<double> bw_h2d_{0}, bw_d2h_{0};
+};
+
+}  // namespace
+
+class MetricsExporter::Impl {
+ public:
+  Impl() : registry(std::make_shared<prometheus::Registry>()), live(std::make_shared<LiveGauges>()) {}
+
+  std::unique_ptr<prometheus::Exposer> exposer;
+  std::shared_ptr<prometheus::Registry> registry;
+  std::shared_ptr<LiveGauges> live;
+
+  prometheus::Family<prometheus::Counter>* copies = nullptr;
+  prometheus::Family<prometheus::Counter>* bytes = nullptr;
+  prometheus::Family<prometheus::Histogram>* duration = nullptr;
+  prometheus::Family<prometheus::Histogram>* queue_wait = nullptr;
+  prometheus::Family<prometheus::Histogram>* exposed = nullptr;
+  prometheus::Family<prometheus::Counter>* rejected = nullptr;
+  prometheus::Family<prometheus::Counter>* reloads = nullptr;
+  prometheus::Family<prometheus::Gauge>* policy_info = nullptr;
+  prometheus::Gauge* current_policy = nullptr;
+  std::mutex policy_mu;
+
+  // Bandwidth sampler: bytes done per second, from the counters, once a second.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  const Server* server = nullptr;
+  std::thread sampler;
+
+  void Sample() {
+    uint64_t last_h = 0, last_d = 0, last_t = MonotonicNanos();
+    std::unique_lock<std::mutex> l(mu);
+    while (!stop) {
+      cv.wait_for(l, std::chrono::seconds(1));
+      if (stop) break;
+      const uint64_t t = MonotonicNanos();
+      if (server != nullptr) {
+        const uint64_t h = server->counters().bytes_h2d.load(), d = server->counters().bytes_d2h.load();
+        const double dt = static_cast<double>(t - last_t) * 1e-9;
+        if (last_h != 0 || last_d != 0 || h != 0 || d != 0) {
+          live->SetBandwidth(static_cast<double>(h - last_h) / dt, static_cast<double>(d - last_d) / dt);
+        }
+        last_h = h;
+        last_d = d;
+      }
+      last_t = t;
+    }
+  }
+};
+
+MetricsExporter::MetricsExporter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+MetricsExporter::~MetricsExporter() {
+  {
+    std::lock_guard<std::mutex> l(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->sampler.joinable()) impl_->sampler.join();
+}
+
+Result<std::unique_ptr<MetricsExporter>> MetricsExporter::Create(const std::string& address, const MetricsInfo& info) {
+  auto impl = std::make_unique<Impl>();
+  try {
+    // One worker thread: scrapes are rare and small.
+    impl->exposer = std::make_unique<prometheus::Exposer>(address, 1);
+  } catch (const std::exception& e) {
+    return Unavailable("cannot serve metrics on " + address + ": " + e.what() +
+                       " (is the address in use or not local? set metrics.address, or empty to disable)");
+  }
+  auto& r = *impl->registry;
+  prometheus::BuildGauge()
+      .Name("ferry_build_info")
+      .Help("ferry's version and what it was built with; always 1.")
+      .Register(r)
+      .Add({{"version", info.version}, {"backend", info.backend}, {"cuda_driver", info.cuda_driver},
+            {"cuda_runtime", info.cuda_runtime}})
+      .Set(1);
+  if (!info.gpu_uuid.empty()) {
+    prometheus::BuildGauge()
+        .Name("ferry_gpu_info")
+        .Help("The GPU this ferryd drives; always 1.")
+        .Register(r)
+        .Add({{"gpu_uuid", info.gpu_uuid}, {"name", info.gpu_name}, {"ordinal", std::to_string(info.gpu_ordinal)}})
+        .Set(1);
+  }
+  impl->copies = &prometheus::BuildCounter()
+                      .Name("ferry_copies_total")
+                      .Help("Copies finished, by direction, client class, policy and result.")
+                      .Register(r);
+  impl->bytes = &prometheus::BuildCounter().Name("ferry_copied_bytes_total").Help("Bytes copied, by direction.").Register(r);
+  impl->duration = &prometheus::BuildHistogram()
+                        .Name("ferry_copy_duration_seconds")
+                        .Help("Accepted to done, per copy, by direction and client class.")
+                        .Register(r);
+  impl->queue_wait = &prometheus::BuildHistogram()
+                          .Name("ferry_copy_queue_seconds")
+                          .Help("Accepted to first piece on the copy engines (time spent queued in ferryd).")
+                          .Register(r);
+  impl->exposed = &prometheus::BuildHistogram()
+                       .Name("ferry_exposed_seconds")
+                       .Help("Exposed copy time: how long clients were blocked waiting for copies, as they report it.")
+                       .Register(r);
+  impl->rejected = &prometheus::BuildCounter().Name("ferry_rejected_total").Help("Requests refused, by reason.").Register(r);
+  impl->reloads = &prometheus::BuildCounter()
+                       .Name("ferry_policy_reloads_total")
+                       .Help("Policy switches and refused policy files.")
+                       .Register(r);
+  impl->policy_info = &prometheus::BuildGauge()
+                           .Name("ferry_policy_info")
+                           .Help("The running policy (name and hash); always 1.")
+                           .Register(r);
+  for (const char* d : {"h2d", "d2h"}) impl->bytes->Add({{"direction", d}});
+  // Known label values start at 0, so "none yet" reads as 0 rather than as no data.
+  for (const char* reason : {"exhausted", "permission", "not_found", "protocol", "invalid"}) {
+    impl->rejected->Add({{"reason", reason}});
+  }
+  impl->reloads->Add({{"result", "ok"}});
+  impl->reloads->Add({{"result", "failed"}});
+  impl->exposer->RegisterCollectable(impl->registry);
+  impl->exposer->RegisterCollectable(impl->live);
+  Impl* raw = impl.get();
+  impl->sampler = std::thread([raw] { raw->Sample(); });
+  return std::unique_ptr<MetricsExporter>(new MetricsExporter(std::move(impl)));
+}
+
+void MetricsExporter::Attach(const Server* server) {
+  impl_->live->Attach(server);
+  std::lock_guard<std::mutex> l(impl_->mu);
+  impl_->server = server;
+}
+
+int MetricsExporter::port() const {
+  auto ports = impl_->exposer->GetListeningPorts();
+  return ports.empty() ? -1 : ports.front();
+}
+
+void MetricsExporter::OnCopyDone(const CopyRecord& r) {
+  const std::string klass(r.client_class), policy(r.policy);
+  impl_->copies->Add({{"direction", DirName(r.direction)}, {"class", klass}, {"policy", policy},
+                      {"result", r.ok ? "ok" : "failed"}})
+      .Increment();
+  if (r.ok) impl_->bytes->Add({{"direction", DirName(r.direction)}}).Increment(static_cast<double>(r.bytes));
+  impl_->duration->Add({{"direction", DirName(r.direction)}, {"class", klass}}, DurationBuckets()).Observe(r.seconds);
+  impl_->queue_wait->Add({{"direction", DirName(r.direction)}, {"class", klass}}, DurationBuckets())
+      .Observe(r.queued_seconds);
+}
+
+void MetricsExporter::OnExposed(Direction direction, std::string_view client_class, std::string_view policy,
+                                double seconds) {
+  impl_->exposed
+      ->Add({{"direction", DirName(direction)}, {"class", std::string(client_class)}, {"policy", std::string(policy)}},
+            DurationBuckets())
+      .Observe(seconds);
+}
+
+void MetricsExporter::OnPolicy(const Policy& now) {
+  std::lock_guard<std::mutex> l(impl_->policy_mu);
+  if (impl_->current_policy != nullptr) {
+    impl_->policy_info->Remove(impl_->current_policy);
+    impl_->reloads->Add({{"result", "ok"}}).Increment();
+  }
+  impl_->current_policy = &impl_->policy_info->Add({{"policy", now.name}, {"hash", now.Hash()}});
+  impl_->current_policy->Set(1);
+}
+
+void MetricsExporter::OnPolicyRefused() { impl_->reloads->Add({{"result", "failed"}}).Increment(); }
+
+void MetricsExporter::OnRejected(std::string_view reason) {
+  impl_->rejected->Add({{"reason", std::string(reason)}}).Increment();
+}
+
+}  // namespace ferry::daemon

@@ -1,0 +1,50 @@
+// ferryd's Prometheus exporter: /metrics on the configured address (prometheus-cpp). Counters
+// and histograms are fed by the server as ServerObserver; gauges are read from ServerCounters
+// at scrape time. Label sets are bounded: direction, client class, policy name, result, reason;
+// never a pid, client name or request.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "daemon/server.hpp"
+#include "ferry/status.hpp"
+
+namespace ferry::daemon {
+
+struct MetricsInfo {
+  std::string version;
+  std::string backend;      // host | cuda
+  std::string gpu_uuid;     // empty on the host backend
+  std::string gpu_name;
+  int gpu_ordinal = 0;
+  std::string cuda_driver;  // e.g. "13000"
+  std::string cuda_runtime;
+};
+
+class MetricsExporter : public ServerObserver {
+ public:
+  // Binds `address` ("127.0.0.1:9477"; port 0 picks a free one). Counters come from the
+  // server (attach with Attach() once the server exists).
+  static Result<std::unique_ptr<MetricsExporter>> Create(const std::string& address, const MetricsInfo& info);
+  ~MetricsExporter() override;
+
+  void Attach(const Server* server);  // gauges read from it at scrape time; null detaches
+  int port() const;                   // the bound port
+
+  void OnCopyDone(const CopyRecord& r) override;
+  void OnExposed(Direction direction, std::string_view client_class, std::string_view policy, double seconds) override;
+  void OnPolicy(const Policy& now) override;
+  void OnPolicyRefused() override;
+  void OnRejected(std::string_view reason) override;
+
+  class Impl;
+
+ private:
+  explicit MetricsExporter(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ferry::daemon
