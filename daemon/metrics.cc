@@ -94,9 +94,90 @@ class LiveGauges : public prometheus::Collectable {
 
 }  // namespace
 
+// What the event loop hands the exporter: fixed size, no strings. The loop thread produces,
+// the sampler thread consumes (single producer, single consumer), so recording a copy costs the
+// loop a few stores and never a prometheus-cpp lock or label lookup.
+struct Event {
+  enum Kind : uint8_t { kCopy, kExposed } kind;
+  uint8_t direction;
+  bool ok;
+  uint16_t label;  // interned (class, policy)
+  uint64_t bytes;
+  double seconds, queued_seconds;
+};
+
+class EventRing {
+ public:
+  static constexpr uint32_t kSize = 1 << 16;
+  bool Push(const Event& e) {
+    const uint32_t t = tail_.load(std::memory_order_relaxed);
+    if (t - head_.load(std::memory_order_acquire) >= kSize) return false;
+    slots_[t & (kSize - 1)] = e;
+    tail_.store(t + 1, std::memory_order_release);
+    return true;
+  }
+  template <typename F>
+  void Drain(F f) {
+    const uint32_t t = tail_.load(std::memory_order_acquire);
+    uint32_t h = head_.load(std::memory_order_relaxed);
+    for (; h != t; ++h) f(slots_[h & (kSize - 1)]);
+    head_.store(h, std::memory_order_release);
+  }
+
+ private:
+  std::vector<Event> slots_ = std::vector<Event>(kSize);
+  alignas(64) std::atomic<uint32_t> head_{0};
+  alignas(64) std::atomic<uint32_t> tail_{0};
+};
+
 class MetricsExporter::Impl {
  public:
   Impl() : registry(std::make_shared<prometheus::Registry>()), live(std::make_shared<LiveGauges>()) {}
+
+  EventRing events;
+  std::atomic<uint64_t> dropped{0};
+  prometheus::Counter* dropped_counter = nullptr;
+  // Interning, on the loop thread: the last (class, policy) pair seen, and all of them.
+  std::string last_class, last_policy;
+  uint16_t last_label = 0;
+  std::map<std::pair<std::string, std::string>, uint16_t> labels;  // loop thread
+  std::mutex label_mu;                                               // guards label_names
+  std::vector<std::pair<std::string, std::string>> label_names;      // id -> (class, policy)
+
+  uint16_t Intern(std::string_view klass, std::string_view policy) {
+    if (!label_names.empty() && klass == last_class && policy == last_policy) return last_label;
+    auto key = std::make_pair(std::string(klass), std::string(policy));
+    auto it = labels.find(key);
+    if (it == labels.end()) {
+      std::lock_guard<std::mutex> l(label_mu);
+      it = labels.emplace(key, static_cast<uint16_t>(label_names.size())).first;
+      label_names.push_back(key);
+    }
+    last_class = key.first;
+    last_policy = key.second;
+    last_label = it->second;
+    return last_label;
+  }
+
+  // Sampler thread: applies queued events to the prometheus metrics.
+  void Apply(const Event& e) {
+    std::pair<std::string, std::string> names;
+    {
+      std::lock_guard<std::mutex> l(label_mu);
+      names = label_names[e.label];
+    }
+    const char* dir = e.direction == 0 ? "h2d" : "d2h";
+    if (e.kind == Event::kExposed) {
+      exposed->Add({{"direction", dir}, {"class", names.first}, {"policy", names.second}}, DurationBuckets())
+          .Observe(e.seconds);
+      return;
+    }
+    copies->Add({{"direction", dir}, {"class", names.first}, {"policy", names.second}, {"result", e.ok ? "ok" : "failed"}})
+        .Increment();
+    if (e.ok) bytes->Add({{"direction", dir}}).Increment(static_cast<double>(e.bytes));
+    duration->Add({{"direction", dir}, {"class", names.first}}, DurationBuckets()).Observe(e.seconds);
+    queue_wait->Add({{"direction", dir}, {"class", names.first}}, DurationBuckets()).Observe(e.queued_seconds);
+  }
 
   std::unique_ptr<prometheus::Exposer> exposer;
   std::shared_ptr<prometheus::Registry> registry;
@@ -113,7 +194,7 @@ class MetricsExporter::Impl {
   prometheus::Gauge* current_policy = nullptr;
   std::mutex policy_mu;
 
-  // Bandwidth sampler: bytes done per second, from the counters, once a second.
+  // Sampler thread: drains events every 50 ms; bandwidth from the counters once a second.
   std::mutex mu;
   std::condition_variable cv;
   bool stop = false;
@@ -124,9 +205,12 @@ class MetricsExporter::Impl {
     uint64_t last_h = 0, last_d = 0, last_t = MonotonicNanos();
     std::unique_lock<std::mutex> l(mu);
     while (!stop) {
-      cv.wait_for(l, std::chrono::seconds(1));
+      cv.wait_for(l, std::chrono::milliseconds(50));
+      events.Drain([this](const Event& e) { Apply(e); });
+      if (const uint64_t d = dropped.exchange(0)) dropped_counter->Increment(static_cast<double>(d));
       if (stop) break;
       const uint64_t t = MonotonicNanos();
+      if (t - last_t < 1'000'000'000) continue;
       if (server != nullptr) {
         const uint64_t h = server->counters().bytes_h2d.load(), d = server->counters().bytes_d2h.load();
         const double dt = static_cast<double>(t - last_t) * 1e-9;
@@ -210,6 +294,11 @@ Result<std::unique_ptr<MetricsExporter>> MetricsExporter::Create(const std::stri
   }
   impl->reloads->Add({{"result", "ok"}});
   impl->reloads->Add({{"result", "failed"}});
+  impl->dropped_counter = &prometheus::BuildCounter()
+                               .Name("ferry_metrics_dropped_total")
+                               .Help("Copy records the exporter could not keep up with (not in the other metrics).")
+                               .Register(r)
+                               .Add({});
   impl->exposer->RegisterCollectable(impl->registry);
   impl->exposer->RegisterCollectable(impl->live);
   Impl* raw = impl.get();
@@ -229,22 +318,16 @@ int MetricsExporter::port() const {
 }
 
 void MetricsExporter::OnCopyDone(const CopyRecord& r) {
-  const std::string klass(r.client_class), policy(r.policy);
-  impl_->copies->Add({{"direction", DirName(r.direction)}, {"class", klass}, {"policy", policy},
-                      {"result", r.ok ? "ok" : "failed"}})
-      .Increment();
-  if (r.ok) impl_->bytes->Add({{"direction", DirName(r.direction)}}).Increment(static_cast<double>(r.bytes));
-  impl_->duration->Add({{"direction", DirName(r.direction)}, {"class", klass}}, DurationBuckets()).Observe(r.seconds);
-  impl_->queue_wait->Add({{"direction", DirName(r.direction)}, {"class", klass}}, DurationBuckets())
-      .Observe(r.queued_seconds);
+  Event e{Event::kCopy, static_cast<uint8_t>(r.direction == Direction::kHostToDevice ? 0 : 1), r.ok,
+          impl_->Intern(r.client_class, r.policy), r.bytes, r.seconds, r.queued_seconds};
+  if (!impl_->events.Push(e)) impl_->dropped++;
 }
 
 void MetricsExporter::OnExposed(Direction direction, std::string_view client_class, std::string_view policy,
                                 double seconds) {
-  impl_->exposed
-      ->Add({{"direction", DirName(direction)}, {"class", std::string(client_class)}, {"policy", std::string(policy)}},
-            DurationBuckets())
-      .Observe(seconds);
+  Event e{Event::kExposed, static_cast<uint8_t>(direction == Direction::kHostToDevice ? 0 : 1), true,
+          impl_->Intern(client_class, policy), 0, seconds, 0};
+  if (!impl_->events.Push(e)) impl_->dropped++;
 }
 
 void MetricsExporter::OnPolicy(const Policy& now) {

@@ -28,7 +28,7 @@ std::shared_ptr<const Policy> MustParse(const std::string& text) {
 }
 
 TEST(Policy, EveryShippedPolicyParsesAndTheDefaultIsChunked) {
-  for (const char* name : {"serial", "side-stream", "chunked", "geometric", "latency-bulk"}) {
+  for (const char* name : {"serial", "side-stream", "chunked", "chunked-8mib", "geometric", "latency-bulk"}) {
     auto p = daemon::LoadPolicyFile(std::string(FERRY_SOURCE_DIR) + "/policies/" + name + ".yaml");
     ASSERT_TRUE(p.ok()) << name << ": " << p.status().ToString();
     EXPECT_EQ((*p)->name, name);
