@@ -10,7 +10,7 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
   if (root.IsNull()) return c;
   FERRY_RETURN_IF_ERROR(yamlutil::CheckKeys(
       file, root, {"runtime_dir", "socket", "allowed_group", "backend", "device", "pool", "session_quota",
-                   "max_sessions", "ring_entries", "spin_us", "policy", "metrics"}));
+                   "max_sessions", "ring_entries", "spin_us", "cpu", "policy", "metrics"}));
   using namespace yamlutil;
   if (auto n = root["runtime_dir"]) { FERRY_ASSIGN_OR_RETURN(c.runtime_dir, GetString(file, n)); }
   if (auto n = root["socket"]) { FERRY_ASSIGN_OR_RETURN(c.socket_name, GetString(file, n)); }
@@ -32,6 +32,7 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
   if (auto n = root["max_sessions"]) { FERRY_ASSIGN_OR_RETURN(c.max_sessions, GetInt(file, n, 1, 4096)); }
   if (auto n = root["ring_entries"]) { FERRY_ASSIGN_OR_RETURN(c.ring_entries, GetInt(file, n, 8, 65536)); }
   if (auto n = root["spin_us"]) { FERRY_ASSIGN_OR_RETURN(c.spin_us, GetInt(file, n, 0, 1000000)); }
+  if (auto n = root["cpu"]) { FERRY_ASSIGN_OR_RETURN(c.cpu, GetInt(file, n, -1, 4095)); }
   if (auto n = root["policy"]) { FERRY_ASSIGN_OR_RETURN(c.policy_path, GetString(file, n)); }
   if (auto m = root["metrics"]) {
     FERRY_RETURN_IF_ERROR(CheckKeys(file, m, {"address"}));

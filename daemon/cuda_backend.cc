@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/cuda_status.hpp"
+#include "common/fd.hpp"
 #include "common/log.hpp"
 #include "daemon/backend.hpp"
 
@@ -193,7 +194,7 @@ class CudaBackend : public Backend {
     }
     const int d = static_cast<int>(plan.direction);
     const int cls = plan.pieces[0].stream == 0 ? 0 : 1;
-    if (plan.wait != nullptr || plan.signal != nullptr) Flush();  // order against what came before
+    if (plan.wait != nullptr || plan.signal != nullptr) FlushGroups(true);  // order against what came before
     if (plan.wait != nullptr) {
       cudaEvent_t w = static_cast<CudaEvent*>(plan.wait)->get();
       uint32_t waited = 0;
@@ -204,7 +205,11 @@ class CudaBackend : public Backend {
       }
     }
     const bool h2d = plan.direction == Direction::kHostToDevice;
+    if (groups_[cls].fences.empty()) groups_[cls].staged_ns = MonotonicNanos();
     for (const CopyPiece& p : plan.pieces) {
+      groups_[cls].bytes += p.length;
+      groups_[cls].pieces++;
+      groups_[cls].all_batchable = groups_[cls].all_batchable && p.batchable;
       StagedCopies& st = staged_[d][p.stream];
       st.dsts.push_back(h2d ? static_cast<void*>(p.device) : static_cast<void*>(p.host));
       st.srcs.push_back(h2d ? static_cast<const void*>(p.host) : static_cast<const void*>(p.device));
@@ -218,9 +223,9 @@ class CudaBackend : public Backend {
     // A large piece is worth its own fence: the scheduler refills the engines as each one
     // lands instead of waiting for a whole turn's batch.
     const bool large = std::any_of(plan.pieces.begin(), plan.pieces.end(), [](const CopyPiece& p) { return !p.batchable; });
-    if (large && plan.signal == nullptr) Flush();
+    if (large && plan.signal == nullptr) FlushGroups(true);
     if (plan.signal != nullptr) {
-      Flush();
+      FlushGroups(true);
       Group& g = pending_.back();  // this plan alone: Flush() above emptied the staging first
       cudaStream_t primary = g.streams[0];
       Status st;
@@ -231,10 +236,27 @@ class CudaBackend : public Backend {
     return id;
   }
 
-  void Flush() override {
+  void Flush() override { FlushGroups(false); }
+
+  // Small bulk copies arriving while the engines are busy are held back a little (at most
+  // kHoldNs, and only while more than kBusyBytes are still on the engines), so they reach the
+  // engines as one large batch instead of many small ones: per-copy setup is what limits
+  // small copies. Nothing waits when the engines are idle.
+  void FlushGroups(bool force) {
+    const uint64_t now = MonotonicNanos();
     for (Group& staging : groups_) {
       if (staging.fences.empty()) continue;
+      const bool bulk = &staging == &groups_[1];
+      if (!force && bulk && staging.all_batchable && staging.pieces < kFullBatch && pending_bulk_bytes_ > kBusyBytes &&
+          now - staging.staged_ns < kHoldNs) {
+        continue;
+      }
       Group g;
+      g.bytes = staging.bytes;
+      if (bulk) pending_bulk_bytes_ += g.bytes;
+      staging.bytes = 0;
+      staging.pieces = 0;
+      staging.all_batchable = true;
       g.fences = std::move(staging.fences);
       staging.fences.clear();
       const uint64_t mask = std::exchange(staging.staged_mask, 0);
@@ -267,6 +289,7 @@ class CudaBackend : public Backend {
           if (!issued.ok() && g.status.ok()) g.status = issued;
         }
       }
+      g.bulk = bulk;
       pending_.push_back(std::move(g));
     }
   }
@@ -299,6 +322,7 @@ class CudaBackend : public Backend {
       }
       for (cudaEvent_t e : it->events) free_events_.push_back(e);
       for (FenceId f : it->fences) done.push_back({f, st});
+      if (it->bulk) pending_bulk_bytes_ -= it->bytes;
       if (it->latency) --latency_out_;
       it = pending_.erase(it);
     }
@@ -314,6 +338,11 @@ class CudaBackend : public Backend {
     bool by_stream_query = false;  // no events: done when its streams are idle
     bool latency = false;
     bool needs_events = false;     // while staging: a plan signals an event after these pieces
+    bool bulk = false;
+    uint64_t bytes = 0;            // of its pieces
+    uint32_t pieces = 0;           // while staging
+    bool all_batchable = true;     // while staging
+    uint64_t staged_ns = 0;        // while staging: when the first piece came
     uint64_t staged_mask = 0;  // while staging: bit d * 32 + s for each stream with staged pieces
   };
   struct StagedCopies {
@@ -371,6 +400,10 @@ class CudaBackend : public Backend {
   std::vector<cudaEvent_t> free_events_;
   FenceId next_fence_ = 1;
   uint32_t latency_out_ = 0;  // latency groups not yet reported done
+  uint64_t pending_bulk_bytes_ = 0;  // bytes of bulk groups on the engines, not yet reported done
+  static constexpr uint32_t kFullBatch = 64;
+  static constexpr uint64_t kBusyBytes = 2ull << 20;  // ~40 us of work at 55 GB/s
+  static constexpr uint64_t kHoldNs = 30'000;
 };
 
 CudaRegion::~CudaRegion() { owner_->ReleaseRegion(key_); }

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -236,6 +237,13 @@ class Server::Impl {
   }
 
   Status Run() {
+    if (config_.cpu >= 0) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(config_.cpu, &set);
+      if (::sched_setaffinity(0, sizeof set, &set) != 0) return ErrnoStatus("pinning to cpu " + std::to_string(config_.cpu), errno);
+      FERRY_LOG(kInfo) << "event loop pinned to cpu " << config_.cpu;
+    }
     const uint64_t spin_ns = static_cast<uint64_t>(config_.spin_us) * 1000;
     uint64_t last_activity = MonotonicNanos();
     epoll_event evs[64];
@@ -1051,6 +1059,7 @@ class Server::Impl {
     const uint64_t deadline = MonotonicNanos() + 10'000'000'000ull;
     while (!fences_.empty() && MonotonicNanos() < deadline) {
       if (backend_->completion_fd() >= 0) WaitReadable(backend_->completion_fd(), 10).ok();
+      backend_->Flush();
       PollBackend();
     }
     ReapDead();

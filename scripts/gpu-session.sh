@@ -10,6 +10,7 @@ mkdir -p "$OUT"
 built_at=${FERRY_BUILT_AT:-/work/main}
 if [ ! -e "$built_at" ]; then mkdir -p "$(dirname "$built_at")" && ln -s "$PWD" "$built_at"; fi
 export LD_LIBRARY_PATH=$PWD/$BUILD/devlibs:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+lscpu | grep -E "^(NUMA|Model name|CPU\(s\))" ; nvidia-smi topo -m 2>/dev/null | head -3
 nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv | tee "$OUT/gpu.txt"
 
 echo "== gpu tests"
@@ -22,9 +23,12 @@ fi
 variants=${VARIANTS:-"default:"}
 first=1
 for v in $variants; do
-  name=${v%%:*}; body=${v#*:}
+  name=${v%%:*}; body=${v#*:}; tag=${name//[@,]/-}
   rt=$(mktemp -d /tmp/ferry-bench-XXXXXX)
   printf 'runtime_dir: %s\npool:\n  size: %s\n' "$rt" "${POOL:-2GiB}" >"$rt/ferryd.yaml"
+  # NAME may end in @CPU,CPU: ferryd's loop pinned to the first, the bench to the second.
+  pin_daemon=""; pin_bench=""
+  case $name in *@*) cpus=${name#*@}; pin_daemon=${cpus%,*}; pin_bench=${cpus#*,}; echo "cpu: $pin_daemon" >>"$rt/ferryd.yaml";; esac
   [ -n "$body" ] && echo "policy: $PWD/$body" >>"$rt/ferryd.yaml"
   echo "== variant $name: $body"
   "$BUILD/ferryd" --backend cuda --config "$rt/ferryd.yaml" >"$rt/ferryd.log" 2>&1 &
@@ -37,10 +41,11 @@ for v in $variants; do
   fi
   csv=()
   [ $first = 1 ] && csv=(--csv "$OUT/transfer.csv")
+  [ -n "$pin_bench" ] && csv+=(--cpu "$pin_bench")
   "$BUILD/ferry-bench" transfer --socket "$rt/ferryd.sock" --daemon-pid $pid "${csv[@]}" ${BENCH_ARGS:-} \
-    >"$OUT/transfer-$name.txt" 2>/dev/null
+    >"$OUT/transfer-$tag.txt" 2>/dev/null
   echo "bench rc=$?"
-  cat "$OUT/transfer-$name.txt"
+  cat "$OUT/transfer-$tag.txt"
   kill -TERM $pid; wait $pid; echo "ferryd rc=$?"
   tail -n 1 "$rt/ferryd.log"; [ $first = 1 ] && cp "$rt/ferryd.log" "$OUT/ferryd.log"
   first=0

@@ -8,6 +8,7 @@
 // median with min and max. Small copies: p50/p99 latency. Many copies: 1024 x 64 KiB. With
 // --daemon-pid, ferryd's CPU use at idle. Every size's data is checked once byte for byte.
 #include <cuda_runtime_api.h>
+#include <sched.h>
 
 #include <cinttypes>
 #include <cstdio>
@@ -43,6 +44,7 @@ options:
   --csv FILE         write every sample as CSV (test,bytes,direction,path,rep,seconds)
   --json             print one JSON object instead of the tables
   --quick            fewer repetitions
+  --cpu N            run on CPU N (put it near ferryd's, on the GPU's NUMA node)
   -h, --help         this help
 )";
 
@@ -159,6 +161,14 @@ int TransferBench::Run(int argc, char** argv) {
       json_ = true;
     } else if (a == "--quick") {
       quick_ = true;
+    } else if (a == "--cpu") {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(std::stoi(value()), &set);
+      if (::sched_setaffinity(0, sizeof set, &set) != 0) {
+        std::perror("ferry-bench: --cpu");
+        return 64;
+      }
     } else {
       std::fprintf(stderr, "ferry-bench: unknown option '%s' (try --help)\n", a.c_str());
       return 64;
