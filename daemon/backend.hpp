@@ -72,12 +72,13 @@ struct DeviceInfo {
   std::string name;  // e.g. "NVIDIA H200"; "host" on the host backend
   std::string uuid;  // "GPU-..."; empty on the host backend
   std::string driver, runtime;
+  std::string cublas;  // the cuBLAS next to the runtime ("none" without CUDA)
 };
 
 class Backend {
  public:
   virtual ~Backend() = default;
-  virtual DeviceInfo device_info() const { return {"host", "", "", ""}; }
+  virtual DeviceInfo device_info() const { return {"host", "", "", "", "none"}; }
 
   virtual wire::BackendKind kind() const = 0;
   virtual std::string Describe() const = 0;  // one line for logs and `ferryctl status`

@@ -10,7 +10,7 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
   if (root.IsNull()) return c;
   FERRY_RETURN_IF_ERROR(yamlutil::CheckKeys(
       file, root, {"runtime_dir", "socket", "allowed_group", "backend", "device", "pool", "session_quota",
-                   "max_sessions", "ring_entries", "spin_us", "cpu", "policy", "metrics"}));
+                   "max_sessions", "ring_entries", "spin_us", "cpu", "policy", "metrics", "snapshots"}));
   using namespace yamlutil;
   if (auto n = root["runtime_dir"]) { FERRY_ASSIGN_OR_RETURN(c.runtime_dir, GetString(file, n)); }
   if (auto n = root["socket"]) { FERRY_ASSIGN_OR_RETURN(c.socket_name, GetString(file, n)); }
@@ -37,6 +37,16 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
   if (auto m = root["metrics"]) {
     FERRY_RETURN_IF_ERROR(CheckKeys(file, m, {"address"}));
     if (auto n = m["address"]) { FERRY_ASSIGN_OR_RETURN(c.metrics_address, GetString(file, n)); }
+  }
+  if (auto sn = root["snapshots"]) {
+    FERRY_RETURN_IF_ERROR(CheckKeys(file, sn, {"dir", "key", "interval_seconds"}));
+    if (auto n = sn["dir"]) { FERRY_ASSIGN_OR_RETURN(c.snapshot_dir, GetString(file, n)); }
+    if (auto n = sn["key"]) { FERRY_ASSIGN_OR_RETURN(c.snapshot_key, GetString(file, n)); }
+    if (auto n = sn["interval_seconds"]) {
+      FERRY_ASSIGN_OR_RETURN(double secs, GetDouble(file, n, 0.1, 86400));
+      c.snapshot_interval_ms = static_cast<uint64_t>(secs * 1000);
+    }
+    if (!c.snapshot_dir.empty() && c.snapshot_key.empty()) return ErrorAt(file, sn, "snapshots.dir needs snapshots.key");
   }
   Status v = ValidateConfig(c);
   if (!v.ok()) return v.WithContext(file);

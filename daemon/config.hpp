@@ -26,6 +26,9 @@ struct DaemonConfig {
   uint32_t spin_us = 200;            // busy-poll this long after the last activity, then sleep
   std::string policy_path;           // scheduling policy (policies/*.yaml); empty: built-in default
   std::string metrics_address = "127.0.0.1:9477";  // empty: no exporter
+  std::string snapshot_dir;       // signed snapshots go here; empty: none
+  std::string snapshot_key;       // the secret key (ferryctl keygen), mode 0600
+  uint64_t snapshot_interval_ms = 60000;
 
   std::string SocketPath() const { return runtime_dir + "/" + socket_name; }
 };

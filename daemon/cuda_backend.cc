@@ -2,6 +2,7 @@
 // (stream 0 at the highest priority, for latency-class copies), device memory opened from CUDA
 // IPC handles (once per handle, shared by refcount), interprocess events for GPU-side ordering,
 // and fences as events polled with cudaEventQuery (no CPU thread blocks on the GPU).
+#include <cublas_api.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -69,7 +70,12 @@ class CudaBackend : public Backend {
     const unsigned char* u = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
     std::snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
                   u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
-    info_ = DeviceInfo{prop.name, uuid, std::to_string(driver), std::to_string(runtime)};
+    int cb[3] = {0, 0, 0};
+    cublasGetProperty(MAJOR_VERSION, &cb[0]);
+    cublasGetProperty(MINOR_VERSION, &cb[1]);
+    cublasGetProperty(PATCH_LEVEL, &cb[2]);
+    info_ = DeviceInfo{prop.name, uuid, std::to_string(driver), std::to_string(runtime),
+                       std::to_string(cb[0]) + "." + std::to_string(cb[1]) + "." + std::to_string(cb[2])};
     describe_ = std::string("cuda: ") + prop.name + " (sm_" + std::to_string(prop.major) +
                 std::to_string(prop.minor) + ", " + uuid + "), " + std::to_string(prop.asyncEngineCount) +
                 " copy engines, driver " + std::to_string(driver) + ", runtime " + std::to_string(runtime);

@@ -11,6 +11,7 @@
 #include "common/yaml_util.hpp"
 #include "daemon/config.hpp"
 #include "daemon/metrics.hpp"
+#include "daemon/snapshots.hpp"
 #include "daemon/server.hpp"
 #include "ferry/version.hpp"
 
@@ -177,17 +178,42 @@ int main(int argc, char** argv) {
     FERRY_LOG(kInfo) << "metrics on http://" << config.metrics_address.substr(0, config.metrics_address.rfind(':'))
                      << ":" << metrics->port() << "/metrics";
   }
+  std::unique_ptr<daemon::SnapshotWriter> snapshots;
+  if (!config.snapshot_dir.empty()) {
+    const daemon::DeviceInfo dev = (*be)->device_info();
+    daemon::SnapshotOptions so;
+    so.dir = config.snapshot_dir;
+    so.key_path = config.snapshot_key;
+    so.interval = std::chrono::milliseconds(config.snapshot_interval_ms);
+    so.version = kVersionString;
+    so.gpu_name = dev.name;
+    so.gpu_uuid = dev.uuid;
+    so.driver = dev.driver;
+    so.cuda_runtime = dev.runtime;
+    so.cublas = dev.cublas;
+    auto w = daemon::SnapshotWriter::Create(so);
+    if (!w.ok()) {
+      std::fprintf(stderr, "ferryd: %s\n", w.status().ToString().c_str());
+      return 1;
+    }
+    snapshots = std::move(*w);
+    FERRY_LOG(kInfo) << "signed snapshots every " << config.snapshot_interval_ms << " ms into " << config.snapshot_dir;
+  }
+  daemon::ObserverTee observers;
+  observers.Add(metrics.get());
+  observers.Add(snapshots.get());
   auto server = daemon::Server::Create(
       config, std::move(*be),
       {.policy = running,
        .policy_source = config.policy_path.empty() ? "built-in default" : config.policy_path,
-       .observer = metrics.get()});
+       .observer = observers.empty() ? nullptr : &observers});
   if (!server.ok()) {
     std::fprintf(stderr, "ferryd: %s\n", server.status().ToString().c_str());
     return 1;
   }
   g_server = server->get();
   if (metrics) metrics->Attach(server->get());
+  if (snapshots) snapshots->Start();
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
   sigemptyset(&sa.sa_mask);
@@ -200,6 +226,7 @@ int main(int argc, char** argv) {
   g_server = nullptr;
   if (metrics) metrics->Attach(nullptr);
   server->reset();
+  snapshots.reset();  // writes the last window
   if (!st.ok()) {
     std::fprintf(stderr, "ferryd: %s\n", st.ToString().c_str());
     return 1;

@@ -4,7 +4,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
+#include <regex>
+
 #include "common/channel.hpp"
+#include "common/signing.hpp"
 #include "common/yaml_util.hpp"
 #include "daemon/config.hpp"
 #include "daemon/pinned_pool.hpp"
@@ -225,6 +230,44 @@ TEST(Memfd, PeerMustSealIt) {
   EXPECT_TRUE(CheckSealedMemfd(sealed->get(), 4096).ok());
   EXPECT_FALSE(CheckSealedMemfd(sealed->get(), 8192).ok());  // smaller than claimed
   EXPECT_NE(::ftruncate(sealed->get(), 0), 0);                // cannot be shrunk under us
+}
+
+}  // namespace
+}  // namespace ferry
+
+namespace ferry {
+namespace {
+
+TEST(Signing, SignVerifyAndEveryTamperFails) {
+  const std::string dir = testing::MakeTempDir("keys");
+  ASSERT_OK_AND_ASSIGN(signing::KeyId id, signing::GenerateKeyFiles(dir, "k"));
+  signing::SecretKey sk;
+  ASSERT_OK(signing::LoadSecretKey(dir + "/k.key", sk));
+  ASSERT_OK_AND_ASSIGN(signing::PublicKey pk, signing::LoadPublicKey(dir + "/k.pub"));
+  EXPECT_EQ(pk.id, id);
+  const std::string data = "{\"seq\": 1}\n";
+  ASSERT_OK_AND_ASSIGN(std::string sig, signing::Sign(sk, data, "ferry snapshot X seq 1", "u"));
+  ASSERT_OK_AND_ASSIGN(std::string trusted, signing::Verify(pk, data, sig));
+  EXPECT_EQ(trusted, "ferry snapshot X seq 1");
+  EXPECT_FALSE(signing::Verify(pk, "{\"seq\": 2}\n", sig).ok());
+  std::string tampered = sig;
+  tampered.replace(tampered.find("seq 1"), 5, "seq 2");
+  EXPECT_EQ(signing::Verify(pk, data, tampered).status().code(), Code::kPermissionDenied);
+  ASSERT_OK(signing::GenerateKeyFiles(dir, "other").status());
+  ASSERT_OK_AND_ASSIGN(signing::PublicKey other, signing::LoadPublicKey(dir + "/other.pub"));
+  EXPECT_FALSE(signing::Verify(other, data, sig).ok());
+  EXPECT_FALSE(signing::GenerateKeyFiles(dir, "k").ok()) << "never overwrite a key";
+  ::chmod((dir + "/k.key").c_str(), 0644);
+  signing::SecretKey again;
+  EXPECT_EQ(signing::LoadSecretKey(dir + "/k.key", again).code(), Code::kPermissionDenied);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Signing, RecordIdsLookLikeTheirFormatAndFollowTheContent) {
+  const std::string a = signing::RecordId("a"), b = signing::RecordId("b");
+  EXPECT_TRUE(std::regex_match(a, std::regex("FRY(-[0-9A-HJKMNP-TV-Z]{5}){4}"))) << a;
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a, signing::RecordId("a"));
 }
 
 }  // namespace

@@ -1,8 +1,11 @@
 // ferryctl: the operator's tool for a running ferryd: status, and policies (apply, show, diff).
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -11,6 +14,7 @@
 
 #include "common/channel.hpp"
 #include "common/fd.hpp"
+#include "common/signing.hpp"
 #include "common/yaml_util.hpp"
 #include "daemon/policy.hpp"
 #include "ferry/client.hpp"
@@ -29,6 +33,12 @@ commands:
                                   nothing and its error names file:line:col.
   policy show [FILE]              every setting of FILE, or of the running policy, and its hash
   policy diff A B                 the settings that differ; A or B may be "running"
+  keygen [--dir DIR] [--name N]   a new Ed25519 key pair for signed snapshots: DIR/N.key (0600)
+                                  and DIR/N.pub (default: ., ferry)
+  verify --pub KEY [--json] FILE|DIR...
+                                  check signed snapshots: each signature (minisign format), its
+                                  record id and sequence, the key, and the hash chain between
+                                  them. Exit 1 with the reason on the first failure.
   version                         ferryctl's version
 
 options:
@@ -203,6 +213,151 @@ int Status_(const std::vector<std::string>& args, const std::string& socket) {
   return 0;
 }
 
+int Keygen(const std::vector<std::string>& args) {
+  std::string dir = ".", name = "ferry";
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--dir" && i + 1 < args.size()) dir = args[++i];
+    else if (args[i] == "--name" && i + 1 < args.size()) name = args[++i];
+    else return Fail("keygen: unknown argument " + args[i]);
+  }
+  auto id = signing::GenerateKeyFiles(dir, name);
+  if (!id.ok()) return Fail(id.status().ToString());
+  std::printf("key id %s\nsecret key %s/%s.key (mode 0600: keep it on the node, put its path in snapshots.key)\n"
+              "public key %s/%s.pub (give it to whoever checks the records)\n",
+              signing::KeyIdHex(*id).c_str(), dir.c_str(), name.c_str(), dir.c_str(), name.c_str());
+  return 0;
+}
+
+struct VerifiedRecord {
+  std::string file, id, issued_at, policy, prev;
+  uint64_t seq = 0;
+  std::string hash;
+  uint64_t copies = 0;
+  double p99 = 0;
+};
+
+// Verifies one record: signature, trusted comment, record id, key id. Nothing of the record
+// is believed before its signature checks out.
+Result<VerifiedRecord> VerifyOne(const signing::PublicKey& pk, const std::string& file) {
+  UniqueFd rf(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!rf.valid()) return NotFound(file + ": " + std::strerror(errno));
+  FERRY_ASSIGN_OR_RETURN(std::string record, ReadWholeFd(rf.get(), 1 << 20));
+  UniqueFd sf(::open((file + ".minisig").c_str(), O_RDONLY | O_CLOEXEC));
+  if (!sf.valid()) return NotFound(file + ".minisig: " + std::strerror(errno) + " (no signature)");
+  FERRY_ASSIGN_OR_RETURN(std::string sig, ReadWholeFd(sf.get(), 4096));
+  FERRY_ASSIGN_OR_RETURN(std::string trusted, signing::Verify(pk, record, sig));
+  VerifiedRecord v;
+  v.file = file;
+  char id[64] = {0};
+  unsigned long long seq = 0;
+  if (std::sscanf(trusted.c_str(), "ferry snapshot %40s seq %llu", id, &seq) != 2) {
+    return InvalidArgument("trusted comment is not a ferry snapshot's: '" + trusted + "'");
+  }
+  v.id = id;
+  v.seq = seq;
+  if (signing::RecordId(record) != v.id) return InvalidArgument("record id " + v.id + " does not match the record's hash");
+  auto root = yamlutil::LoadString(record, file);
+  if (!root.ok()) return root.status();
+  try {
+    const YAML::Node& r = *root;
+    if (r["format"].as<std::string>() != "ferry-snapshot/1") return InvalidArgument("unknown record format");
+    if (r["seq"].as<uint64_t>() != v.seq) return InvalidArgument("sequence in the record differs from the signed one");
+    if (r["key_id"].as<std::string>() != signing::KeyIdHex(pk.id)) return InvalidArgument("record names another key");
+    v.issued_at = r["issued_at"].as<std::string>();
+    v.policy = r["policy"]["name"].as<std::string>() + " (" + r["policy"]["hash"].as<std::string>() + ")";
+    v.prev = r["prev_sha256"].as<std::string>();
+    v.copies = r["metrics"]["copies"].as<uint64_t>();
+    v.p99 = r["metrics"]["exposed_p99_seconds"].as<double>();
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument(std::string("record is not a complete ferry snapshot: ") + e.what());
+  }
+  v.hash = signing::Sha256Hex(record);
+  return v;
+}
+
+int Verify(const std::vector<std::string>& args) {
+  std::string pub;
+  bool json = false;
+  std::vector<std::string> files;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--pub" && i + 1 < args.size()) pub = args[++i];
+    else if (args[i] == "--json") json = true;
+    else files.push_back(args[i]);
+  }
+  if (pub.empty() || files.empty()) return Fail("verify needs --pub KEY and at least one record or directory");
+  auto pk = signing::LoadPublicKey(pub);
+  if (!pk.ok()) return Fail(pk.status().message());
+  std::vector<std::string> records;
+  for (const auto& f : files) {
+    struct stat st{};
+    if (::stat(f.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      std::vector<std::string> in_dir;
+      if (DIR* d = ::opendir(f.c_str())) {
+        while (dirent* e = ::readdir(d)) {
+          std::string n = e->d_name;
+          if (n.rfind("snapshot-", 0) == 0 && n.size() > 5 && n.substr(n.size() - 5) == ".json") in_dir.push_back(f + "/" + n);
+        }
+        ::closedir(d);
+      }
+      std::sort(in_dir.begin(), in_dir.end());
+      records.insert(records.end(), in_dir.begin(), in_dir.end());
+    } else {
+      records.push_back(f);
+    }
+  }
+  if (records.empty()) return Fail("no snapshot records found");
+  // Every record's own signature first; then what the set says: replays, order, gaps, chain.
+  std::vector<VerifiedRecord> ok;
+  for (const auto& f : records) {
+    auto v = VerifyOne(*pk, f);
+    if (!v.ok()) return Fail("FAILED: " + f + ": " + v.status().message());
+    ok.push_back(std::move(*v));
+  }
+  std::map<uint64_t, std::string> by_seq;
+  for (const auto& v : ok) {
+    auto [it, fresh] = by_seq.emplace(v.seq, v.file);
+    if (!fresh) {
+      return Fail("FAILED: " + v.file + ": sequence " + std::to_string(v.seq) + " again, as in " + it->second +
+                  " (replayed record)");
+    }
+  }
+  for (size_t i = 1; i < ok.size(); ++i) {
+    if (ok[i].seq < ok[i - 1].seq) {
+      return Fail("FAILED: " + ok[i].file + ": sequence " + std::to_string(ok[i].seq) + " after " +
+                  std::to_string(ok[i - 1].seq) + " (records out of order)");
+    }
+  }
+  for (size_t i = 1; i < ok.size(); ++i) {
+    const VerifiedRecord &p = ok[i - 1], &v = ok[i];
+    if (v.seq != p.seq + 1) {
+      return Fail("FAILED: " + v.file + ": sequence " + std::to_string(v.seq) + " follows " + std::to_string(p.seq) +
+                  " (records " + std::to_string(p.seq + 1) + ".." + std::to_string(v.seq - 1) + " missing)");
+    }
+    if (v.prev != p.hash) return Fail("FAILED: " + v.file + ": its previous-record hash is not " + p.file + "'s (chain broken)");
+  }
+  if (ok.front().seq == 1 && ok.front().prev != std::string(64, '0')) {
+    return Fail("FAILED: " + ok.front().file + ": the first record of a chain must not name a previous one");
+  }
+  if (json) {
+    std::printf("{\"ok\":true,\"key_id\":\"%s\",\"records\":[", signing::KeyIdHex(pk->id).c_str());
+    for (size_t i = 0; i < ok.size(); ++i) {
+      std::printf("%s{\"file\":\"%s\",\"id\":\"%s\",\"seq\":%llu,\"issued_at\":\"%s\",\"sha256\":\"%s\"}",
+                  i ? "," : "", ok[i].file.c_str(), ok[i].id.c_str(), (unsigned long long)ok[i].seq,
+                  ok[i].issued_at.c_str(), ok[i].hash.c_str());
+    }
+    std::printf("]}\n");
+    return 0;
+  }
+  for (const auto& v : ok) {
+    std::printf("verified %s  seq %llu  issued %s  policy %s  copies %llu  exposed p99 %.6f s\n", v.id.c_str(),
+                (unsigned long long)v.seq, v.issued_at.c_str(), v.policy.c_str(), (unsigned long long)v.copies, v.p99);
+  }
+  std::printf("OK: %zu records signed by key %s, sequences %llu..%llu, hash chain intact%s\n", ok.size(),
+              signing::KeyIdHex(pk->id).c_str(), (unsigned long long)ok.front().seq, (unsigned long long)ok.back().seq,
+              ok.front().seq == 1 ? " from the first record" : " (earlier records not given)");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -231,6 +386,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cmd == "status") return Status_(rest, socket);
+  if (cmd == "keygen") return Keygen(rest);
+  if (cmd == "verify") return Verify(rest);
   if (cmd == "policy" && !rest.empty()) {
     const std::string sub = rest[0];
     std::vector<std::string> pargs(rest.begin() + 1, rest.end());
