@@ -2,7 +2,7 @@
 // (stream 0 at the highest priority, for latency-class copies), device memory opened from CUDA
 // IPC handles (once per handle, shared by refcount), interprocess events for GPU-side ordering,
 // and fences as events polled with cudaEventQuery (no CPU thread blocks on the GPU).
-#include <cublas_api.h>
+#include <dlfcn.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -70,12 +70,7 @@ class CudaBackend : public Backend {
     const unsigned char* u = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
     std::snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
                   u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
-    int cb[3] = {0, 0, 0};
-    cublasGetProperty(MAJOR_VERSION, &cb[0]);
-    cublasGetProperty(MINOR_VERSION, &cb[1]);
-    cublasGetProperty(PATCH_LEVEL, &cb[2]);
-    info_ = DeviceInfo{prop.name, uuid, std::to_string(driver), std::to_string(runtime),
-                       std::to_string(cb[0]) + "." + std::to_string(cb[1]) + "." + std::to_string(cb[2])};
+    info_ = DeviceInfo{prop.name, uuid, std::to_string(driver), std::to_string(runtime), ""};
     describe_ = std::string("cuda: ") + prop.name + " (sm_" + std::to_string(prop.major) +
                 std::to_string(prop.minor) + ", " + uuid + "), " + std::to_string(prop.asyncEngineCount) +
                 " copy engines, driver " + std::to_string(driver) + ", runtime " + std::to_string(runtime);
@@ -102,7 +97,27 @@ class CudaBackend : public Backend {
 
   wire::BackendKind kind() const override { return wire::BackendKind::kCuda; }
   std::string Describe() const override { return describe_; }
-  DeviceInfo device_info() const override { return info_; }
+  DeviceInfo device_info() const override {
+    DeviceInfo d = info_;
+    d.cublas = CublasVersion();
+    return d;
+  }
+
+  // The cuBLAS this node's clients get: looked up only when asked (snapshots), because loading
+  // the library costs ferryd seconds at start and memory it does not otherwise need.
+  static std::string CublasVersion() {
+    for (const char* name : {"libcublas.so", "libcublas.so.13", "libcublas.so.12"}) {
+      void* h = ::dlopen(name, RTLD_LAZY | RTLD_LOCAL);
+      if (h == nullptr) continue;
+      using GetProperty = int (*)(int, int*);
+      auto get = reinterpret_cast<GetProperty>(::dlsym(h, "cublasGetProperty"));
+      int v[3] = {0, 0, 0};
+      const bool ok = get != nullptr && get(0, &v[0]) == 0 && get(1, &v[1]) == 0 && get(2, &v[2]) == 0;
+      ::dlclose(h);
+      if (ok) return std::to_string(v[0]) + "." + std::to_string(v[1]) + "." + std::to_string(v[2]);
+    }
+    return "unknown";
+  }
   int device_ordinal() const override { return device_; }
   uint32_t streams_per_direction() const override { return streams_per_dir_; }
 
