@@ -21,6 +21,7 @@
 
 #include "common/channel.hpp"
 #include "common/log.hpp"
+#include "common/notify.hpp"
 #include "common/yaml_util.hpp"
 #include "daemon/pinned_pool.hpp"
 
@@ -227,6 +228,12 @@ class Server::Impl {
   }
 
   void ReloadFromFile() {
+    SdNotify("RELOADING=1");
+    ReloadPolicyFile();
+    SdNotify("READY=1");
+  }
+
+  void ReloadPolicyFile() {
     if (config_.policy_path.empty()) {
       FERRY_LOG(kWarning) << "reload asked, but no policy file is configured (config key 'policy')";
       return;
@@ -247,7 +254,23 @@ class Server::Impl {
     const uint64_t spin_ns = static_cast<uint64_t>(config_.spin_us) * 1000;
     uint64_t last_activity = MonotonicNanos();
     epoll_event evs[64];
+    // systemd: ready now that the pool is registered and the socket listens; the watchdog is
+    // fed only while copies make progress.
+    const uint64_t watchdog_ns = WatchdogIntervalNanos();
+    uint64_t last_ping = MonotonicNanos(), completed_at_ping = counters_.copies_completed + counters_.copies_failed;
+    SdNotify("READY=1\nSTATUS=serving on " + socket_path_);
     while (!stopping_) {
+      if (watchdog_ns != 0 && MonotonicNanos() - last_ping >= watchdog_ns / 2) {
+        const uint64_t done = counters_.copies_completed + counters_.copies_failed;
+        if (copies_.empty() || done != completed_at_ping) {
+          SdNotify("WATCHDOG=1");
+        } else {
+          FERRY_LOG(kWarning) << copies_.size() << " copies waiting and none finished for "
+                              << (MonotonicNanos() - last_ping) / 1000000 << " ms: not feeding the watchdog";
+        }
+        completed_at_ping = done;
+        last_ping = MonotonicNanos();
+      }
       const bool must_poll = !fences_.empty() && backend_->completion_fd() < 0;
       int timeout = 0;
       bool slept = false;
@@ -257,7 +280,7 @@ class Server::Impl {
         if (AnySubmissionPending()) {
           SetSleeping(false);
         } else {
-          timeout = -1;
+          timeout = watchdog_ns != 0 ? static_cast<int>(watchdog_ns / 2'000'000) : -1;
           slept = true;
         }
       }
@@ -1051,6 +1074,7 @@ class Server::Impl {
   }
 
   void Shutdown() {
+    SdNotify("STOPPING=1");
     FERRY_LOG(kInfo) << "stopping: " << sessions_.size() << " sessions, " << fences_.size() << " copies in flight";
     Unwatch(listen_.get());
     listen_.reset();
