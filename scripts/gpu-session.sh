@@ -24,14 +24,15 @@ variants=${VARIANTS:-"default:"}
 first=1
 for v in $variants; do
   name=${v%%:*}; body=${v#*:}; tag=${name//[@,]/-}
+  envs=""; case $body in *:*) envs=${body#*:}; body=${body%%:*};; esac
   rt=$(mktemp -d /tmp/ferry-bench-XXXXXX)
   printf 'runtime_dir: %s\npool:\n  size: %s\n' "$rt" "${POOL:-2GiB}" >"$rt/ferryd.yaml"
   # NAME may end in @CPU,CPU: ferryd's loop pinned to the first, the bench to the second.
   pin_daemon=""; pin_bench=""
   case $name in *@*) cpus=${name#*@}; pin_daemon=${cpus%,*}; pin_bench=${cpus#*,}; echo "cpu: $pin_daemon" >>"$rt/ferryd.yaml";; esac
   [ -n "$body" ] && echo "policy: $PWD/$body" >>"$rt/ferryd.yaml"
-  echo "== variant $name: $body"
-  "$BUILD/ferryd" --backend cuda --config "$rt/ferryd.yaml" >"$rt/ferryd.log" 2>&1 &
+  echo "== variant $name: $body $envs"
+  env $envs "$BUILD/ferryd" --backend cuda --config "$rt/ferryd.yaml" ${FERRYD_ARGS:-} >"$rt/ferryd.log" 2>&1 &
   pid=$!
   for _ in $(seq 400); do [ -S "$rt/ferryd.sock" ] && break; sleep 0.05; done
   head -n 3 "$rt/ferryd.log"
