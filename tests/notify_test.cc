@@ -23,7 +23,10 @@ class StallableBackend : public daemon::FaultInjectingBackend {
     done.insert(done.end(), held_.begin(), held_.end());
     held_.clear();
   }
-  int completion_fd() const override { return stalled_ ? -1 : FaultInjectingBackend::completion_fd(); }
+  // While results are held, the server must poll: the doorbell that announced them is spent.
+  int completion_fd() const override {
+    return stalled_ || !held_.empty() ? -1 : FaultInjectingBackend::completion_fd();
+  }
   std::atomic<bool> stalled_{false};
 
  private:

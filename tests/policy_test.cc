@@ -138,7 +138,10 @@ class PausableBackend : public daemon::FaultInjectingBackend {
     done.insert(done.end(), held_.begin(), held_.end());
     held_.clear();
   }
-  int completion_fd() const override { return paused_ ? -1 : FaultInjectingBackend::completion_fd(); }
+  // While results are held, the server must poll: the doorbell that announced them is spent.
+  int completion_fd() const override {
+    return paused_ || !held_.empty() ? -1 : FaultInjectingBackend::completion_fd();
+  }
   void Pause(bool p) { paused_ = p; }
   std::vector<Submitted> log() {
     std::lock_guard<std::mutex> l(mu_);

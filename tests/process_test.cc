@@ -130,6 +130,40 @@ TEST_F(RealDaemon, ASecondFerrydOnTheSameDirectoryIsRefusedAndTheFirstKeepsServi
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << c->Output();
 }
 
+TEST_F(RealDaemon, AfterFerrydIsKilledClientsGetAClearErrorAndARestartServesAgain) {
+  auto holder = StartClient({"hold", socket_, std::to_string(1 << 20)}, "holder");
+  ASSERT_TRUE(holder->WaitForOutput("ready")) << holder->Output();
+  daemon_->Signal(SIGKILL);
+  EXPECT_TRUE(WIFSIGNALED(daemon_->Wait()));
+  int st = holder->Wait(15s);
+  ASSERT_TRUE(WIFEXITED(st)) << holder->Output();
+  EXPECT_EQ(WEXITSTATUS(st), 2);
+  EXPECT_NE(holder->Output().find("ferryd went away"), std::string::npos) << holder->Output();
+  EXPECT_EQ(ShmEntries(), shm_before_) << "memfd segments leave nothing behind, even on SIGKILL";
+  // The stale socket file is still there; a new ferryd takes the directory over.
+  daemon_ = std::make_unique<Child>(
+      std::vector<std::string>{FERRY_DAEMON_PATH, "--metrics-address", "127.0.0.1:0", "--backend", "host",
+                               "--runtime-dir", dir_, "--pool-size", "64MiB", "--slab-size", "1MiB"},
+      dir_ + "/ferryd2.log");
+  ASSERT_TRUE(daemon_->WaitForOutput("ready")) << daemon_->Output();
+  auto c = StartClient({"roundtrip", socket_, std::to_string(3 << 20), "3"}, "again");
+  st = c->Wait();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << c->Output();
+}
+
+TEST_F(RealDaemon, AStoppedClientDoesNotHoldUpTheOthers) {
+  auto sleeper = StartClient({"hold", socket_, std::to_string(4 << 20)}, "sleeper");
+  ASSERT_TRUE(sleeper->WaitForOutput("ready")) << sleeper->Output();
+  sleeper->Signal(SIGSTOP);
+  auto c = StartClient({"roundtrip", socket_, std::to_string(4 << 20), "20"}, "busy");
+  int st = c->Wait(30s);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << c->Output();
+  sleeper->Signal(SIGCONT);
+  std::this_thread::sleep_for(50ms);
+  sleeper->Signal(SIGKILL);
+  sleeper->Wait();
+}
+
 TEST_F(RealDaemon, TheSocketIsNotWorldAccessible) {
   struct stat st{};
   ASSERT_EQ(::stat(socket_.c_str(), &st), 0);
