@@ -9,6 +9,11 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <vector>
+#include <algorithm>
 #include <unordered_map>
 #include <vector>
 
@@ -319,12 +324,13 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
       ready = hdr_->cq_tail.value.load(std::memory_order_acquire) != cq_head_ || !broken_.ok();
     }
     if (!ready) {
-      pollfd p[2] = {{complete_efd_.get(), POLLIN, 0}, {sock_.get(), POLLIN, 0}};
+      // On the socket only a hang-up matters here: a readable reply belongs to another thread's
+      // call in flight.
+      pollfd p[2] = {{complete_efd_.get(), POLLIN, 0}, {sock_.get(), POLLRDHUP, 0}};
       const timespec ts{static_cast<time_t>(timeout_ns / 1'000'000'000), static_cast<long>(timeout_ns % 1'000'000'000)};
       int n = ::ppoll(p, 2, &ts, nullptr);
       if (n > 0 && (p[0].revents & POLLIN)) DrainDoorbell(complete_efd_.get());
-      if (n > 0 && (p[1].revents & (POLLHUP | POLLERR | POLLIN))) {
-        // The daemon sends nothing unasked, so anything readable here is its goodbye.
+      if (n > 0 && (p[1].revents & (POLLHUP | POLLERR | POLLRDHUP))) {
         std::lock_guard<std::mutex> l(ring_mu_);
         ReapLocked();
         Break(Unavailable("ferryd went away (connection closed); reconnect once it is back"));
@@ -562,6 +568,165 @@ Result<Transfer> Client::Copy(Direction direction, const HostBuffer& host, size_
   t->region_keep = device.s_;
   FERRY_ASSIGN_OR_RETURN(auto st, core_->Submit(e, std::move(t), options.stream_waitable));
   return Transfer(core_, std::move(st));
+}
+
+namespace detail {
+
+// The staged path's helpers: persistent copy threads and a free list of pool buffers.
+class Stager {
+ public:
+  ~Stager() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  // Runs `task` on `n` threads (started on first need) and waits for all of them.
+  // Staged copies from several threads of the client take turns here.
+  void RunOnThreads(int n, const std::function<void()>& task) {
+    std::lock_guard<std::mutex> one_at_a_time(run_mu_);
+    std::unique_lock<std::mutex> l(mu_);
+    while (static_cast<int>(threads_.size()) < n) threads_.emplace_back([this] { Work(); });
+    task_ = &task;
+    pending_ = n;
+    ++generation_;
+    cv_.notify_all();
+    done_cv_.wait(l, [&] { return pending_ == 0 && running_ == 0; });
+    task_ = nullptr;
+  }
+
+  // A pool buffer of at least `bytes`, from the free list or newly allocated; at most `limit`
+  // exist at once (callers wait for one to come back).
+  Result<HostBuffer> Acquire(Client& c, size_t bytes, uint32_t limit) {
+    std::unique_lock<std::mutex> l(buf_mu_);
+    for (;;) {
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->size() >= bytes) {
+          HostBuffer b = std::move(*it);
+          free_.erase(it);
+          return b;
+        }
+      }
+      if (!free_.empty() && live_ >= limit) {
+        free_.pop_back();  // too small for this chunk size: give its room back
+        --live_;
+        continue;
+      }
+      if (live_ < limit) {
+        ++live_;
+        l.unlock();
+        auto b = c.AllocateHost(bytes);
+        if (!b.ok()) {
+          l.lock();
+          --live_;
+          buf_cv_.notify_all();
+        }
+        return b;
+      }
+      buf_cv_.wait(l);
+    }
+  }
+  void Release(HostBuffer b) {
+    {
+      std::lock_guard<std::mutex> l(buf_mu_);
+      free_.push_back(std::move(b));
+    }
+    buf_cv_.notify_one();
+  }
+
+ private:
+  void Work() {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> l(mu_);
+    for (;;) {
+      cv_.wait(l, [&] { return stop_ || (generation_ != seen && pending_ > 0); });
+      if (stop_) return;
+      seen = generation_;
+      --pending_;
+      ++running_;
+      const std::function<void()>* task = task_;
+      l.unlock();
+      (*task)();
+      l.lock();
+      --running_;
+      if (pending_ == 0 && running_ == 0) done_cv_.notify_all();
+    }
+  }
+
+  std::mutex run_mu_;
+  std::mutex mu_;  // guards the fields below
+  std::condition_variable cv_, done_cv_;
+  std::vector<std::thread> threads_;
+  const std::function<void()>* task_ = nullptr;
+  int pending_ = 0, running_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+
+  std::mutex buf_mu_;  // guards free_ and live_
+  std::condition_variable buf_cv_;
+  std::vector<HostBuffer> free_;
+  uint32_t live_ = 0;
+};
+
+}  // namespace detail
+
+Status Client::CopyStaged(Direction direction, void* host, const DeviceRegion& device, size_t device_offset,
+                          size_t bytes, const StagedCopyOptions& options) {
+  if (host == nullptr) return InvalidArgument("CopyStaged: host pointer is null");
+  if (bytes == 0) return InvalidArgument("copy of 0 bytes");
+  if (!device.s_) return InvalidArgument("empty DeviceRegion");
+  if (device_offset > device.size() || bytes > device.size() - device_offset) {
+    return InvalidArgument("device range [" + std::to_string(device_offset) + ", +" + std::to_string(bytes) +
+                           ") is outside the region of " + std::to_string(device.size()) + " bytes");
+  }
+  uint64_t chunk = options.chunk_bytes;
+  int threads = options.threads;
+  uint32_t buffers = 0;
+  if (chunk == 0 || threads <= 0) {
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, core_->Call(wire::MsgType::kGetStaging, wire::GetStagingRequest{},
+                                                          wire::MsgType::kStagingReply));
+    auto r = m.As<wire::StagingReply>();
+    FERRY_RETURN_IF_ERROR(FromWire(r.status));
+    if (chunk == 0) chunk = r.chunk_bytes;
+    if (threads <= 0) threads = static_cast<int>(r.threads);
+    buffers = r.buffers;
+  }
+  if (chunk == 0 || threads <= 0) return InvalidArgument("staging chunk size and threads must be positive");
+  buffers = std::max<uint32_t>(buffers, static_cast<uint32_t>(threads));
+  const uint64_t chunks = (bytes + chunk - 1) / chunk;
+  threads = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(threads), chunks));
+  {
+    static std::mutex create_mu;
+    std::lock_guard<std::mutex> l(create_mu);
+    if (!stager_) stager_ = std::make_shared<detail::Stager>();
+  }
+  std::atomic<uint64_t> next{0};
+  std::mutex err_mu;
+  Status first_error;
+  auto fail = [&](const Status& s) {
+    std::lock_guard<std::mutex> l(err_mu);
+    if (first_error.ok()) first_error = s;
+    next = chunks;  // the others stop taking chunks
+  };
+  auto* h = static_cast<std::byte*>(host);
+  const std::function<void()> task = [&] {
+    for (uint64_t i; (i = next.fetch_add(1)) < chunks;) {
+      const uint64_t off = i * chunk, len = std::min<uint64_t>(chunk, bytes - off);
+      auto buf = stager_->Acquire(*this, chunk, buffers);
+      if (!buf.ok()) return fail(buf.status().WithContext("staging buffer"));
+      if (direction == Direction::kHostToDevice) std::memcpy(buf->data(), h + off, len);
+      auto t = Copy(direction, *buf, 0, device, device_offset + off, len, {.priority = options.priority});
+      Status st = t.ok() ? t->Wait(std::chrono::seconds(60)) : t.status();
+      if (st.ok() && direction == Direction::kDeviceToHost) std::memcpy(h + off, buf->data(), len);
+      stager_->Release(std::move(*buf));
+      if (!st.ok()) return fail(st);
+    }
+  };
+  stager_->RunOnThreads(threads, task);
+  return first_error;
 }
 
 Result<DaemonStats> Client::Stats() {

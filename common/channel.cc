@@ -39,6 +39,8 @@ size_t wire::PayloadLength(MsgType type) {
     case MsgType::kApplyPolicy: return sizeof(PayloadOf<MsgType::kApplyPolicy>::type);
     case MsgType::kPolicyReply: return sizeof(PayloadOf<MsgType::kPolicyReply>::type);
     case MsgType::kGetPolicy: return sizeof(PayloadOf<MsgType::kGetPolicy>::type);
+    case MsgType::kGetStaging: return sizeof(PayloadOf<MsgType::kGetStaging>::type);
+    case MsgType::kStagingReply: return sizeof(PayloadOf<MsgType::kStagingReply>::type);
   }
   return 0;
 }

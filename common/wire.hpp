@@ -42,6 +42,8 @@ enum class MsgType : uint16_t {
   kApplyPolicy = 17,  // operator only: carries one fd, the policy file
   kPolicyReply = 18,
   kGetPolicy = 19,    // reply carries one fd: a memfd with the running policy, canonical form
+  kGetStaging = 20,   // how the client should stage pageable memory, per the running policy
+  kStagingReply = 21,
 };
 
 struct MsgHeader {
@@ -167,6 +169,16 @@ struct PolicyReply {
   char previous_hash[32];  // after an apply: the one it replaced
 };
 
+struct GetStagingRequest {
+  uint32_t reserved;
+};
+struct StagingReply {
+  ReplyStatus status;
+  uint64_t chunk_bytes;
+  uint32_t threads;
+  uint32_t buffers;
+};
+
 // Which payload struct belongs to a type, so both sides check length the same way.
 template <MsgType T>
 struct PayloadOf;
@@ -186,6 +198,8 @@ template <> struct PayloadOf<MsgType::kStatsReply> { using type = StatsReply; };
 template <> struct PayloadOf<MsgType::kApplyPolicy> { using type = ApplyPolicyRequest; };
 template <> struct PayloadOf<MsgType::kGetPolicy> { using type = GetPolicyRequest; };
 template <> struct PayloadOf<MsgType::kPolicyReply> { using type = PolicyReply; };
+template <> struct PayloadOf<MsgType::kGetStaging> { using type = GetStagingRequest; };
+template <> struct PayloadOf<MsgType::kStagingReply> { using type = StagingReply; };
 
 // Expected payload length for a type; 0 for an unknown type.
 size_t PayloadLength(MsgType type);

@@ -2,6 +2,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -17,14 +18,18 @@
 
 namespace {
 
-ferry::daemon::Server* g_server = nullptr;
+std::atomic<ferry::daemon::Server*> g_server{nullptr};
+// Signals that came before the server existed (systemd may send them during start-up).
+volatile sig_atomic_t g_pending_stop = 0, g_pending_reload = 0;
 
 void OnSignal(int sig) {
-  if (g_server == nullptr) return;
+  ferry::daemon::Server* s = g_server.load();
   if (sig == SIGHUP) {
-    g_server->RequestReload();
+    if (s != nullptr) s->RequestReload();
+    else g_pending_reload = 1;
   } else {
-    g_server->Stop();
+    if (s != nullptr) s->Stop();
+    else g_pending_stop = 1;
   }
 }
 
@@ -156,6 +161,15 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  // Handlers first: a SIGHUP or SIGTERM during start-up must not kill ferryd uncleanly.
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
   std::string why;
   auto be = daemon::CreateBackend(config, &why);
   if (!be.ok()) {
@@ -212,15 +226,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   g_server = server->get();
+  if (g_pending_stop) (*server)->Stop();
+  if (g_pending_reload) (*server)->RequestReload();
   if (metrics) metrics->Attach(server->get());
   if (snapshots) snapshots->Start();
-  struct sigaction sa {};
-  sa.sa_handler = OnSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGHUP, &sa, nullptr);
-  signal(SIGPIPE, SIG_IGN);
   FERRY_LOG(kInfo) << "ready";
   Status st = (*server)->Run();
   g_server = nullptr;

@@ -37,7 +37,7 @@ Result<std::shared_ptr<const Policy>> FromYaml(const YAML::Node& root, const std
   auto p = std::make_shared<Policy>();
   if (!root.IsMap()) return ErrorAt(file, root, "a policy is a map of settings");
   FERRY_RETURN_IF_ERROR(CheckKeys(file, root, {"name", "description", "schedule", "streams", "limits", "batching",
-                                               "classes", "clients", "default_class"}));
+                                               "staging", "classes", "clients", "default_class"}));
   if (auto n = root["name"]) { FERRY_ASSIGN_OR_RETURN(p->name, GetString(file, n)); }
   if (auto n = root["description"]) { FERRY_ASSIGN_OR_RETURN(p->description, GetString(file, n)); }
   if (auto s = root["schedule"]) {
@@ -92,6 +92,15 @@ Result<std::shared_ptr<const Policy>> FromYaml(const YAML::Node& root, const std
   if (auto b = root["batching"]) {
     FERRY_RETURN_IF_ERROR(CheckKeys(file, b, {"threshold"}));
     if (auto n = b["threshold"]) { FERRY_ASSIGN_OR_RETURN(p->batch_threshold_bytes, GetSize(file, n, 0, 1ull << 32)); }
+  }
+  if (auto st = root["staging"]) {
+    FERRY_RETURN_IF_ERROR(CheckKeys(file, st, {"chunk_size", "threads", "buffers"}));
+    if (auto n = st["chunk_size"]) { FERRY_ASSIGN_OR_RETURN(p->staging_chunk_bytes, GetSize(file, n, 64 << 10, 256ull << 20)); }
+    if (auto n = st["threads"]) { FERRY_ASSIGN_OR_RETURN(p->staging_threads, GetInt(file, n, 1, 64)); }
+    if (auto n = st["buffers"]) { FERRY_ASSIGN_OR_RETURN(p->staging_buffers, GetInt(file, n, 1, 256)); }
+    if (p->staging_buffers < p->staging_threads) {
+      return ErrorAt(file, st, "staging.buffers must be at least staging.threads (each thread fills one at a time)");
+    }
   }
   if (auto cl = root["classes"]) {
     if (!cl.IsSequence() || cl.size() == 0) return ErrorAt(file, cl, "classes is a non-empty list");
@@ -171,6 +180,9 @@ std::string Policy::Canonical() const {
   kv["limits.copies_in_flight"] = max_copies_in_flight ? std::to_string(max_copies_in_flight) : "unlimited";
   kv["limits.latency_max_bytes"] = SizeText(latency_max_bytes);
   kv["batching.threshold"] = SizeText(batch_threshold_bytes);
+  kv["staging.chunk_size"] = SizeText(staging_chunk_bytes);
+  kv["staging.threads"] = std::to_string(staging_threads);
+  kv["staging.buffers"] = std::to_string(staging_buffers);
   for (const ClientClass& c : classes) {
     kv["classes." + c.name] = "weight " + std::to_string(c.weight) + ", latency " + (c.latency_allowed ? "yes" : "no");
   }

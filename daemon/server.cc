@@ -452,6 +452,14 @@ class Server::Impl {
         return HandleApplyPolicy(s, seq, msg.As<wire::ApplyPolicyRequest>(), std::move(fd));
       }
       case wire::MsgType::kGetPolicy: return HandleGetPolicy(s, seq);
+      case wire::MsgType::kGetStaging: {
+        wire::StagingReply r{};
+        r.status = ToWire(Status::Ok());
+        r.chunk_bytes = policy_->staging_chunk_bytes;
+        r.threads = policy_->staging_threads;
+        r.buffers = policy_->staging_buffers;
+        return Reply(s, wire::MsgType::kStagingReply, seq, r);
+      }
       default:
         CountRejected(ProtocolError("unexpected message"));
         Evict(s, "unexpected control message type " + std::to_string(msg.header.type), kWarningLevel);

@@ -1,9 +1,28 @@
 #!/usr/bin/env bash
-# Builds ferry and runs every test. GPU tests (ctest label "gpu") skip cleanly without a GPU.
-# Extra arguments go to ctest, e.g. scripts/test.sh -L unit
+# Builds ferry and runs every test, then builds it again with ASan+UBSan and with TSan and runs
+# the unit, integration and fuzz tests under them. GPU tests (ctest label "gpu") skip cleanly
+# without a GPU. FERRY_SANITIZERS=0 skips the sanitizer builds; extra arguments go to the first
+# ctest, e.g. scripts/test.sh -L unit
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh
 build=${FERRY_BUILD_DIR:-build}
-cd "$build"
-ctest --output-on-failure -j"$(nproc)" --timeout 300 "$@"
+jobs=$(nproc)
+echo "== build and test ($build)"
+bash scripts/build.sh
+(cd "$build" && ctest --output-on-failure -j"$jobs" --timeout 300 "$@")
+if [ "${FERRY_SANITIZERS:-1}" = 0 ]; then
+  echo "sanitizer builds skipped (FERRY_SANITIZERS=0)"
+  exit 0
+fi
+for san in address thread; do
+  dir=$build-$san
+  echo "== $san sanitizer build and test ($dir)"
+  FERRY_BUILD_DIR=$dir FERRY_BUILD_TYPE=RelWithDebInfo bash scripts/build.sh -DFERRY_SANITIZE=$san -DFERRY_CUDA=OFF \
+    -DFERRY_FUZZ_SECONDS=5 >/dev/null
+  labels="unit|integration"
+  [ $san = address ] && labels="unit|integration|fuzz"
+  (cd "$dir" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+     ctest --output-on-failure -j"$jobs" --timeout 600 -L "$labels")
+done
+echo "all builds passed: plain, address+undefined, thread"

@@ -2,6 +2,8 @@
 //   ferry_test_client roundtrip SOCKET BYTES REPS   copies random data both ways, checks every byte
 //   ferry_test_client hold SOCKET BYTES             takes buffers, keeps copies going, prints "ready",
 //                                                   and runs until killed
+//   ferry_test_client mixed SOCKET BYTES REPS       like roundtrip, with random sizes up to BYTES and
+//                                                   latency-class copies mixed in
 // Exit status: 0 all bytes correct, 1 a byte differed, 2 a ferry call failed, 64 usage.
 #include <unistd.h>
 
@@ -27,15 +29,16 @@ void Fill(std::byte* p, size_t n, uint64_t seed) {
 }
 
 int Run(int argc, char** argv) {
-  if (argc < 4 || (std::strcmp(argv[1], "roundtrip") != 0 && std::strcmp(argv[1], "hold") != 0) ||
-      (std::strcmp(argv[1], "roundtrip") == 0 && argc < 5)) {
-    std::fprintf(stderr, "usage: %s roundtrip SOCKET BYTES REPS | hold SOCKET BYTES\n", argv[0]);
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (argc < 4 || (mode != "roundtrip" && mode != "hold" && mode != "mixed") || (mode != "hold" && argc < 5)) {
+    std::fprintf(stderr, "usage: %s roundtrip|mixed SOCKET BYTES REPS | hold SOCKET BYTES\n", argv[0]);
     return 64;
   }
-  const bool hold = std::strcmp(argv[1], "hold") == 0;
+  const bool hold = mode == "hold";
+  const bool mixed = mode == "mixed";
   const size_t n = std::stoull(argv[3]);
   const int reps = hold ? 1 : std::stoi(argv[4]);
-  auto client = ferry::Client::Connect({.socket_path = argv[2], .name = argv[1]});
+  auto client = ferry::Client::Connect({.socket_path = argv[2], .name = mode});
   if (!client.ok()) return Fail("connect", client.status());
   auto& c = **client;
   auto src = c.AllocateHost(n);
@@ -47,16 +50,19 @@ int Run(int argc, char** argv) {
   auto region = c.RegisterDevice(dev->data(), dev->size());
   if (!region.ok()) return Fail("register", region.status());
   const uint64_t seed = std::random_device{}() ^ static_cast<uint64_t>(::getpid());
+  std::mt19937_64 sizes(seed);
   for (int rep = 0; hold || rep < reps; ++rep) {
-    Fill(src->data(), n, seed + rep);
-    std::memset(dst->data(), 0xA5, n);
-    auto up = c.Copy(ferry::Direction::kHostToDevice, *src, 0, *region, 0, n);
+    const size_t len = mixed ? 1 + sizes() % n : n;
+    const ferry::CopyOptions opts{.priority = mixed && rep % 3 == 0 ? ferry::Priority::kLatency : ferry::Priority::kBulk};
+    Fill(src->data(), len, seed + rep);
+    std::memset(dst->data(), 0xA5, len);
+    auto up = c.Copy(ferry::Direction::kHostToDevice, *src, 0, *region, 0, len, opts);
     if (!up.ok()) return Fail("copy h2d", up.status());
     if (auto s = up->Wait(10s); !s.ok()) return Fail("wait h2d", s);
-    auto down = c.Copy(ferry::Direction::kDeviceToHost, *dst, 0, *region, 0, n);
+    auto down = c.Copy(ferry::Direction::kDeviceToHost, *dst, 0, *region, 0, len, opts);
     if (!down.ok()) return Fail("copy d2h", down.status());
     if (auto s = down->Wait(10s); !s.ok()) return Fail("wait d2h", s);
-    if (std::memcmp(src->data(), dst->data(), n) != 0) {
+    if (std::memcmp(src->data(), dst->data(), len) != 0) {
       std::fprintf(stderr, "ferry_test_client: bytes differ in rep %d\n", rep);
       return 1;
     }

@@ -29,6 +29,7 @@ struct HostBufferState;
 struct DeviceRegionState;
 struct EventState;
 struct DeviceAllocationState;
+class Stager;
 }  // namespace detail
 
 enum class Direction { kHostToDevice, kDeviceToHost };
@@ -138,6 +139,13 @@ class Transfer {
   std::shared_ptr<detail::TransferState> s_;
 };
 
+// For Client::CopyStaged. Zero: what the running policy says (its staging section).
+struct StagedCopyOptions {
+  size_t chunk_bytes = 0;
+  int threads = 0;
+  Priority priority = Priority::kBulk;
+};
+
 struct DaemonStats {
   uint64_t sessions, copies_completed, bytes_h2d, bytes_d2h, pool_bytes, pool_free_bytes, evictions, rejected;
 };
@@ -163,11 +171,19 @@ class Client {
   Result<Transfer> Copy(Direction direction, const HostBuffer& host, size_t host_offset, const DeviceRegion& device,
                         size_t device_offset, size_t bytes, const CopyOptions& options = {});
 
+  // Copies between any host memory (pageable: malloc'd, mmap'd, a framework's tensor) and
+  // device memory through pool buffers: client threads copy chunks into staging buffers while
+  // ferryd DMAs the chunks already staged. Blocks until every byte has arrived. The staging
+  // buffers stay with this client for reuse (they count against its pool quota).
+  Status CopyStaged(Direction direction, void* host, const DeviceRegion& device, size_t device_offset, size_t bytes,
+                    const StagedCopyOptions& options = {});
+
   Result<DaemonStats> Stats();
 
  private:
   explicit Client(std::shared_ptr<detail::ClientCore> core);
   std::shared_ptr<detail::ClientCore> core_;
+  std::shared_ptr<detail::Stager> stager_;
 };
 
 }  // namespace ferry
