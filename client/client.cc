@@ -23,6 +23,14 @@
 namespace ferry {
 namespace detail {
 
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
 struct SlabMapping {
   Mapping m;
 };
@@ -296,11 +304,13 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
       --outstanding_;
     }
     if (any) hdr_->cq_head.value.store(cq_head_, std::memory_order_release);
+    reaped_to_.store(cq_head_, std::memory_order_release);
   }
 
   void Break(const Status& why) {
     if (!broken_.ok()) return;
     broken_ = why;
+    broken_flag_.store(true, std::memory_order_release);
     for (auto& [tag, t] : pending_) {
       t->done = true;
       t->status = why;
@@ -312,18 +322,20 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   }
 
   // Sleeps until the daemon signals completions, the connection drops, or timeout_ns passes.
+  // Several threads may wait at once (the staged path does): one of them watches the doorbell
+  // and wakes the others when it rings, since reading an eventfd wakes only its reader.
   void WaitForProgress(uint64_t timeout_ns) {
-    {
-      std::lock_guard<std::mutex> l(wait_mu_);
-      if (waiters_++ == 0) hdr_->client_state.value.store(wire::kClientWaiting, std::memory_order_relaxed);
-    }
+    std::unique_lock<std::mutex> wl(wait_mu_);
+    if (waiters_++ == 0) hdr_->client_state.value.store(wire::kClientWaiting, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    bool ready;
-    {
-      std::lock_guard<std::mutex> l(ring_mu_);
-      ready = hdr_->cq_tail.value.load(std::memory_order_acquire) != cq_head_ || !broken_.ok();
-    }
-    if (!ready) {
+    const bool ready = hdr_->cq_tail.value.load(std::memory_order_acquire) != reaped_to_.load(std::memory_order_acquire) ||
+                       broken_flag_.load(std::memory_order_acquire);
+    if (!ready && polling_) {
+      const uint64_t gen = wake_gen_;
+      wake_cv_.wait_for(wl, std::chrono::nanoseconds(timeout_ns), [&] { return wake_gen_ != gen; });
+    } else if (!ready) {
+      polling_ = true;
+      wl.unlock();
       // On the socket only a hang-up matters here: a readable reply belongs to another thread's
       // call in flight.
       pollfd p[2] = {{complete_efd_.get(), POLLIN, 0}, {sock_.get(), POLLRDHUP, 0}};
@@ -335,8 +347,11 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
         ReapLocked();
         Break(Unavailable("ferryd went away (connection closed); reconnect once it is back"));
       }
+      wl.lock();
+      polling_ = false;
+      ++wake_gen_;
+      wake_cv_.notify_all();
     }
-    std::lock_guard<std::mutex> l(wait_mu_);
     if (--waiters_ == 0) hdr_->client_state.value.store(0, std::memory_order_relaxed);
   }
 
@@ -352,6 +367,16 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     const uint64_t sleep_until = t.submit_ns + (earliest > kWakeAheadNs ? earliest - kWakeAheadNs : 0);
     const uint64_t spin_until = std::max(start, t.submit_ns + earliest + earliest / 4) + spin_ns_;
     for (bool first = true;; first = false) {
+      // Spinning threads look at the ring without the lock, and take it only when completions
+      // arrived: many threads waiting at once (the staged path) must not starve submitters.
+      if (!first && hdr_->cq_tail.value.load(std::memory_order_acquire) == reaped_to_.load(std::memory_order_acquire) &&
+          MonotonicNanos() - start < timeout_ns) {
+        const uint64_t now = MonotonicNanos();
+        if (now >= sleep_until && now < spin_until) {
+          CpuRelax();
+          continue;
+        }
+      }
       {
         std::lock_guard<std::mutex> l(ring_mu_);
         ReapLocked();
@@ -414,9 +439,14 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::vector<std::shared_ptr<EventState>> free_events_;
   Status broken_;
 
-  std::mutex wait_mu_;
+  std::mutex wait_mu_;  // guards the four below
   int waiters_ = 0;
+  bool polling_ = false;  // a waiter is in ppoll on the doorbell
+  uint64_t wake_gen_ = 0;
+  std::condition_variable wake_cv_;
+  std::atomic<bool> broken_flag_{false};  // broken_ is not ok (readable without ring_mu_)
   uint64_t spin_ns_ = 50'000;
+  std::atomic<uint32_t> reaped_to_{0};  // cq_head_ after the last reap, readable without ring_mu_
 
   std::mutex map_mu_;
   std::map<uint32_t, std::weak_ptr<SlabMapping>> slab_maps_;

@@ -166,6 +166,28 @@ TEST_F(GpuDaemon, AStreamWaitsOnTheGpuForACopyWithoutTheHostBlocking) {
   cudaFree(mirror);
 }
 
+TEST_F(GpuDaemon, PageableMemoryIsStagedBothWays) {
+  constexpr size_t n = (64 << 20) + 7;
+  std::vector<std::byte> src(n), back(n);
+  FillRandom(src.data(), n, testing::RandomSeed());
+  void* dev = nullptr;
+  ASSERT_CUDA(cudaMalloc(&dev, n + 64));
+  ASSERT_CUDA(cudaMemset(dev, 0xA5, n + 64));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  {
+    ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev, n + 64));
+    ASSERT_OK(client_->CopyStaged(Direction::kHostToDevice, src.data(), region, 3, n));
+    std::vector<std::byte> got = ReadBack(dev, n + 64);
+    EXPECT_EQ(FirstDifference(got.data() + 3, src.data(), n), -1);
+    EXPECT_EQ(got[0], std::byte{0xA5});
+    EXPECT_EQ(got[n + 3], std::byte{0xA5});
+    testing::Poison(back.data(), n);
+    ASSERT_OK(client_->CopyStaged(Direction::kDeviceToHost, back.data(), region, 3, n));
+    EXPECT_EQ(FirstDifference(back.data(), src.data(), n), -1);
+  }
+  cudaFree(dev);
+}
+
 TEST_F(GpuDaemon, BadDeviceRangesAreRefusedByTheDaemon) {
   void* dev = nullptr;
   ASSERT_CUDA(cudaMalloc(&dev, 1 << 20));

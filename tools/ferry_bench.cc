@@ -111,6 +111,7 @@ class TransferBench {
   int Bidirectional();
   int Latency();
   int ManySmall();
+  int Staged();
   int Verify(size_t n);
   void Report(bool json) const;
   void Add(const std::string& test, size_t bytes, const std::string& dir, const std::string& path, int rep, double s) {
@@ -134,7 +135,7 @@ class TransferBench {
   cudaStream_t s_[2] = {nullptr, nullptr};
   std::string device_name_, daemon_backend_;
   std::vector<Sample> samples_;
-  std::vector<size_t> sizes_;
+  std::vector<size_t> sizes_, staged_sizes_;
   double idle_cpu_pct_ = -1;
   double last_ = 0;
   bool verified_ = true;
@@ -176,11 +177,13 @@ int TransferBench::Run(int argc, char** argv) {
   }
   for (size_t n = 4096; n <= max_size_; n *= 4) sizes_.push_back(n);
   if (int rc = Setup()) return rc;
-  progress_ = std::make_unique<ferry::bench::Progress>(sizes_.size() * 2 + 5 + (daemon_pid_ > 0));
+  for (size_t n = 1 << 20; n <= max_size_; n *= 4) staged_sizes_.push_back(n);
+  progress_ = std::make_unique<ferry::bench::Progress>(sizes_.size() * 2 + 5 + staged_sizes_.size() + (daemon_pid_ > 0));
   if (int rc = Bandwidth()) return rc;
   if (int rc = Bidirectional()) return rc;
   if (int rc = Latency()) return rc;
   if (int rc = ManySmall()) return rc;
+  if (int rc = Staged()) return rc;
   if (daemon_pid_ > 0) {
     std::this_thread::sleep_for(1s);  // past ferryd's spin window
     const double c0 = ProcessCpuSeconds(daemon_pid_), t0 = NowSeconds();
@@ -398,6 +401,55 @@ int TransferBench::ManySmall() {
   return 0;
 }
 
+// Pageable memory: plain cudaMemcpy, pin-then-copy (cudaHostRegister, copy, unregister), and
+// ferry's staged path, for 1 MiB to max size, both directions. Each size checked once.
+int TransferBench::Staged() {
+  std::vector<std::byte> pageable(max_size_);
+  std::memcpy(pageable.data(), pinned_, max_size_);  // random bytes, every page touched
+  for (size_t n : staged_sizes_) {
+    // Check: staged h2d into poisoned device memory, staged d2h into a poisoned pageable buffer.
+    CUDA_OR_DIE(cudaMemset(dev_, 0xA5, n));
+    CUDA_OR_DIE(cudaDeviceSynchronize());
+    FERRY_OR_DIE(client_->CopyStaged(ferry::Direction::kHostToDevice, pageable.data(), *region_, 0, n));
+    CUDA_OR_DIE(cudaMemcpy(pinned_, dev_, n, cudaMemcpyDeviceToHost));
+    bool ok = std::memcmp(pinned_, pageable.data(), n) == 0;
+    std::vector<std::byte> back(n, std::byte{0xA5});
+    FERRY_OR_DIE(client_->CopyStaged(ferry::Direction::kDeviceToHost, back.data(), *region_, 0, n));
+    ok = ok && std::memcmp(back.data(), pageable.data(), n) == 0;
+    if (!ok) {
+      verified_ = false;
+      failures_.push_back("staged data check failed at " + HumanBytes(n));
+    }
+    const int reps = std::clamp<int>(static_cast<int>((quick_ ? 1ull << 30 : 4ull << 30) / n), 3, quick_ ? 10 : 30);
+    for (int dir = 0; dir < 2; ++dir) {
+      const auto kind = dir == 0 ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+      const auto fdir = dir == 0 ? ferry::Direction::kHostToDevice : ferry::Direction::kDeviceToHost;
+      const std::string dname = dir == 0 ? "h2d" : "d2h";
+      void* d = dev_;
+      void* h = pageable.data();
+      for (int rep = -1; rep < reps; ++rep) {
+        double t0 = NowSeconds();
+        CUDA_OR_DIE(dir == 0 ? cudaMemcpy(d, h, n, kind) : cudaMemcpy(h, d, n, kind));
+        if (rep >= 0) Add("staged", n, dname, "pageable-cudaMemcpy", rep, NowSeconds() - t0);
+      }
+      for (int rep = -1; rep < reps; ++rep) {
+        double t0 = NowSeconds();
+        CUDA_OR_DIE(cudaHostRegister(h, n, cudaHostRegisterDefault));
+        CUDA_OR_DIE(dir == 0 ? cudaMemcpy(d, h, n, kind) : cudaMemcpy(h, d, n, kind));
+        CUDA_OR_DIE(cudaHostUnregister(h));
+        if (rep >= 0) Add("staged", n, dname, "pin-then-copy", rep, NowSeconds() - t0);
+      }
+      for (int rep = -1; rep < reps; ++rep) {
+        double t0 = NowSeconds();
+        FERRY_OR_DIE(client_->CopyStaged(fdir, h, *region_, 0, n));
+        if (rep >= 0) Add("staged", n, dname, "ferry-staged", rep, NowSeconds() - t0);
+      }
+    }
+    progress_->Step("pageable " + HumanBytes(n));
+  }
+  return 0;
+}
+
 Summary TransferBench::Gbps(const std::string& test, size_t bytes, const std::string& dir, const std::string& path,
                             double factor) const {
   std::vector<double> v;
@@ -454,6 +506,16 @@ void TransferBench::Report(bool json) const {
     Summary fe = Gbps("many", 1024 * (64 << 10), "h2d", "ferry");
     std::snprintf(buf, sizeof buf, "%.1f GB/s", fe.median);
     checks.push_back({"1024 x 64 KiB >= 40 GB/s", fe.median >= 40, buf});
+  }
+  for (const char* d : {"h2d", "d2h"}) {
+    double worst = 1e9;
+    for (size_t n : staged_sizes_) {
+      if (n >= (64ull << 20)) worst = std::min(worst, Gbps("staged", n, d, "ferry-staged").median);
+    }
+    if (worst < 1e9) {
+      std::snprintf(buf, sizeof buf, "slowest %.1f GB/s", worst);
+      checks.push_back({std::string("pageable ") + d + " staged >= 40 GB/s at >= 64 MiB", worst >= 40, buf});
+    }
   }
   if (idle_cpu_pct_ >= 0) {
     std::snprintf(buf, sizeof buf, "%.3f%% of a core", idle_cpu_pct_);
@@ -512,6 +574,15 @@ void TransferBench::Report(bool json) const {
   std::printf("\n1024 x 64 KiB h2d (GB/s)  in-process one stream %.2f [%.2f, %.2f]   in-process cudaMemcpyBatchAsync %.2f "
               "[%.2f, %.2f]   through ferryd %.2f [%.2f, %.2f]\n",
               m1.median, m1.min, m1.max, m2.median, m2.min, m2.max, m3.median, m3.min, m3.max);
+  std::printf("\npageable host memory (GB/s)  %-26s %-26s %-26s\n", "cudaMemcpy", "pin, copy, unpin", "ferry CopyStaged");
+  for (size_t n : staged_sizes_) {
+    for (const char* d : {"h2d", "d2h"}) {
+      Summary a = Gbps("staged", n, d, "pageable-cudaMemcpy"), b = Gbps("staged", n, d, "pin-then-copy"),
+              c = Gbps("staged", n, d, "ferry-staged");
+      std::printf("  %-8s %-4s                %6.2f [%6.2f, %6.2f]   %6.2f [%6.2f, %6.2f]   %6.2f [%6.2f, %6.2f]\n",
+                  HumanBytes(n).c_str(), d, a.median, a.min, a.max, b.median, b.min, b.max, c.median, c.min, c.max);
+    }
+  }
   if (idle_cpu_pct_ >= 0) std::printf("ferryd idle: %.3f%% of a core over 5 s\n", idle_cpu_pct_);
   std::printf("\ntargets\n");
   for (const Check& c : checks) std::printf("  %-4s %-52s %s\n", c.pass ? "PASS" : "FAIL", c.what.c_str(), c.figures.c_str());
