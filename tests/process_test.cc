@@ -83,18 +83,28 @@ TEST_F(RealDaemon, AClientKilledMidCopyIsReclaimedWhileOthersKeepWorking) {
   const uint64_t full = PoolFree(*observer);
   ASSERT_EQ(full, 64ull << 20);
 
+  auto worker = StartClient({"hold", socket_, std::to_string(4 << 20)}, "worker");
+  ASSERT_TRUE(worker->WaitForOutput("ready")) << worker->Output();
   auto victim = StartClient({"hold", socket_, std::to_string(8 << 20)}, "victim");
   ASSERT_TRUE(victim->WaitForOutput("ready")) << victim->Output();
-  EXPECT_LT(PoolFree(*observer), full);  // it holds 16 MiB and keeps copying
-  auto worker = StartClient({"roundtrip", socket_, std::to_string(4 << 20), "40"}, "worker");
-  std::this_thread::sleep_for(20ms);
+  const uint64_t before = PoolFree(*observer);
+  EXPECT_EQ(before, full - (24ull << 20));  // both hold two buffers and keep copying
   victim->Signal(SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
   EXPECT_TRUE(WIFSIGNALED(victim->Wait()));
-
-  int st = worker->Wait();
-  ASSERT_TRUE(WIFEXITED(st)) << worker->Output();
-  EXPECT_EQ(WEXITSTATUS(st), 0) << worker->Output();
-  EXPECT_TRUE(testing::DaemonHarness::Eventually([&] { return PoolFree(*observer) == full; }, 5000))
+  // Reclaimed within a second of the kill: its 16 MiB back in the pool, the worker untouched.
+  ASSERT_TRUE(testing::DaemonHarness::Eventually([&] { return PoolFree(*observer) == before + (16ull << 20); }, 2000))
+      << "pool free " << PoolFree(*observer) << "\n" << daemon_->Output();
+  EXPECT_LT(std::chrono::steady_clock::now() - killed, 1s);
+  // The worker kept copying (and checking every byte) through it.
+  auto check = StartClient({"roundtrip", socket_, std::to_string(4 << 20), "10"}, "check");
+  int st = check->Wait();
+  ASSERT_TRUE(WIFEXITED(st)) << check->Output();
+  EXPECT_EQ(WEXITSTATUS(st), 0) << check->Output();
+  EXPECT_EQ(worker->Wait(10ms), -1) << "the worker must still be running: " << worker->Output();
+  worker->Signal(SIGKILL);
+  worker->Wait();
+  EXPECT_TRUE(testing::DaemonHarness::Eventually([&] { return PoolFree(*observer) == full; }, 2000))
       << "pool free " << PoolFree(*observer) << " of " << full << "\n" << daemon_->Output();
   ASSERT_OK_AND_ASSIGN(DaemonStats s, observer->Stats());
   EXPECT_EQ(s.sessions, 1u);
