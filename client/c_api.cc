@@ -122,6 +122,14 @@ ferry_status ferry_copy(ferry_client* client, ferry_direction direction, ferry_h
   return Done(ferry::Status::Ok());
 }
 
+ferry_status ferry_copy_staged(ferry_client* client, ferry_direction direction, void* host, ferry_device_region* device,
+                               size_t device_offset, size_t bytes, size_t chunk_bytes, int threads) {
+  if (Null(client, "client") || Null(host, "host") || Null(device, "device")) return FERRY_INVALID_ARGUMENT;
+  return Done(client->c->CopyStaged(
+      direction == FERRY_HOST_TO_DEVICE ? ferry::Direction::kHostToDevice : ferry::Direction::kDeviceToHost, host,
+      device->r, device_offset, bytes, {.chunk_bytes = chunk_bytes, .threads = threads}));
+}
+
 ferry_status ferry_transfer_poll(ferry_transfer* t, int* done) {
   if (Null(t, "transfer") || Null(done, "done")) return FERRY_INVALID_ARGUMENT;
   auto r = t->t.Poll();

@@ -49,7 +49,9 @@ TEST(Policy, SchedulesCutCopiesAsTheySay) {
   uint64_t sum = 0;
   for (size_t i = 0; i < v.size(); ++i) {
     sum += v[i];
-    if (i + 1 < v.size()) EXPECT_GE(v[i], v[i + 1]) << "chunks must shrink toward the tail";
+    if (i + 1 < v.size()) {
+      EXPECT_GE(v[i], v[i + 1]) << "chunks must shrink toward the tail";
+    }
   }
   EXPECT_EQ(sum, 64ull << 20);
   EXPECT_EQ(v.front(), 32ull << 20);

@@ -61,7 +61,7 @@ class DaemonHarness {
       backend = std::move(*b);
     }
     backend_ = backend.get();
-    auto s = daemon::Server::Create(config, std::move(backend), {.policy = std::move(policy), .observer = observer});
+    auto s = daemon::Server::Create(config, std::move(backend), {.policy = std::move(policy), .policy_source = "the test", .observer = observer});
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     if (!s.ok()) return;
     server_ = std::move(*s);

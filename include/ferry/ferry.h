@@ -73,6 +73,11 @@ void ferry_device_unregister(ferry_device_region* region);
 ferry_status ferry_copy(ferry_client* client, ferry_direction direction, ferry_host_buffer* host, size_t host_offset,
                         ferry_device_region* device, size_t device_offset, size_t bytes,
                         const ferry_copy_options* options /* may be NULL */, ferry_transfer** out);
+/* Copies between any host memory (pageable) and device memory through pool buffers, with
+ * client threads staging chunks while ferryd moves them; blocks until done. chunk_bytes and
+ * threads 0: what the running policy says. */
+ferry_status ferry_copy_staged(ferry_client* client, ferry_direction direction, void* host, ferry_device_region* device,
+                               size_t device_offset, size_t bytes, size_t chunk_bytes, int threads);
 /* *done = 1 once complete; returns the copy's error if it failed. */
 ferry_status ferry_transfer_poll(ferry_transfer* transfer, int* done);
 ferry_status ferry_transfer_wait(ferry_transfer* transfer, uint64_t timeout_us);
