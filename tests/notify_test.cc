@@ -13,26 +13,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Holds back every completion while paused: a stuck copy engine.
-class StallableBackend : public daemon::FaultInjectingBackend {
- public:
-  using FaultInjectingBackend::FaultInjectingBackend;
-  void PollCompleted(std::vector<daemon::FenceResult>& done) override {
-    FaultInjectingBackend::PollCompleted(held_);
-    if (stalled_) return;
-    done.insert(done.end(), held_.begin(), held_.end());
-    held_.clear();
-  }
-  // While results are held, the server must poll: the doorbell that announced them is spent.
-  int completion_fd() const override {
-    return stalled_ || !held_.empty() ? -1 : FaultInjectingBackend::completion_fd();
-  }
-  std::atomic<bool> stalled_{false};
-
- private:
-  std::vector<daemon::FenceResult> held_;
-};
-
 class FakeSystemd {
  public:
   FakeSystemd() {
@@ -79,8 +59,8 @@ TEST(Systemd, ReadyThenWatchdogOnlyWhileCopiesProgress) {
   FakeSystemd systemd;
   auto inner = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
   ASSERT_TRUE(inner.ok());
-  auto backend = std::make_unique<StallableBackend>(std::move(*inner));
-  StallableBackend* be = backend.get();
+  auto backend = std::make_unique<testing::PausableBackend>(std::move(*inner));
+  testing::PausableBackend* be = backend.get();  // paused: a stuck copy engine
   testing::DaemonHarness d(testing::DaemonHarness::SmallConfig(), std::move(backend));
   auto first = systemd.Collect(300);
   ASSERT_GE(FakeSystemd::Count(first, "READY=1"), 1);
@@ -90,13 +70,13 @@ TEST(Systemd, ReadyThenWatchdogOnlyWhileCopiesProgress) {
   ASSERT_OK_AND_ASSIGN(HostBuffer host, client->AllocateHost(1 << 20));
   ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(1 << 20));
   ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
-  be->stalled_ = true;
+  be->Pause(true);
   ASSERT_OK_AND_ASSIGN(Transfer t, client->Copy(Direction::kHostToDevice, host, 0, region, 0, 1 << 20));
   systemd.Collect(120);  // the ping in flight when the stall began
   auto stuck = systemd.Collect(400);
   EXPECT_EQ(FakeSystemd::Count(stuck, "WATCHDOG=1"), 0) << "a stuck copy must starve the watchdog";
 
-  be->stalled_ = false;
+  be->Pause(false);
   ASSERT_OK(t.Wait(5s));
   auto after = systemd.Collect(300);
   EXPECT_GE(FakeSystemd::Count(after, "WATCHDOG=1"), 2) << "fed again once copies progress";

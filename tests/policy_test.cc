@@ -20,6 +20,7 @@ using namespace std::chrono_literals;
 using daemon::ParsePolicy;
 using daemon::Policy;
 using testing::DaemonHarness;
+using testing::PausableBackend;
 
 std::shared_ptr<const Policy> MustParse(const std::string& text) {
   auto p = ParsePolicy(text, "t.yaml");
@@ -115,47 +116,6 @@ INSTANTIATE_TEST_SUITE_P(
         BadPolicy{"- just\n- a list\n", "a policy is a map of settings"},
         BadPolicy{"schedule: {kind: chunked\n", "bad.yaml:"}),
     [](const ::testing::TestParamInfo<BadPolicy>& info) { return "case" + std::to_string(info.index); });
-
-// Holds completions back while paused, so a test can see what the scheduler puts on the
-// engines when they are busy, and in which order.
-class PausableBackend : public daemon::FaultInjectingBackend {
- public:
-  using FaultInjectingBackend::FaultInjectingBackend;
-  struct Submitted {
-    uint32_t stream;
-    uint64_t bytes;
-  };
-  Result<daemon::FenceId> Submit(const daemon::CopyPlan& plan) override {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      uint64_t n = 0;
-      for (auto& p : plan.pieces) n += p.length;
-      log_.push_back({plan.pieces[0].stream, n});
-    }
-    return FaultInjectingBackend::Submit(plan);
-  }
-  void PollCompleted(std::vector<daemon::FenceResult>& done) override {
-    FaultInjectingBackend::PollCompleted(held_);
-    if (paused_) return;
-    done.insert(done.end(), held_.begin(), held_.end());
-    held_.clear();
-  }
-  // While results are held, the server must poll: the doorbell that announced them is spent.
-  int completion_fd() const override {
-    return paused_ || !held_.empty() ? -1 : FaultInjectingBackend::completion_fd();
-  }
-  void Pause(bool p) { paused_ = p; }
-  std::vector<Submitted> log() {
-    std::lock_guard<std::mutex> l(mu_);
-    return log_;
-  }
-
- private:
-  std::atomic<bool> paused_{false};
-  std::mutex mu_;
-  std::vector<Submitted> log_;
-  std::vector<daemon::FenceResult> held_;  // event-loop thread only
-};
 
 struct Fixture {
   std::unique_ptr<Client> client;

@@ -8,25 +8,21 @@
 
 #include <cstring>
 #include <filesystem>
+#include <atomic>
 #include <memory>
+#include <mutex>
+#include <vector>
 #include <random>
 #include <string>
 #include <thread>
 
 #include "daemon/server.hpp"
 #include "ferry/client.hpp"
+#include "tools/bench_util.hpp"
 
 namespace ferry::testing {
 
-inline void FillRandom(std::byte* p, size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t v = rng();
-    std::memcpy(p + i, &v, 8);
-  }
-  for (; i < n; ++i) p[i] = static_cast<std::byte>(rng());
-}
+using bench::FillRandom;  // the benchmarks' generator: one definition of "random data"
 
 inline void Poison(std::byte* p, size_t n) { std::memset(p, 0xA5, n); }
 
@@ -46,6 +42,47 @@ inline std::string MakeTempDir(const char* tag) {
 }
 
 inline uint64_t RandomSeed() { return std::random_device{}() | (uint64_t{std::random_device{}()} << 32); }
+
+// Holds completions back while paused (busy or stuck copy engines), and logs what the
+// scheduler hands the engines, in order.
+class PausableBackend : public daemon::FaultInjectingBackend {
+ public:
+  using daemon::FaultInjectingBackend::FaultInjectingBackend;
+  struct Submitted {
+    uint32_t stream;
+    uint64_t bytes;
+  };
+  Result<daemon::FenceId> Submit(const daemon::CopyPlan& plan) override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      uint64_t n = 0;
+      for (auto& p : plan.pieces) n += p.length;
+      log_.push_back({plan.pieces[0].stream, n});
+    }
+    return daemon::FaultInjectingBackend::Submit(plan);
+  }
+  void PollCompleted(std::vector<daemon::FenceResult>& done) override {
+    daemon::FaultInjectingBackend::PollCompleted(held_);
+    if (paused_) return;
+    done.insert(done.end(), held_.begin(), held_.end());
+    held_.clear();
+  }
+  // While results are held, the server must poll: the doorbell that announced them is spent.
+  int completion_fd() const override {
+    return paused_ || !held_.empty() ? -1 : daemon::FaultInjectingBackend::completion_fd();
+  }
+  void Pause(bool p) { paused_ = p; }
+  std::vector<Submitted> log() {
+    std::lock_guard<std::mutex> l(mu_);
+    return log_;
+  }
+
+ private:
+  std::atomic<bool> paused_{false};
+  std::mutex mu_;
+  std::vector<Submitted> log_;
+  std::vector<daemon::FenceResult> held_;  // event-loop thread only
+};
 
 class DaemonHarness {
  public:

@@ -27,6 +27,7 @@
 namespace {
 
 using namespace std::chrono_literals;
+using ferry::bench::FillRandom;
 using ferry::bench::HumanBytes;
 using ferry::bench::NowSeconds;
 using ferry::bench::Summarize;
@@ -72,16 +73,6 @@ struct Sample {
   int rep;
   double seconds;
 };
-
-void FillRandom(std::byte* p, size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t v = rng();
-    std::memcpy(p + i, &v, 8);
-  }
-  for (; i < n; ++i) p[i] = static_cast<std::byte>(rng());
-}
 
 double ProcessCpuSeconds(int pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
