@@ -259,17 +259,18 @@ Result<std::shared_ptr<const Policy>> LoadPolicyFile(const std::string& path) {
   return FromYaml(root, path);
 }
 
-std::vector<std::string> DiffPolicies(const Policy& a, const Policy& b) {
+std::vector<std::string> DiffCanonical(const std::string& a, const std::string& b) {
   auto lines = [](const std::string& c) {
     std::map<std::string, std::string> kv;
     std::istringstream in(c);
     for (std::string line; std::getline(in, line);) {
-      auto colon = line.find(": ");
+      const auto colon = line.find(": ");
+      if (line.empty() || line[0] == '#' || colon == std::string::npos) continue;
       kv[line.substr(0, colon)] = line.substr(colon + 2);
     }
     return kv;
   };
-  auto ka = lines(a.Canonical()), kb = lines(b.Canonical());
+  auto ka = lines(a), kb = lines(b);
   std::set<std::string> keys;
   for (auto& [k, v] : ka) keys.insert(k);
   for (auto& [k, v] : kb) keys.insert(k);
@@ -281,5 +282,7 @@ std::vector<std::string> DiffPolicies(const Policy& a, const Policy& b) {
   }
   return out;
 }
+
+std::vector<std::string> DiffPolicies(const Policy& a, const Policy& b) { return DiffCanonical(a.Canonical(), b.Canonical()); }
 
 }  // namespace ferry::daemon

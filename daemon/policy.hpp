@@ -75,6 +75,8 @@ Result<std::shared_ptr<const Policy>> ParsePolicy(const std::string& text, const
 Result<std::shared_ptr<const Policy>> LoadPolicyFile(const std::string& path);
 // "key: old -> new" for each setting that differs.
 std::vector<std::string> DiffPolicies(const Policy& a, const Policy& b);
+// The same, from canonical text (what `policy show` prints; "#" lines are ignored).
+std::vector<std::string> DiffCanonical(const std::string& a, const std::string& b);
 std::string_view ScheduleName(Schedule s);
 
 }  // namespace ferry::daemon

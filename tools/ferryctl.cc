@@ -97,21 +97,6 @@ int PolicyShow(const std::vector<std::string>& args, const std::string& socket) 
   return 0;
 }
 
-// Settings as key -> value from canonical text (what `policy show` prints).
-std::vector<std::pair<std::string, std::string>> CanonicalLines(const std::string& text) {
-  std::vector<std::pair<std::string, std::string>> kv;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t nl = text.find('\n', pos);
-    std::string line = text.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
-    pos = nl == std::string::npos ? text.size() : nl + 1;
-    if (line.empty() || line[0] == '#') continue;
-    size_t colon = line.find(": ");
-    if (colon != std::string::npos) kv.emplace_back(line.substr(0, colon), line.substr(colon + 2));
-  }
-  return kv;
-}
-
 Result<std::string> CanonicalOf(const std::string& what, const std::string& socket) {
   if (what == "running") {
     Control c;
@@ -128,18 +113,9 @@ int PolicyDiff(const std::vector<std::string>& args, const std::string& socket) 
   if (!a.ok()) return Fail(a.status().message());
   auto b = CanonicalOf(args[1], socket);
   if (!b.ok()) return Fail(b.status().message());
-  auto ka = CanonicalLines(*a), kb = CanonicalLines(*b);
-  std::map<std::string, std::pair<std::string, std::string>> all;
-  for (auto& [k, v] : ka) all[k].first = v;
-  for (auto& [k, v] : kb) all[k].second = v;
-  int changed = 0;
-  for (auto& [k, v] : all) {
-    if (v.first == v.second) continue;
-    std::printf("%s: %s -> %s\n", k.c_str(), v.first.empty() ? "(unset)" : v.first.c_str(),
-                v.second.empty() ? "(unset)" : v.second.c_str());
-    ++changed;
-  }
-  if (changed == 0) std::printf("no differences\n");
+  const auto changed = daemon::DiffCanonical(*a, *b);
+  for (const std::string& line : changed) std::printf("%s\n", line.c_str());
+  if (changed.empty()) std::printf("no differences\n");
   return 0;
 }
 
