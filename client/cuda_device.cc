@@ -74,6 +74,20 @@ class CudaClientDevice : public ClientDevice {
                       "cudaStreamWaitEvent");
   }
   bool StreamWaitIsHostWait() const override { return false; }
+  Result<void*> CreateTimingEvent() override {
+    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    cudaEvent_t ev;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDefault));
+    return static_cast<void*>(ev);
+  }
+  Result<int64_t> ElapsedIfDone(void* start, void* end) override {
+    const cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(end));
+    if (q == cudaErrorNotReady) return int64_t{-1};
+    FERRY_CUDA_RETURN_IF_ERROR(q);
+    float ms = 0;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+    return static_cast<int64_t>(static_cast<double>(ms) * 1e6);
+  }
 
  private:
   int ordinal_;

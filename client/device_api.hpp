@@ -44,6 +44,14 @@ class ClientDevice {
   virtual Status RecordEvent(void* event, void* stream) = 0;
   virtual Status StreamWaitEvent(void* stream, void* event) = 0;
   virtual bool StreamWaitIsHostWait() const = 0;
+  // Timing events, to measure how long a stream stalled on a StreamWaitEvent (the GPU-side
+  // exposed time). Only called where StreamWaitIsHostWait() is false.
+  virtual Result<void*> CreateTimingEvent() { return NotSupported("no timing events on this device"); }
+  // Nanoseconds from `start` to `end` once `end` has happened; -1 while it has not.
+  virtual Result<int64_t> ElapsedIfDone(void* start, void* end) {
+    (void)start, (void)end;
+    return NotSupported("no timing events on this device");
+  }
 };
 
 std::unique_ptr<ClientDevice> MakeHostClientDevice();

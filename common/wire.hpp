@@ -159,8 +159,10 @@ struct ApplyPolicyRequest {
   uint32_t dry_run;  // 1: validate only
   uint32_t reserved;
 };
+inline constexpr uint32_t kPolicyFormatCanonical = 0;  // "key: value" lines, what the hash covers
+inline constexpr uint32_t kPolicyFormatYaml = 1;       // a policy file that parses back to the same policy
 struct GetPolicyRequest {
-  uint32_t reserved;
+  uint32_t format;  // kPolicyFormat*
 };
 struct PolicyReply {
   ReplyStatus status;

@@ -209,6 +209,13 @@ class CudaBackend : public Backend {
   // as one cudaMemcpyBatchAsync, with one fence event per stream, instead of one API call and
   // one event per copy. Latency-class copies (stream 0) and bulk copies form separate groups, so
   // a small urgent copy never waits for a bulk batch to be reported done.
+  Result<bool> EventHappened(SharedEvent& e) override {
+    const cudaError_t q = cudaEventQuery(static_cast<CudaEvent&>(e).get());
+    if (q == cudaErrorNotReady) return false;
+    FERRY_CUDA_RETURN_IF_ERROR(q);
+    return true;
+  }
+
   Result<FenceId> Submit(const CopyPlan& plan) override {
     if (plan.pieces.empty()) return InvalidArgument("empty copy plan");
     for (const CopyPiece& p : plan.pieces) {
@@ -216,16 +223,7 @@ class CudaBackend : public Backend {
     }
     const int d = static_cast<int>(plan.direction);
     const int cls = plan.pieces[0].stream == 0 ? 0 : 1;
-    if (plan.wait != nullptr || plan.signal != nullptr) FlushGroups(true);  // order against what came before
-    if (plan.wait != nullptr) {
-      cudaEvent_t w = static_cast<CudaEvent*>(plan.wait)->get();
-      uint32_t waited = 0;
-      for (const CopyPiece& p : plan.pieces) {
-        if (waited & (1u << p.stream)) continue;
-        waited |= 1u << p.stream;
-        FERRY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(streams_[d][p.stream], w, 0));
-      }
-    }
+    if (plan.signal != nullptr) FlushGroups(true);  // order against what came before
     const bool h2d = plan.direction == Direction::kHostToDevice;
     if (groups_[cls].fences.empty()) groups_[cls].staged_ns = MonotonicNanos();
     for (const CopyPiece& p : plan.pieces) {

@@ -22,8 +22,6 @@ using prometheus::ClientMetric;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
 
-const char* DirName(Direction d) { return d == Direction::kHostToDevice ? "h2d" : "d2h"; }
-
 // Copy sizes span 4 KiB to GiBs at 50 GB/s: 1 us to 100 ms and more.
 prometheus::Histogram::BucketBoundaries DurationBuckets() {
   return {2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1, 2, 5};

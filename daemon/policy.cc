@@ -198,6 +198,54 @@ std::string Policy::Canonical() const {
   return out.str();
 }
 
+std::string Policy::ToYaml() const {
+  auto prio = [](StreamPriority p) { return p == StreamPriority::kGreatest ? "greatest" : "least"; };
+  auto quote = [](const std::string& v) {
+    std::string q = "\"";
+    for (char c : v) {
+      if (c == '"' || c == '\\') q += '\\';
+      q += c;
+    }
+    return q + "\"";
+  };
+  std::ostringstream y;
+  y << "name: " << quote(name) << "\n";
+  if (!description.empty()) y << "description: " << quote(description) << "\n";
+  y << "schedule:\n  kind: " << ScheduleName(schedule) << "\n";
+  if (schedule == Schedule::kChunked) y << "  chunk_size: " << SizeText(chunk_bytes) << "\n";
+  if (schedule == Schedule::kGeometric) {
+    char r[32];
+    std::snprintf(r, sizeof r, "%.17g", ratio);
+    y << "  ratio: " << r << "\n  min_chunk: " << SizeText(min_chunk_bytes) << "\n";
+    if (first_chunk_bytes) y << "  first_chunk: " << SizeText(first_chunk_bytes) << "\n";
+  }
+  y << "streams:\n";
+  if (schedule != Schedule::kSerial) y << "  per_direction: " << bulk_streams << "\n";
+  y << "  bulk_priority: " << prio(bulk_priority) << "\n";
+  y << "limits:\n  in_flight_bytes: " << SizeText(in_flight_bytes) << "\n";
+  y << "  client_in_flight_bytes: " << SizeText(client_in_flight_bytes ? client_in_flight_bytes : in_flight_bytes) << "\n";
+  if (schedule != Schedule::kSerial) y << "  copies_in_flight: " << max_copies_in_flight << "\n";
+  y << "  latency_max_bytes: " << SizeText(latency_max_bytes) << "\n";
+  y << "batching:\n  threshold: " << SizeText(batch_threshold_bytes) << "\n";
+  y << "staging:\n  chunk_size: " << SizeText(staging_chunk_bytes) << "\n  threads: " << staging_threads
+    << "\n  buffers: " << staging_buffers << "\n";
+  y << "classes:\n";
+  for (const ClientClass& c : classes) {
+    y << "  - name: " << quote(c.name) << "\n    weight: " << c.weight << "\n    latency: " << (c.latency_allowed ? "true" : "false")
+      << "\n";
+  }
+  if (!clients.empty()) {
+    y << "clients:\n";
+    for (const ClientRule& r : clients) {
+      y << "  - name: " << quote(r.name_glob) << "\n";
+      if (r.uid >= 0) y << "    uid: " << r.uid << "\n";
+      y << "    class: " << quote(r.class_name) << "\n";
+    }
+  }
+  y << "default_class: " << quote(default_class) << "\n";
+  return y.str();
+}
+
 std::string Policy::Hash() const {
   const std::string c = Canonical();
   unsigned char h[crypto_hash_sha256_BYTES];

@@ -63,6 +63,9 @@ struct Policy {
   // hash covers (so two files that say the same thing have the same hash).
   std::string Canonical() const;
   std::string Hash() const;  // first 16 hex digits of SHA-256(Canonical())
+  // A policy file that parses back to this policy (same Canonical()): what `ferryctl tune`
+  // writes and what a tool saves to restore the running policy later.
+  std::string ToYaml() const;
   const ClientClass& ClassFor(const std::string& client_name, int64_t uid) const;
   // The piece lengths for a copy of `length` bytes under this policy.
   void Pieces(uint64_t length, std::vector<uint64_t>& out) const;

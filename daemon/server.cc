@@ -87,6 +87,7 @@ struct Session {
   // Scheduling: bulk copies wait here in order; deficit round robin shares the engines.
   // Each direction has its own copy engines, so its own queue, deficit and in-flight bytes.
   std::deque<uint64_t> queue[2];
+  std::vector<uint64_t> held;  // copies waiting for their "after" event, polled by the loop
   uint64_t queued_bytes = 0;
   uint64_t deficit[2] = {0, 0};
   uint64_t bulk_out_bytes[2] = {0, 0};
@@ -271,7 +272,7 @@ class Server::Impl {
         completed_at_ping = done;
         last_ping = MonotonicNanos();
       }
-      const bool must_poll = !fences_.empty() && backend_->completion_fd() < 0;
+      const bool must_poll = (!fences_.empty() && backend_->completion_fd() < 0) || held_ > 0;
       int timeout = 0;
       bool slept = false;
       if (!must_poll && MonotonicNanos() - last_activity > spin_ns) {
@@ -297,6 +298,7 @@ class Server::Impl {
       for (int i = 0; i < n; ++i) HandleEvent(evs[i]);
       work |= PollSubmissions();
       work |= PollBackend();
+      work |= ReleaseHeld();
       work |= DispatchBulk();
       backend_->Flush();
       FlushAll();
@@ -451,7 +453,7 @@ class Server::Impl {
         UniqueFd fd = msg.fds.empty() ? UniqueFd() : std::move(msg.fds[0]);
         return HandleApplyPolicy(s, seq, msg.As<wire::ApplyPolicyRequest>(), std::move(fd));
       }
-      case wire::MsgType::kGetPolicy: return HandleGetPolicy(s, seq);
+      case wire::MsgType::kGetPolicy: return HandleGetPolicy(s, seq, msg.As<wire::GetPolicyRequest>());
       case wire::MsgType::kGetStaging: {
         wire::StagingReply r{};
         r.status = ToWire(Status::Ok());
@@ -635,9 +637,15 @@ class Server::Impl {
     Reply(s, wire::MsgType::kPolicyReply, seq, r);
   }
 
-  void HandleGetPolicy(Session& s, uint32_t seq) {
+  void HandleGetPolicy(Session& s, uint32_t seq, const wire::GetPolicyRequest& req) {
     wire::PolicyReply r{};
-    const std::string text = "# running policy, canonical form\n" + policy_->Canonical();
+    if (req.format != wire::kPolicyFormatCanonical && req.format != wire::kPolicyFormatYaml) {
+      r.status = ToWire(InvalidArgument("unknown policy format " + std::to_string(req.format)));
+      return Reply(s, wire::MsgType::kPolicyReply, seq, r);
+    }
+    const std::string text = req.format == wire::kPolicyFormatYaml
+                                 ? "# running policy " + policy_->Hash() + ", as a policy file\n" + policy_->ToYaml()
+                                 : "# running policy, canonical form\n" + policy_->Canonical();
     CopyCString(r.name, policy_->name);
     CopyCString(r.hash, policy_->Hash());
     auto fd = CreateSealedMemfd("ferry-policy", text.size());
@@ -786,14 +794,52 @@ class Server::Impl {
     counters_.in_flight++;
     Copy& ref = *c;
     copies_.emplace(c->id, std::move(c));
-    if (ref.latency) {
-      DispatchNext(s, ref);  // the latency stream: never queued behind bulk work
-      MaybeFinish(ref);
-    } else {
-      s.queue[static_cast<int>(ref.direction)].push_back(ref.id);
-      s.queued_bytes += ref.bytes;
-      counters_.queued_bytes += ref.bytes;
+    if (ref.wait != nullptr) {
+      s.held.push_back(ref.id);
+      ++held_;
+      return;
     }
+    ScheduleCopy(s, ref);
+  }
+
+  void ScheduleCopy(Session& s, Copy& c) {
+    if (c.latency) {
+      DispatchNext(s, c);  // the latency stream: never queued behind bulk work
+      MaybeFinish(c);
+    } else {
+      s.queue[static_cast<int>(c.direction)].push_back(c.id);
+      s.queued_bytes += c.bytes;
+      counters_.queued_bytes += c.bytes;
+    }
+  }
+
+  // Schedules the held copies whose "after" event has happened (see Backend::EventHappened).
+  bool ReleaseHeld() {
+    if (held_ == 0) return false;
+    bool any = false;
+    for (auto& [id, sp] : sessions_) {
+      Session& s = *sp;
+      for (size_t i = 0; i < s.held.size();) {
+        Copy& c = *copies_.at(s.held[i]);
+        auto happened = backend_->EventHappened(*c.wait);
+        if (happened.ok() && !*happened) {
+          ++i;
+          continue;
+        }
+        s.held.erase(s.held.begin() + static_cast<std::ptrdiff_t>(i));
+        --held_;
+        any = true;
+        c.wait = nullptr;
+        if (!happened.ok()) {
+          c.status = happened.status().WithContext("waiting for the copy's event");
+          c.next = c.pieces.size();
+          MaybeFinish(c);
+        } else {
+          ScheduleCopy(s, c);
+        }
+      }
+    }
+    return any;
   }
 
   // Cuts a copy as its policy says, and also at slab boundaries when the backend registered the
@@ -834,7 +880,6 @@ class Server::Impl {
   void DispatchNext(Session& s, Copy& c) {
     CopyPlan plan;
     plan.direction = c.direction;
-    plan.wait = c.wait;
     const bool whole = c.WholeAtOnce();
     const size_t end = whole ? c.pieces.size() : c.next + 1;
     uint64_t bytes = 0;
@@ -1061,6 +1106,14 @@ class Server::Impl {
       DropQueued(s, c);
       MaybeFinish(c);
     }
+    const std::vector<uint64_t> held = std::move(s.held);
+    s.held.clear();
+    held_ -= held.size();
+    for (uint64_t id : held) {
+      Copy& c = *copies_.at(id);
+      c.next = c.pieces.size();
+      MaybeFinish(c);
+    }
   }
 
   void ReapDead() {
@@ -1113,6 +1166,7 @@ class Server::Impl {
   std::vector<FenceResult> done_;
   std::vector<uint64_t> lengths_;
   uint64_t next_copy_id_ = 1;
+  size_t held_ = 0;  // copies in the sessions' held lists
   uint64_t bulk_out_bytes_[2] = {0, 0};  // per direction: bulk bytes on the engines, all sessions
   uint32_t copies_started_[2] = {0, 0};  // per direction: bulk copies with pieces out, not finished
   uint64_t rr_cursor_[2] = {0, 0};        // deficit round robin: the session visited last (or now)

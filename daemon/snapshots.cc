@@ -23,7 +23,7 @@ std::string IsoTime(std::chrono::system_clock::time_point t) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count() % 1000;
   std::tm tm{};
   gmtime_r(&s, &tm);
-  char buf[40];
+  char buf[64];
   std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
                 tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
   return buf;
@@ -123,7 +123,9 @@ void SnapshotWriter::Start() {
       if (cv_.wait_for(l, opt_.interval, [this] { return stop_; })) break;
       l.unlock();
       Status st = WriteNow();
-      if (!st.ok()) FERRY_LOG(kError) << "snapshot not written: " << st.ToString();
+      if (!st.ok()) {
+        FERRY_LOG(kError) << "snapshot not written: " << st.ToString();
+      }
       l.lock();
     }
   });
@@ -138,7 +140,9 @@ SnapshotWriter::~SnapshotWriter() {
   if (thread_.joinable()) {
     thread_.join();
     Status st = WriteNow();  // the last window, however short
-    if (!st.ok()) FERRY_LOG(kError) << "last snapshot not written: " << st.ToString();
+    if (!st.ok()) {
+      FERRY_LOG(kError) << "last snapshot not written: " << st.ToString();
+    }
   }
 }
 

@@ -40,9 +40,20 @@ for v in $variants; do
     echo "== demo"
     "$BUILD/ferry-demo" --socket "$rt/ferryd.sock" 2>&1 | tee "$OUT/demo.txt"
   fi
+  if [ $first = 1 ] && [ -n "${OVERLAP:-}" ]; then
+    # The seed workload under every shipped policy, its report signed with a throwaway key
+    # (the .pub comes back to be checked with minisign; the secret key stays here).
+    echo "== overlap"
+    "$BUILD/ferryctl" keygen --dir "$rt" --name bench >/dev/null && cp "$rt/bench.pub" "$OUT/"
+    "$BUILD/ferryctl" --socket "$rt/ferryd.sock" bench overlap --policies policies --report "$OUT/overlap.json" \
+      --sign-key "$rt/bench.key" --svg "$OUT/overlap.svg" ${OVERLAP_ARGS:-} >"$OUT/overlap.txt" 2>"$OUT/overlap.err"
+    echo "overlap rc=$?"; cat "$OUT/overlap.txt"; tail -n 3 "$OUT/overlap.err"
+    [ -n "${OVERLAP_EXTRA:-}" ] && eval "$OVERLAP_EXTRA"
+  fi
   csv=()
   [ $first = 1 ] && csv=(--csv "$OUT/transfer.csv")
   [ -n "$pin_bench" ] && csv+=(--cpu "$pin_bench")
+  [ -n "${SKIP_TRANSFER:-}" ] && { kill -TERM $pid; wait $pid; first=0; continue; }
   "$BUILD/ferry-bench" transfer --socket "$rt/ferryd.sock" --daemon-pid $pid "${csv[@]}" ${BENCH_ARGS:-} \
     >"$OUT/transfer-$tag.txt" 2>/dev/null
   echo "bench rc=$?"

@@ -3,9 +3,15 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <filesystem>
+#include <regex>
 #include <vector>
 
+#include "common/fd.hpp"
 #include "ferry/client.hpp"
 #include "gpu_kernels.hpp"
 #include "process_util.hpp"
@@ -164,6 +170,53 @@ TEST_F(GpuDaemon, AStreamWaitsOnTheGpuForACopyWithoutTheHostBlocking) {
   EXPECT_EQ(FirstDifference(back.data(), host.data(), n), -1) << "the stream did not wait for the copy";
   ASSERT_OK(t.Wait(1s));
   cudaFree(mirror);
+}
+
+// GET /metrics from the daemon under test (its log names the port it bound).
+std::string ScrapeDaemon(const std::string& log) {
+  std::smatch m;
+  if (!std::regex_search(log, m, std::regex(R"(metrics on http://127\.0\.0\.1:([0-9]+)/metrics)"))) return "";
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(std::stoi(m[1])));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return "";
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  if (::send(fd.get(), req.data(), req.size(), 0) < 0) return "";
+  std::string out;
+  char buf[8192];
+  for (ssize_t n; (n = ::recv(fd.get(), buf, sizeof buf, 0)) > 0;) out.append(buf, static_cast<size_t>(n));
+  return out;
+}
+
+double ExposedSumH2d(const std::string& scrape) {
+  std::smatch m;
+  if (!std::regex_search(scrape, m, std::regex(R"(\nferry_exposed_seconds_sum\{[^}]*direction="h2d"[^}]*\} ([0-9.e+-]+))"))) return -1;
+  return std::stod(m[1]);
+}
+
+TEST_F(GpuDaemon, AStreamsStallOnACopyIsMeasuredOnTheGpuAndExportedAsExposedTime) {
+  constexpr size_t n = 512 << 20;  // ~10 ms on the bus: the idle stream stalls about that long
+  ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(n));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client_->AllocateDevice(n));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
+  FillRandom(host.data(), n, testing::RandomSeed());
+  const double before = ExposedSumH2d(ScrapeDaemon(daemon_->Output()));
+  ASSERT_GE(before, 0) << "no h2d exposed-time series in the scrape";
+  ASSERT_OK_AND_ASSIGN(Transfer t, client_->Copy(Direction::kHostToDevice, host, 0, region, 0, n, {.stream_waitable = true}));
+  ASSERT_OK(t.StreamWait(stream_));
+  ASSERT_CUDA(cudaStreamSynchronize(stream_));
+  // The stall is read from the GPU's timing events on the library's next call and reported
+  // then; a small copy makes that call and wakes the daemon to read the report.
+  ASSERT_OK_AND_ASSIGN(Transfer poke, client_->Copy(Direction::kHostToDevice, host, 0, region, 0, 4096));
+  ASSERT_OK(poke.Wait(1s));
+  double after = -1;
+  EXPECT_TRUE(testing::DaemonHarness::Eventually([&] {
+    after = ExposedSumH2d(ScrapeDaemon(daemon_->Output()));
+    return after - before >= 0.004;
+  }, 5000)) << "exposed h2d seconds went from " << before << " to " << after << "; the stream waited ~10 ms";
+  EXPECT_LT(after - before, 1.0);
 }
 
 TEST_F(GpuDaemon, PageableMemoryIsStagedBothWays) {

@@ -59,6 +59,25 @@ TEST(Policy, SchedulesCutCopiesAsTheySay) {
   EXPECT_LE(v.back(), 2ull << 20) << "the tail piece is small";
 }
 
+TEST(Policy, ToYamlWritesAFileThatParsesBackToTheSamePolicy) {
+  std::vector<std::shared_ptr<const Policy>> all{std::make_shared<Policy>()};
+  for (const char* name : {"serial", "side-stream", "chunked", "chunked-8mib", "geometric", "latency-bulk"}) {
+    auto p = daemon::LoadPolicyFile(std::string(FERRY_SOURCE_DIR) + "/policies/" + name + ".yaml");
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    all.push_back(*p);
+  }
+  all.push_back(MustParse("name: 'odd \"name\"'\nschedule: {kind: geometric, ratio: 0.3, min_chunk: 256KiB, first_chunk: 8MiB}\n"
+                          "classes: [{name: a, weight: 2, latency: false}, {name: b}]\n"
+                          "clients: [{name: 'x*', uid: 1000, class: b}]\n"));
+  for (const auto& p : all) {
+    const std::string yaml = p->ToYaml();
+    auto back = ParsePolicy(yaml, p->name + ".yaml");
+    ASSERT_TRUE(back.ok()) << back.status().ToString() << "\n" << yaml;
+    EXPECT_EQ((*back)->Canonical(), p->Canonical()) << yaml;
+    EXPECT_EQ((*back)->description, p->description);
+  }
+}
+
 TEST(Policy, HashCoversSettingsNotSpelling) {
   auto a = MustParse("schedule:\n  kind: chunked\n  chunk_size: 8MiB\n");
   auto b = MustParse("# same, said differently\nschedule: {kind: chunked, chunk_size: 8388608}\nname: chunked\n");
@@ -170,6 +189,49 @@ TEST(Scheduler, ALatencyCopyGoesAheadOfQueuedBulkWork) {
   log = be->log();
   ASSERT_EQ(log.size(), 9u);
   for (size_t i = 3; i < log.size(); ++i) EXPECT_NE(log[i].stream, 0u) << "bulk never uses the latency stream";
+}
+
+TEST(Scheduler, ACopyAfterAnEventIsHeldUntilTheEventHappensWhileOtherCopiesGoAhead) {
+  auto inner = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
+  ASSERT_TRUE(inner.ok());
+  auto backend = std::make_unique<PausableBackend>(std::move(*inner));
+  PausableBackend* be = backend.get();
+  DaemonHarness d(DaemonHarness::SmallConfig(), std::move(backend));
+  Fixture f = NewClient(d, "after", 4 << 20);
+  ASSERT_OK_AND_ASSIGN(SharedEvent ev, f.client->CreateEvent());
+  be->HoldEvents(true);  // the client's kernel has not reached its record yet
+  ASSERT_OK(ev.Record(nullptr));
+  ASSERT_OK_AND_ASSIGN(Transfer held, f.client->Copy(Direction::kHostToDevice, f.host, 0, f.region, 0, 2 << 20, {.after = &ev}));
+  ASSERT_OK_AND_ASSIGN(Transfer free, f.client->Copy(Direction::kHostToDevice, f.host, 2 << 20, f.region, 2 << 20, 2 << 20));
+  ASSERT_OK(free.Wait(5s));  // a copy with no dependency is not stuck behind the held one
+  std::this_thread::sleep_for(30ms);
+  ASSERT_OK_AND_ASSIGN(bool done, held.Poll());
+  EXPECT_FALSE(done) << "the copy ran before its event happened";
+  const auto* dev = static_cast<const std::byte*>(f.dev.data());
+  EXPECT_EQ(testing::FirstDifference(dev + (2 << 20), f.host.data() + (2 << 20), 2 << 20), -1);
+  for (size_t i = 0; i < (2u << 20); ++i) ASSERT_EQ(dev[i], std::byte{0xA5}) << "held bytes landed at " << i << " (poison gone)";
+  be->HoldEvents(false);
+  ASSERT_OK(held.Wait(5s));
+  EXPECT_EQ(testing::FirstDifference(dev, f.host.data(), 4 << 20), -1);
+
+  // A client that goes away with a copy still held gets everything back.
+  be->HoldEvents(true);
+  const uint64_t pool = f.client->Stats()->pool_bytes;
+  uint64_t free_before = 0;
+  {
+    Fixture g = NewClient(d, "after-dies", 1 << 20);
+    ASSERT_OK_AND_ASSIGN(SharedEvent ev2, g.client->CreateEvent());
+    ASSERT_OK_AND_ASSIGN(Transfer orphan, g.client->Copy(Direction::kHostToDevice, g.host, 0, g.region, 0, 1 << 20, {.after = &ev2}));
+    free_before = f.client->Stats()->pool_free_bytes;
+    ASSERT_OK_AND_ASSIGN(bool orphan_done, orphan.Poll());
+    EXPECT_FALSE(orphan_done);
+  }  // the client, its buffers, event and held copy all go away
+  EXPECT_TRUE(DaemonHarness::Eventually([&] {
+    auto st = f.client->Stats();
+    return st.ok() && st->sessions == 1 && st->pool_free_bytes > free_before;
+  })) << "the dead client's session and buffers were not reclaimed";
+  EXPECT_LE(f.client->Stats()->pool_free_bytes, pool);
+  be->HoldEvents(false);
 }
 
 // Two clients keep bulk copies queued for a while; returns bytes each finished.

@@ -72,6 +72,12 @@ class PausableBackend : public daemon::FaultInjectingBackend {
     return paused_ || !held_.empty() ? -1 : daemon::FaultInjectingBackend::completion_fd();
   }
   void Pause(bool p) { paused_ = p; }
+  // While set, no client event has happened: copies "after" one must be held by the daemon.
+  void HoldEvents(bool h) { events_held_ = h; }
+  Result<bool> EventHappened(daemon::SharedEvent& e) override {
+    if (events_held_) return false;
+    return daemon::FaultInjectingBackend::EventHappened(e);
+  }
   std::vector<Submitted> log() {
     std::lock_guard<std::mutex> l(mu_);
     return log_;
@@ -79,6 +85,7 @@ class PausableBackend : public daemon::FaultInjectingBackend {
 
  private:
   std::atomic<bool> paused_{false};
+  std::atomic<bool> events_held_{false};
   std::mutex mu_;
   std::vector<Submitted> log_;
   std::vector<daemon::FenceResult> held_;  // event-loop thread only

@@ -19,6 +19,8 @@
 #include "daemon/policy.hpp"
 #include "ferry/client.hpp"
 #include "ferry/version.hpp"
+#include "tools/bench_commands.hpp"
+#include "tools/control.hpp"
 
 namespace {
 
@@ -38,7 +40,16 @@ commands:
   verify --pub KEY [--json] FILE|DIR...
                                   check signed snapshots: each signature (minisign format), its
                                   record id and sequence, the key, and the hash chain between
-                                  them. Exit 1 with the reason on the first failure.
+                                  them; and signed reports (bench overlap, tune): signature and
+                                  record id. Exit 1 with the reason on the first failure.
+  bench overlap [...]             the seed workload (matmul + its output's copy) in-process and
+                                  through ferryd under each policy: exposed copy time, nine
+                                  correctness checks, a signed report, a plot (--help for more)
+  bench transfer [...]            pageable vs pinned vs ferry pool vs ferry staged copies over a
+                                  size sweep (runs ferry-bench transfer; --help for more)
+  tune [...]                      re-tune the policy on this GPU: sweep settings over the overlap
+                                  workload and a transfer sweep, write the best policy, say what
+                                  changed since the last tune (--help for more)
   version                         ferryctl's version
 
 options:
@@ -51,35 +62,9 @@ int Fail(const std::string& what) {
   return 1;
 }
 
-// A control connection to ferryd that speaks only the slow path.
-class Control {
- public:
-  Status Open(const std::string& socket) {
-    FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(socket.empty() ? DefaultSocketPath() : socket));
-    wire::HelloRequest h{};
-    h.client_version = wire::kVersion;
-    CopyCString(h.name, "ferryctl");
-    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kHello, h));
-    return FromWire(m.As<wire::HelloReply>().status);
-  }
-  template <typename T>
-  Result<ReceivedMessage> Call(wire::MsgType type, const T& req, int fd = -1) {
-    FERRY_RETURN_IF_ERROR(Send(sock_.get(), type, ++seq_, req, fd >= 0 ? &fd : nullptr, fd >= 0 ? 1 : 0));
-    return RecvMessage(sock_.get(), 10000);
-  }
+using tools::Control;
 
- private:
-  UniqueFd sock_;
-  uint32_t seq_ = 0;
-};
-
-Result<std::string> RunningPolicyText(Control& c) {
-  FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, c.Call(wire::MsgType::kGetPolicy, wire::GetPolicyRequest{}));
-  if (m.type() != wire::MsgType::kPolicyReply) return ProtocolError("unexpected reply");
-  FERRY_RETURN_IF_ERROR(FromWire(m.As<wire::PolicyReply>().status));
-  if (m.fds.size() != 1) return ProtocolError("policy reply without its text");
-  return ReadWholeFd(m.fds[0].get(), yamlutil::kMaxYamlBytes);
-}
+Result<std::string> RunningPolicyText(Control& c) { return c.RunningPolicyText(); }
 
 int PolicyShow(const std::vector<std::string>& args, const std::string& socket) {
   if (args.empty()) {
@@ -134,19 +119,13 @@ int PolicyApply(const std::vector<std::string>& args, const std::string& socket)
   if (!fd.valid()) return Fail("cannot open " + file + ": " + std::strerror(errno));
   Control c;
   if (Status s = c.Open(socket); !s.ok()) return Fail(s.ToString());
-  wire::ApplyPolicyRequest req{};
-  CopyCString(req.source, file);
-  req.dry_run = dry ? 1 : 0;
-  auto m = c.Call(wire::MsgType::kApplyPolicy, req, fd.get());
-  if (!m.ok()) return Fail(m.status().ToString());
-  auto r = m->As<wire::PolicyReply>();
-  if (Status s = FromWire(r.status); !s.ok()) return Fail(s.message() + " (the running policy is unchanged)");
+  auto r = c.ApplyPolicyFd(fd.get(), file, dry);
+  if (!r.ok()) return Fail(r.status().message() + " (the running policy is unchanged)");
   if (dry) {
-    std::printf("%s is valid: policy %s, hash %s (not applied)\n", file.c_str(), ReadCString(r.name).c_str(),
-                ReadCString(r.hash).c_str());
+    std::printf("%s is valid: policy %s, hash %s (not applied)\n", file.c_str(), r->name.c_str(), r->hash.c_str());
   } else {
-    std::printf("applied %s: policy %s, hash %s -> %s\n", file.c_str(), ReadCString(r.name).c_str(),
-                ReadCString(r.previous_hash).c_str(), ReadCString(r.hash).c_str());
+    std::printf("applied %s: policy %s, hash %s -> %s\n", file.c_str(), r->name.c_str(), r->previous_hash.c_str(),
+                r->hash.c_str());
   }
   return 0;
 }
@@ -163,11 +142,7 @@ int Status_(const std::vector<std::string>& args, const std::string& socket) {
   Control c;
   std::string policy_line;
   if (c.Open(socket).ok()) {
-    auto m = c.Call(wire::MsgType::kGetPolicy, wire::GetPolicyRequest{});
-    if (m.ok() && m->type() == wire::MsgType::kPolicyReply) {
-      auto r = m->As<wire::PolicyReply>();
-      policy_line = ReadCString(r.name) + " (" + ReadCString(r.hash) + ")";
-    }
+    if (auto r = c.RunningPolicy(); r.ok()) policy_line = r->name + " (" + r->hash + ")";
   }
   const char* backend = (*client)->backend() == BackendKind::kCuda ? "cuda" : "host";
   if (json) {
@@ -251,6 +226,25 @@ Result<VerifiedRecord> VerifyOne(const signing::PublicKey& pk, const std::string
   return v;
 }
 
+// A signed report: returns "report KIND RECORD-ID" once its signature and id check out; an
+// empty string for a file whose signature is not a report's (a snapshot's).
+Result<std::string> VerifyReport(const signing::PublicKey& pk, const std::string& file) {
+  UniqueFd rf(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!rf.valid()) return NotFound(file + ": " + std::strerror(errno));
+  FERRY_ASSIGN_OR_RETURN(std::string record, ReadWholeFd(rf.get(), 16 << 20));
+  UniqueFd sf(::open((file + ".minisig").c_str(), O_RDONLY | O_CLOEXEC));
+  if (!sf.valid()) return NotFound(file + ".minisig: " + std::strerror(errno) + " (no signature)");
+  FERRY_ASSIGN_OR_RETURN(std::string sig, ReadWholeFd(sf.get(), 4096));
+  if (sig.find("trusted comment: ferry report ") == std::string::npos) return std::string();
+  FERRY_ASSIGN_OR_RETURN(std::string trusted, signing::Verify(pk, record, sig));
+  char kind[32] = {0}, id[64] = {0};
+  if (std::sscanf(trusted.c_str(), "ferry report %31s %63s", kind, id) != 2) {
+    return InvalidArgument("trusted comment is not a ferry report's: '" + trusted + "'");
+  }
+  if (signing::RecordId(record) != id) return InvalidArgument(std::string("record id ") + id + " does not match the report's hash");
+  return std::string("report ") + kind + " " + id;
+}
+
 int Verify(const std::vector<std::string>& args) {
   std::string pub;
   bool json = false;
@@ -281,6 +275,24 @@ int Verify(const std::vector<std::string>& args) {
       records.push_back(f);
     }
   }
+  // Signed reports (bench overlap, tune) stand alone: a signature and a record id, no chain.
+  std::vector<std::string> snapshots;
+  int reports = 0;
+  for (const auto& f : records) {
+    auto r = VerifyReport(*pk, f);
+    if (!r.ok()) return Fail("FAILED: " + f + ": " + r.status().message());
+    if (r->empty()) {
+      snapshots.push_back(f);
+      continue;
+    }
+    ++reports;
+    if (!json) std::printf("verified %s: %s, signed by key %s\n", f.c_str(), r->c_str(), signing::KeyIdHex(pk->id).c_str());
+  }
+  if (reports > 0 && snapshots.empty()) {
+    if (json) std::printf("{\"ok\":true,\"key_id\":\"%s\",\"reports\":%d}\n", signing::KeyIdHex(pk->id).c_str(), reports);
+    return 0;
+  }
+  records = snapshots;
   if (records.empty()) return Fail("no snapshot records found");
   // Every record's own signature first; then what the set says: replays, order, gaps, chain.
   std::vector<VerifiedRecord> ok;
@@ -362,6 +374,12 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cmd == "status") return Status_(rest, socket);
+  if (cmd == "bench" && !rest.empty()) {
+    std::vector<std::string> bargs(rest.begin() + 1, rest.end());
+    if (rest[0] == "overlap") return tools::BenchOverlap(bargs, socket);
+    if (rest[0] == "transfer") return tools::BenchTransfer(bargs, socket);
+  }
+  if (cmd == "tune") return tools::Tune(rest, socket);
   if (cmd == "keygen") return Keygen(rest);
   if (cmd == "verify") return Verify(rest);
   if (cmd == "policy" && !rest.empty()) {

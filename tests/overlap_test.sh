@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The overlap benchmark end to end on the host backend (CI has no GPU): a real ferryd, the
+# bench switching through every shipped policy and putting the running one back, the nine
+# checks passing, the JSON report signed and verified by the stock minisign, the plot written.
+# usage: overlap_test.sh FERRYD FERRYCTL POLICY_DIR
+set -uo pipefail
+ferryd=$1 ctl=$2 policies=$3
+command -v minisign >/dev/null || { echo "FAIL: minisign is not installed (scripts/setup.sh installs it)"; exit 1; }
+command -v python3 >/dev/null || { echo "FAIL: python3 is not installed"; exit 1; }
+dir=$(mktemp -d /tmp/ferry-overlap-XXXXXX)
+trap 'kill $pid 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+cat >"$dir/ferryd.yaml" <<YML
+runtime_dir: $dir/rt
+backend: host
+pool: {size: 64MiB, slab: 1MiB}
+metrics: {address: ""}
+policy: $policies/latency-bulk.yaml
+YML
+"$ferryd" --config "$dir/ferryd.yaml" >"$dir/ferryd.log" 2>&1 &
+pid=$!
+for _ in $(seq 200); do [ -S "$dir/rt/ferryd.sock" ] && break; sleep 0.05; done
+sock=$dir/rt/ferryd.sock
+before=$("$ctl" --socket "$sock" policy show | sha256sum)
+"$ctl" keygen --dir "$dir" --name bench >/dev/null || fail "keygen"
+
+"$ctl" --socket "$sock" bench overlap --quick --n 128 --policies "$policies" --report "$dir/report.json" \
+  --sign-key "$dir/bench.key" --svg "$dir/plot.svg" >"$dir/out.txt" 2>"$dir/err.txt" ||
+  { cat "$dir/out.txt" "$dir/err.txt"; fail "bench overlap failed"; }
+cat "$dir/out.txt"
+after=$("$ctl" --socket "$sock" policy show | sha256sum)
+[ "$before" = "$after" ] || fail "the policy running before the bench was not put back"
+
+python3 - "$dir/report.json" "$policies" <<'PY' || fail "report"
+import json, sys, glob, os
+r = json.load(open(sys.argv[1]))
+assert r["format"] == "ferry-overlap-report/1", r["format"]
+assert r["checks_passed"] is True
+assert len(r["checks"]) == 9 and all(c["pass"] for c in r["checks"]), r["checks"]
+names = sorted(os.path.basename(p)[:-5] for p in glob.glob(sys.argv[2] + "/*.yaml"))
+ferry = [m for m in r["modes"] if m["path"] == "ferryd"]
+assert sorted({m["policy"] for m in ferry}) == names, ({m["policy"] for m in ferry}, names)
+for m in ferry:
+    assert len(m["policy_hash"]) == 16 and m["step_seconds"]["n"] > 0, m
+    if m["strategy"] != "copy":
+        assert "exposed_seconds" in m and m["step_seconds"]["median"] > 0, m
+assert r["compute_seconds"]["median"] > 0 and r["copy_seconds"] > 0
+for k in ("ferry_version", "engine", "daemon_backend", "environment", "workload"):
+    assert k in r, k
+print("report ok:", len(r["modes"]), "modes,", len(ferry), "through ferryd")
+PY
+grep -q "<svg" "$dir/plot.svg" || fail "no plot"
+[ "$(grep -c '<rect' "$dir/plot.svg")" -ge 10 ] || fail "the plot has too few bars"
+
+minisign -Vm "$dir/report.json" -p "$dir/bench.pub" -q || fail "minisign rejects the signed report"
+"$ctl" verify --pub "$dir/bench.pub" "$dir/report.json" || fail "ferryctl verify rejects the signed report"
+sed -i 's/"checks_passed": true/"checks_passed": false/' "$dir/report.json"
+minisign -Vm "$dir/report.json" -p "$dir/bench.pub" -q 2>/dev/null && fail "minisign accepted a tampered report"
+"$ctl" verify --pub "$dir/bench.pub" "$dir/report.json" >/dev/null 2>&1 && fail "ferryctl verify accepted a tampered report"
+
+# A policy file that does not parse fails the command up front and changes nothing.
+printf 'schedule: {kind: nonsense}\n' >"$dir/bad.yaml"
+"$ctl" --socket "$sock" bench overlap --quick --n 64 --policies "$dir/bad.yaml" >/dev/null 2>"$dir/bad.txt" &&
+  fail "a bad policy file was accepted"
+grep -q "bad.yaml:1" "$dir/bad.txt" || { cat "$dir/bad.txt"; fail "the error does not name the file and line"; }
+[ "$before" = "$("$ctl" --socket "$sock" policy show | sha256sum)" ] || fail "a failed bench changed the policy"
+
+kill -TERM $pid; wait $pid || fail "ferryd did not stop cleanly"
+grep -q "\[error\]" "$dir/ferryd.log" && { cat "$dir/ferryd.log"; fail "ferryd logged an error"; }
+echo "PASS"

@@ -1,0 +1,267 @@
+// `ferryctl bench overlap` and `ferryctl bench transfer`.
+#include "tools/bench_commands.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "common/signing.hpp"
+#include "ferry/client.hpp"
+#include "tools/overlap.hpp"
+
+namespace ferry::tools {
+namespace {
+
+constexpr const char* kOverlapUsage = R"(usage: ferryctl [--socket PATH] bench overlap [options]
+
+The seed workload: an N x N float32 matmul per step (cuBLAS on the GPU; on a host-backend
+ferryd, the CPU) whose output (64 MiB at N = 4096) is copied device to host. Runs, in one go,
+the math alone, the copy alone, the in-process baselines (serial, a side stream, in-step
+blocks) and the same steps through ferryd under each policy given (pipelined: the copy under
+the next step's math; in-step: each block's copy under the next block's math), with nine
+correctness checks on fresh random inputs each round. Prints per mode the step time, the
+exposed copy time (step - compute) and the overlap. ferryd's policy is switched for the run
+and the one that was running is put back at the end. Exit 1 if a check fails.
+
+options:
+  --policies P,...   policy files or directories of them (default: $FERRY_POLICY_DIR, else
+                     /etc/ferry/policies, else the installed ones, else ./policies)
+  --n N              matrix size (default 4096 on the GPU, 256 on the host)
+  --steps N          timed steps per mode and round (default 30)
+  --warmup N         untimed steps first (default 5)
+  --rounds N         rounds, each with fresh random inputs (default 3)
+  --blocks N         in-step: the math cut into N column blocks (default 6) ...
+  --ratio R          ... each R of the one before (default 0.5)
+  --report FILE      write the run report (JSON) to FILE
+  --sign-key KEY     sign the report (needs --report): FILE.minisig, minisign format
+  --svg FILE         plot of the step per mode, compute and exposed copy to scale
+  --json             print the report (JSON) instead of the table
+  --quick            --steps 10 --warmup 3 --rounds 2
+  --engine E         auto | cuda | host (default auto: what ferryd runs)
+  -h, --help         this help
+)";
+
+constexpr const char* kTransferUsage = R"(usage: ferryctl [--socket PATH] bench transfer [ferry-bench transfer options]
+
+What is the fastest way to move a tensor to the GPU, and why are timings odd? Runs
+ferry-bench transfer (installed next to ferryctl, built with CUDA): pageable vs pinned vs the
+ferry pool vs ferry staged from pageable memory over a size sweep, warm-up, device events,
+medians with min/max, outliers counted. See `ferry-bench transfer --help` for its options.
+)";
+
+int Fail(const std::string& what) {
+  std::fprintf(stderr, "ferryctl: %s\n", what.c_str());
+  return 1;
+}
+
+bool WriteFile(const std::string& path, const std::string& data, std::string* error) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << data;
+  f.close();
+  if (!f) {
+    *error = "cannot write " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+bool IsDir(const std::string& p) {
+  struct stat st{};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::vector<std::string> PolicyFilesIn(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n.size() > 5 && n.substr(n.size() - 5) == ".yaml") out.push_back(dir + "/" + n);
+    }
+    ::closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<std::string> SplitComma(const std::string& s) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= s.size()) {
+    size_t c = s.find(',', at);
+    if (c == std::string::npos) c = s.size();
+    if (c > at) out.push_back(s.substr(at, c - at));
+    at = c + 1;
+  }
+  return out;
+}
+
+std::string ExeDir() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  std::string p(buf, static_cast<size_t>(n));
+  return p.substr(0, p.rfind('/'));
+}
+
+}  // namespace
+
+std::string DefaultPolicyDir() {
+  if (const char* e = std::getenv("FERRY_POLICY_DIR"); e && *e) return e;
+  for (const std::string& d : {std::string("/etc/ferry/policies"), std::string(FERRY_INSTALL_DATADIR) + "/ferry/policies",
+                               ExeDir() + "/../policies", std::string("policies")}) {
+    if (IsDir(d) && !PolicyFilesIn(d).empty()) return d;
+  }
+  return "policies";
+}
+
+Result<std::vector<std::string>> ExpandPolicies(const std::string& spec) {
+  std::vector<std::string> files;
+  for (const std::string& p : SplitComma(spec.empty() ? DefaultPolicyDir() : spec)) {
+    if (IsDir(p)) {
+      auto in = PolicyFilesIn(p);
+      files.insert(files.end(), in.begin(), in.end());
+    } else if (::access(p.c_str(), R_OK) == 0) {
+      files.push_back(p);
+    } else {
+      return NotFound("policy " + p + ": " + std::strerror(errno));
+    }
+  }
+  if (files.empty()) return NotFound("no policy files in " + spec);
+  return files;
+}
+
+Result<std::unique_ptr<overlap::StepEngine>> MakeEngine(const std::string& which, const std::string& socket, int n) {
+  ConnectOptions co;
+  co.socket_path = socket;
+  co.name = "ferryctl";
+  FERRY_ASSIGN_OR_RETURN(auto c, Client::Connect(co));
+  std::string kind = which;
+  if (kind == "auto" || kind.empty()) kind = c->backend() == BackendKind::kCuda ? "cuda" : "host";
+  if (kind == "cuda") return overlap::MakeCudaStepEngine(c->device_ordinal(), n > 0 ? n : 4096);
+  if (kind == "host") {
+    std::fprintf(stderr, "ferryctl: the math runs on this CPU at n = %d (host engine: no GPU numbers)\n", n > 0 ? n : 256);
+    return overlap::MakeHostStepEngine(n > 0 ? n : 256);
+  }
+  return InvalidArgument("--engine is auto, cuda or host, not " + which);
+}
+
+Status SignFile(const std::string& path, const std::string& data, const std::string& key_path, const std::string& kind) {
+  signing::SecretKey sk;
+  FERRY_RETURN_IF_ERROR(signing::LoadSecretKey(key_path, sk));
+  const std::string id = signing::RecordId(data);
+  FERRY_ASSIGN_OR_RETURN(std::string sig, signing::Sign(sk, data, "ferry report " + kind + " " + id,
+                                                         "signature from ferry secret key " + signing::KeyIdHex(sk.id)));
+  std::string err;
+  if (!WriteFile(path + ".minisig", sig, &err)) return Internal(err);
+  return Status::Ok();
+}
+
+int BenchOverlap(const std::vector<std::string>& args, const std::string& socket) {
+  overlap::Options o;
+  o.socket = socket;
+  std::string policies, report_path, key, svg, engine = "auto";
+  bool json = false;
+  int n = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> std::string { return i + 1 < args.size() ? args[++i] : ""; };
+    auto number = [&](int lo, int hi, int& out) -> bool {
+      const std::string v = value();
+      char* end = nullptr;
+      long x = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end || x < lo || x > hi) return false;
+      out = static_cast<int>(x);
+      return true;
+    };
+    if (a == "-h" || a == "--help") {
+      std::fputs(kOverlapUsage, stdout);
+      return 0;
+    } else if (a == "--policies") {
+      policies = value();
+    } else if (a == "--n") {
+      if (!number(64, 16384, n)) return Fail("--n takes 64..16384");
+    } else if (a == "--steps") {
+      if (!number(2, 2000, o.steps)) return Fail("--steps takes 2..2000");
+    } else if (a == "--warmup") {
+      if (!number(0, 100, o.warmup)) return Fail("--warmup takes 0..100");
+    } else if (a == "--rounds") {
+      if (!number(1, 100, o.rounds)) return Fail("--rounds takes 1..100");
+    } else if (a == "--blocks") {
+      if (!number(1, 32, o.pieces)) return Fail("--blocks takes 1..32");
+    } else if (a == "--ratio") {
+      o.ratio = std::atof(value().c_str());
+      if (!(o.ratio >= 0.05 && o.ratio <= 1.0)) return Fail("--ratio takes 0.05..1");
+    } else if (a == "--report") {
+      report_path = value();
+    } else if (a == "--sign-key") {
+      key = value();
+    } else if (a == "--svg") {
+      svg = value();
+    } else if (a == "--json") {
+      json = true;
+    } else if (a == "--quick") {
+      o.steps = 10;
+      o.warmup = 3;
+      o.rounds = 2;
+    } else if (a == "--engine") {
+      engine = value();
+    } else {
+      return Fail("bench overlap: unknown option '" + a + "' (try --help)");
+    }
+  }
+  if (!key.empty() && report_path.empty()) return Fail("--sign-key needs --report FILE");
+  auto files = ExpandPolicies(policies);
+  if (!files.ok()) return Fail(files.status().message());
+  for (const std::string& f : *files) {
+    auto in = overlap::ReadPolicyFile(f);
+    if (!in.ok()) return Fail(in.status().message());
+    o.policies.push_back(std::move(*in));
+  }
+  auto e = MakeEngine(engine, socket, n);
+  if (!e.ok()) return Fail(e.status().ToString());
+  o.quiet = json && ::isatty(2) == 0;
+  auto r = overlap::Run(**e, o);
+  if (!r.ok()) return Fail("bench overlap: " + r.status().ToString());
+  const std::string j = overlap::ToJson(*r);
+  std::string err;
+  if (!report_path.empty()) {
+    if (!WriteFile(report_path, j, &err)) return Fail(err);
+    if (!key.empty()) {
+      if (Status s = SignFile(report_path, j, key, "overlap"); !s.ok()) return Fail("signing the report: " + s.ToString());
+    }
+  }
+  if (!svg.empty() && !WriteFile(svg, overlap::ToSvg(*r), &err)) return Fail(err);
+  std::fputs(json ? j.c_str() : overlap::ToText(*r).c_str(), stdout);
+  if (!r->checks_passed()) {
+    std::fprintf(stderr, "ferryctl: bench overlap: a correctness check failed (see the checks above)\n");
+    return 1;
+  }
+  return 0;
+}
+
+int BenchTransfer(const std::vector<std::string>& args, const std::string& socket) {
+  for (const auto& a : args) {
+    if (a == "-h" || a == "--help") std::fputs(kTransferUsage, stdout);
+  }
+  const std::string exe = ExeDir() + "/ferry-bench";
+  if (::access(exe.c_str(), X_OK) != 0) {
+    return Fail("bench transfer needs ferry-bench beside ferryctl (" + exe + "), which is built only with the CUDA toolkit");
+  }
+  std::vector<std::string> argv{exe, "transfer"};
+  if (!socket.empty()) argv.insert(argv.end(), {"--socket", socket});
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> c;
+  for (auto& s : argv) c.push_back(s.data());
+  c.push_back(nullptr);
+  ::execv(exe.c_str(), c.data());
+  return Fail("exec " + exe + ": " + std::strerror(errno));
+}
+
+}  // namespace ferry::tools
