@@ -29,6 +29,7 @@ inline void FillRandom(std::byte* p, size_t n, uint64_t seed) {
 struct Summary {
   double median = 0, min = 0, max = 0, p99 = 0;
   size_t n = 0;
+  size_t outliers = 0;  // beyond 1.5 interquartile ranges from the quartiles (Tukey's fences)
 };
 
 inline Summary Summarize(std::vector<double> v) {
@@ -40,6 +41,8 @@ inline Summary Summarize(std::vector<double> v) {
   s.min = v.front();
   s.max = v.back();
   s.p99 = v[std::min(v.size() - 1, static_cast<size_t>(static_cast<double>(v.size()) * 0.99))];
+  const double q1 = v[v.size() / 4], q3 = v[std::min(v.size() - 1, v.size() * 3 / 4)], iqr = q3 - q1;
+  for (double x : v) s.outliers += (x < q1 - 1.5 * iqr || x > q3 + 1.5 * iqr) ? 1 : 0;
   return s;
 }
 
@@ -60,6 +63,7 @@ class Progress {
   explicit Progress(size_t total) : total_(total), tty_(::isatty(2) != 0) {}
   void Step(const std::string& what) {
     ++done_;
+    if (done_ > total_) total_ = done_;  // an estimate that ran short
     if (tty_) {
       const int width = 30;
       const int filled = static_cast<int>(width * done_ / std::max<size_t>(total_, 1));

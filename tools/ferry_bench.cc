@@ -46,6 +46,9 @@ options:
   --json             print one JSON object instead of the tables
   --quick            fewer repetitions
   --cpu N            run on CPU N (put it near ferryd's, on the GPU's NUMA node)
+  --only staged      only the pageable-memory section (cudaMemcpy, pin-then-copy, ferry staged)
+  --staged-chunk B   CopyStaged chunk size (default: the policy's, fitted to the copy)
+  --staged-threads N CopyStaged threads (default: the policy's)
   -h, --help         this help
 )";
 
@@ -116,7 +119,8 @@ class TransferBench {
   size_t max_size_ = 1ull << 30;
   int daemon_pid_ = -1;
   std::string csv_;
-  bool json_ = false, quick_ = false;
+  bool json_ = false, quick_ = false, only_staged_ = false;
+  ferry::StagedCopyOptions staged_opts_;
 
   std::unique_ptr<ferry::Client> client_;
   std::optional<ferry::HostBuffer> pool_buf_;
@@ -151,6 +155,16 @@ int TransferBench::Run(int argc, char** argv) {
       csv_ = value();
     } else if (a == "--json") {
       json_ = true;
+    } else if (a == "--only") {
+      if (value() != "staged") {
+        std::fprintf(stderr, "ferry-bench: --only takes staged\n");
+        return 64;
+      }
+      only_staged_ = true;
+    } else if (a == "--staged-chunk") {
+      staged_opts_.chunk_bytes = std::stoull(value());
+    } else if (a == "--staged-threads") {
+      staged_opts_.threads = std::stoi(value());
     } else if (a == "--quick") {
       quick_ = true;
     } else if (a == "--cpu") {
@@ -169,11 +183,14 @@ int TransferBench::Run(int argc, char** argv) {
   for (size_t n = 4096; n <= max_size_; n *= 4) sizes_.push_back(n);
   if (int rc = Setup()) return rc;
   for (size_t n = 1 << 20; n <= max_size_; n *= 4) staged_sizes_.push_back(n);
-  progress_ = std::make_unique<ferry::bench::Progress>(sizes_.size() * 2 + 5 + staged_sizes_.size() + (daemon_pid_ > 0));
-  if (int rc = Bandwidth()) return rc;
-  if (int rc = Bidirectional()) return rc;
-  if (int rc = Latency()) return rc;
-  if (int rc = ManySmall()) return rc;
+  progress_ = std::make_unique<ferry::bench::Progress>((only_staged_ ? 0 : sizes_.size() * 2 + 5) + staged_sizes_.size() +
+                                                       (daemon_pid_ > 0));
+  if (!only_staged_) {
+    if (int rc = Bandwidth()) return rc;
+    if (int rc = Bidirectional()) return rc;
+    if (int rc = Latency()) return rc;
+    if (int rc = ManySmall()) return rc;
+  }
   if (int rc = Staged()) return rc;
   if (daemon_pid_ > 0) {
     std::this_thread::sleep_for(1s);  // past ferryd's spin window
@@ -401,11 +418,11 @@ int TransferBench::Staged() {
     // Check: staged h2d into poisoned device memory, staged d2h into a poisoned pageable buffer.
     CUDA_OR_DIE(cudaMemset(dev_, 0xA5, n));
     CUDA_OR_DIE(cudaDeviceSynchronize());
-    FERRY_OR_DIE(client_->CopyStaged(ferry::Direction::kHostToDevice, pageable.data(), *region_, 0, n));
+    FERRY_OR_DIE(client_->CopyStaged(ferry::Direction::kHostToDevice, pageable.data(), *region_, 0, n, staged_opts_));
     CUDA_OR_DIE(cudaMemcpy(pinned_, dev_, n, cudaMemcpyDeviceToHost));
     bool ok = std::memcmp(pinned_, pageable.data(), n) == 0;
     std::vector<std::byte> back(n, std::byte{0xA5});
-    FERRY_OR_DIE(client_->CopyStaged(ferry::Direction::kDeviceToHost, back.data(), *region_, 0, n));
+    FERRY_OR_DIE(client_->CopyStaged(ferry::Direction::kDeviceToHost, back.data(), *region_, 0, n, staged_opts_));
     ok = ok && std::memcmp(back.data(), pageable.data(), n) == 0;
     if (!ok) {
       verified_ = false;
@@ -432,7 +449,7 @@ int TransferBench::Staged() {
       }
       for (int rep = -1; rep < reps; ++rep) {
         double t0 = NowSeconds();
-        FERRY_OR_DIE(client_->CopyStaged(fdir, h, *region_, 0, n));
+        FERRY_OR_DIE(client_->CopyStaged(fdir, h, *region_, 0, n, staged_opts_));
         if (rep >= 0) Add("staged", n, dname, "ferry-staged", rep, NowSeconds() - t0);
       }
     }
@@ -470,6 +487,7 @@ void TransferBench::Report(bool json) const {
   std::vector<Check> checks;
   char buf[256];
   for (const char* d : {"h2d", "d2h"}) {
+    if (only_staged_) break;
     bool pass = true;
     double worst = 1e9;
     for (size_t n : sizes_) {
@@ -481,19 +499,20 @@ void TransferBench::Report(bool json) const {
     std::snprintf(buf, sizeof buf, "worst ratio %.1f%%", 100 * worst);
     checks.push_back({std::string(d) + " >= 64 MiB at >= 98% of in-process", pass, buf});
   }
-  {
+  if (!only_staged_) {
     Summary in = Gbps("bidirectional", bidir_n, "both", "in-process", 2), fe = Gbps("bidirectional", bidir_n, "both", "ferry", 2);
     std::snprintf(buf, sizeof buf, "%.1f vs %.1f GB/s, %.1f%%", fe.median, in.median, 100 * fe.median / in.median);
     checks.push_back({"both ways at >= 98% of in-process", fe.median >= 0.98 * in.median, buf});
   }
   for (const char* d : {"h2d", "d2h"}) {
+    if (only_staged_) break;
     Summary in = Micros("latency", d, "in-process"), fe = Micros("latency", d, "ferry");
     std::snprintf(buf, sizeof buf, "p50 %.2f vs %.2f us (+%.2f), p99 %.2f us", fe.median, in.median,
                   fe.median - in.median, fe.p99);
     checks.push_back({std::string("4 KiB ") + d + " p50 <= in-process + 3 us, p99 < 30 us",
                       fe.median <= in.median + 3 && fe.p99 < 30, buf});
   }
-  {
+  if (!only_staged_) {
     Summary fe = Gbps("many", 1024 * (64 << 10), "h2d", "ferry");
     std::snprintf(buf, sizeof buf, "%.1f GB/s", fe.median);
     checks.push_back({"1024 x 64 KiB >= 40 GB/s", fe.median >= 40, buf});
@@ -517,7 +536,7 @@ void TransferBench::Report(bool json) const {
   if (json) {
     std::printf("{\"device\":\"%s\",\"bandwidth\":[", device_name_.c_str());
     bool first = true;
-    for (size_t n : sizes_) {
+    for (size_t n : only_staged_ ? std::vector<size_t>{} : sizes_) {
       for (const char* d : {"h2d", "d2h"}) {
         Summary in = Gbps("bandwidth", n, d, "in-process"), fe = Gbps("bandwidth", n, d, "ferry");
         std::printf("%s{\"bytes\":%zu,\"direction\":\"%s\",\"in_process_gbps\":{\"median\":%.3f,\"min\":%.3f,\"max\":%.3f},"
@@ -534,14 +553,17 @@ void TransferBench::Report(bool json) const {
     std::printf("],\"idle_cpu_percent\":%.4f}\n", idle_cpu_pct_);
     return;
   }
-  std::printf("\nferry-bench transfer on %s (host clock, submit to completion seen; median [min, max])\n\n",
+  std::printf("\nferry-bench transfer on %s (host clock, submit to completion seen; median [min, max]; out: samples\n"
+              "beyond Tukey's fences, 1.5 IQR past the quartiles: a warm-up, a page fault or a noisy neighbour)\n\n",
               device_name_.c_str());
-  std::printf("%-8s %-4s %-5s  %-26s %-26s %7s\n", "size", "dir", "reps", "in-process GB/s", "through ferryd GB/s", "ratio");
+  if (!only_staged_) {
+  std::printf("%-8s %-4s %-5s  %-26s %-4s %-26s %-4s %7s\n", "size", "dir", "reps", "in-process GB/s", "out", "through ferryd GB/s",
+              "out", "ratio");
   for (size_t n : sizes_) {
     for (const char* d : {"h2d", "d2h"}) {
       Summary in = Gbps("bandwidth", n, d, "in-process"), fe = Gbps("bandwidth", n, d, "ferry");
-      std::printf("%-8s %-4s %-5zu  %7.2f [%6.2f, %6.2f]   %7.2f [%6.2f, %6.2f]   %6.1f%%\n", HumanBytes(n).c_str(), d,
-                  in.n, in.median, in.min, in.max, fe.median, fe.min, fe.max, 100 * fe.median / in.median);
+      std::printf("%-8s %-4s %-5zu  %7.2f [%6.2f, %6.2f]   %-4zu %7.2f [%6.2f, %6.2f]   %-4zu %6.1f%%\n", HumanBytes(n).c_str(), d,
+                  in.n, in.median, in.min, in.max, in.outliers, fe.median, fe.min, fe.max, fe.outliers, 100 * fe.median / in.median);
     }
   }
   Summary bi = Gbps("bidirectional", bidir_n, "both", "in-process", 2), bf = Gbps("bidirectional", bidir_n, "both", "ferry", 2);
@@ -565,13 +587,15 @@ void TransferBench::Report(bool json) const {
   std::printf("\n1024 x 64 KiB h2d (GB/s)  in-process one stream %.2f [%.2f, %.2f]   in-process cudaMemcpyBatchAsync %.2f "
               "[%.2f, %.2f]   through ferryd %.2f [%.2f, %.2f]\n",
               m1.median, m1.min, m1.max, m2.median, m2.min, m2.max, m3.median, m3.min, m3.max);
-  std::printf("\npageable host memory (GB/s)  %-26s %-26s %-26s\n", "cudaMemcpy", "pin, copy, unpin", "ferry CopyStaged");
+  }
+  std::printf("\npageable host memory (GB/s)  %-26s %-26s %-26s (outliers)\n", "cudaMemcpy", "pin, copy, unpin", "ferry CopyStaged");
   for (size_t n : staged_sizes_) {
     for (const char* d : {"h2d", "d2h"}) {
       Summary a = Gbps("staged", n, d, "pageable-cudaMemcpy"), b = Gbps("staged", n, d, "pin-then-copy"),
               c = Gbps("staged", n, d, "ferry-staged");
-      std::printf("  %-8s %-4s                %6.2f [%6.2f, %6.2f]   %6.2f [%6.2f, %6.2f]   %6.2f [%6.2f, %6.2f]\n",
-                  HumanBytes(n).c_str(), d, a.median, a.min, a.max, b.median, b.min, b.max, c.median, c.min, c.max);
+      std::printf("  %-8s %-4s                %6.2f [%6.2f, %6.2f]   %6.2f [%6.2f, %6.2f]   %6.2f [%6.2f, %6.2f]   (%zu %zu %zu)\n",
+                  HumanBytes(n).c_str(), d, a.median, a.min, a.max, b.median, b.min, b.max, c.median, c.min, c.max, a.outliers,
+                  b.outliers, c.outliers);
     }
   }
   if (idle_cpu_pct_ >= 0) std::printf("ferryd idle: %.3f%% of a core over 5 s\n", idle_cpu_pct_);

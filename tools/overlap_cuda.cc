@@ -5,7 +5,9 @@
 
 #include <array>
 #include <cstdio>
+#include <cctype>
 #include <fstream>
+#include <sstream>
 
 #include "common/cuda_status.hpp"
 #include "tools/overlap.hpp"
@@ -19,15 +21,15 @@ Status CublasStatus(cublasStatus_t s, const char* what) {
 }
 
 std::string DriverVersion() {
-  // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  ..." names the driver release.
+  // "NVRM version: NVIDIA UNIX [Open ]Kernel Module [for x86_64]  580.159.04  Release Build ...":
+  // the first token after "Module" that is digits and dots names the driver release.
   std::ifstream f("/proc/driver/nvidia/version");
   std::string line;
-  if (std::getline(f, line)) {
-    auto k = line.find("Kernel Module");
-    if (k != std::string::npos) {
-      size_t b = line.find_first_not_of(' ', k + 13), e = line.find(' ', b);
-      if (b != std::string::npos) return line.substr(b, e == std::string::npos ? std::string::npos : e - b);
-    }
+  if (!std::getline(f, line)) return "unknown";
+  const auto k = line.find("Module");
+  std::istringstream words(k == std::string::npos ? line : line.substr(k));
+  for (std::string w; words >> w;) {
+    if (!w.empty() && std::isdigit(static_cast<unsigned char>(w[0])) && w.find_first_not_of("0123456789.") == std::string::npos) return w;
   }
   return "unknown";
 }
