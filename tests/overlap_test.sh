@@ -66,6 +66,10 @@ printf 'schedule: {kind: nonsense}\n' >"$dir/bad.yaml"
 grep -q "bad.yaml:1" "$dir/bad.txt" || { cat "$dir/bad.txt"; fail "the error does not name the file and line"; }
 [ "$before" = "$("$ctl" --socket "$sock" policy show | sha256sum)" ] || fail "a failed bench changed the policy"
 
+# bench transfer needs a GPU (and ferry-bench, built with CUDA): without, a clear error, not a hang.
+"$ctl" --socket "$sock" bench transfer --quick >"$dir/xfer.txt" 2>&1 && fail "bench transfer ran without a GPU"
+grep -Eq "GPU|CUDA" "$dir/xfer.txt" || { cat "$dir/xfer.txt"; fail "bench transfer's error does not say it needs a GPU"; }
+
 kill -TERM $pid; wait $pid || fail "ferryd did not stop cleanly"
 grep -q "\[error\]" "$dir/ferryd.log" && { cat "$dir/ferryd.log"; fail "ferryd logged an error"; }
 echo "PASS"

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -53,7 +54,10 @@ constexpr const char* kTransferUsage = R"(usage: ferryctl [--socket PATH] bench 
 What is the fastest way to move a tensor to the GPU, and why are timings odd? Runs
 ferry-bench transfer (installed next to ferryctl, built with CUDA): pageable vs pinned vs the
 ferry pool vs ferry staged from pageable memory over a size sweep, warm-up, device events,
-medians with min/max, outliers counted. See `ferry-bench transfer --help` for its options.
+medians with min/max, outliers counted, the copy engine's own time from device events beside
+the host clock. See `ferry-bench transfer --help` for its options; and:
+  --plot FILE.svg   also plot bandwidth against size for every path (python3; the samples go to
+                    --csv, or FILE.svg.csv)
 )";
 
 int Fail(const std::string& what) {
@@ -247,21 +251,61 @@ int BenchOverlap(const std::vector<std::string>& args, const std::string& socket
 }
 
 int BenchTransfer(const std::vector<std::string>& args, const std::string& socket) {
-  for (const auto& a : args) {
-    if (a == "-h" || a == "--help") std::fputs(kTransferUsage, stdout);
+  std::vector<std::string> pass;
+  std::string plot, csv;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "-h" || args[i] == "--help") std::fputs(kTransferUsage, stdout);
+    if (args[i] == "--plot" && i + 1 < args.size()) {
+      plot = args[++i];
+      continue;
+    }
+    if (args[i] == "--csv" && i + 1 < args.size()) csv = args[i + 1];
+    pass.push_back(args[i]);
   }
   const std::string exe = ExeDir() + "/ferry-bench";
   if (::access(exe.c_str(), X_OK) != 0) {
     return Fail("bench transfer needs ferry-bench beside ferryctl (" + exe + "), which is built only with the CUDA toolkit");
   }
+  std::string script;
+  if (!plot.empty()) {
+    for (const std::string& p : {ExeDir() + "/../share/ferry/plot_transfer.py", std::string(FERRY_INSTALL_DATADIR) + "/ferry/plot_transfer.py",
+                                 ExeDir() + "/../tools/plot_transfer.py"}) {
+      if (::access(p.c_str(), R_OK) == 0) {
+        script = p;
+        break;
+      }
+    }
+    if (script.empty()) return Fail("--plot: plot_transfer.py is not installed beside ferryctl");
+    if (csv.empty()) {
+      csv = plot + ".csv";
+      pass.insert(pass.end(), {"--csv", csv});
+    }
+  }
   std::vector<std::string> argv{exe, "transfer"};
   if (!socket.empty()) argv.insert(argv.end(), {"--socket", socket});
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<char*> c;
-  for (auto& s : argv) c.push_back(s.data());
-  c.push_back(nullptr);
-  ::execv(exe.c_str(), c.data());
-  return Fail("exec " + exe + ": " + std::strerror(errno));
+  argv.insert(argv.end(), pass.begin(), pass.end());
+  auto run = [](std::vector<std::string> v) -> int {
+    std::vector<char*> c;
+    for (auto& s : v) c.push_back(s.data());
+    c.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+      ::execvp(c[0], c.data());
+      std::fprintf(stderr, "ferryctl: exec %s: %s\n", c[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    int st = 0;
+    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  };
+  const int rc = run(argv);
+  if (rc != 0 || plot.empty()) return rc;
+  const int prc = run({"python3", script, csv, plot});
+  if (prc != 0) return Fail("plotting " + csv + " failed (python3 " + script + ")");
+  std::fprintf(stderr, "ferryctl: wrote %s (samples in %s)\n", plot.c_str(), csv.c_str());
+  return 0;
 }
 
 }  // namespace ferry::tools

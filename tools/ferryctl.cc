@@ -353,7 +353,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "-h" || a == "--help") {
+    if (args.empty() && (a == "-h" || a == "--help")) {  // after a command: that command's help
       std::fputs(kUsage, stdout);
       return 0;
     }
