@@ -336,7 +336,17 @@ Status Runner::CheckedRun(const ModeSpec& m, int round) {
 Result<Report> Runner::Run() {
   const int n = e_.n();
   const int align = n >= 512 ? 64 : 8;
-  pieces_ = GeometricColumns(n, o_.pieces, o_.ratio, align);
+  if (o_.cut.empty()) {
+    pieces_ = GeometricColumns(n, o_.pieces, o_.ratio, align);
+  } else {
+    int at = 0;
+    for (int w : o_.cut) {
+      if (w <= 0 || at + w > n) return InvalidArgument("--cut widths must be positive and sum to n = " + std::to_string(n));
+      pieces_.emplace_back(at, at + w);
+      at += w;
+    }
+    if (at != n) return InvalidArgument("--cut widths sum to " + std::to_string(at) + ", not n = " + std::to_string(n));
+  }
   report_.engine = e_.kind();
   report_.ferry_version = kVersionString;
   report_.n = n;

@@ -76,6 +76,7 @@ struct Options {
   int rounds = 3;                     // each with fresh random inputs
   int pieces = 6;                     // in-step: the math cut into this many column blocks...
   double ratio = 0.5;                 // ... each this fraction of the one before
+  std::vector<int> cut;               // or these column widths (summing to n), in order
   bool quiet = false;                 // no progress bar
 };
 
