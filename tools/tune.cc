@@ -128,15 +128,15 @@ Result<std::vector<Bandwidth>> TransferSweep(const std::string& socket, size_t m
       return Internal("transfer sweep: a " + bench::HumanBytes(bytes) + " round trip through ferryd came back different");
     }
     // Small sizes in batches (many in flight, as servers send them), large ones one at a time.
-    const size_t batch = std::max<size_t>(1, std::min<size_t>(64, (16u << 20) / bytes));
+    // Copies in one batch go to disjoint device ranges (concurrent writes to one range race).
+    const size_t batch = std::max<size_t>(1, std::min<size_t>({64, (16u << 20) / bytes, max_size / bytes}));
     for (const Direction d : {Direction::kHostToDevice, Direction::kDeviceToHost}) {
       std::vector<double> gbps;
       for (int r = 0; r < reps + 1; ++r) {
         std::vector<Transfer> ts;
         const double t0 = bench::NowSeconds();
         for (size_t i = 0; i < batch; ++i) {
-          const size_t off = (i * bytes) % max_size;
-          const size_t len = std::min(bytes, max_size - off);
+          const size_t off = i * bytes, len = bytes;
           FERRY_ASSIGN_OR_RETURN(Transfer t, client->Copy(d, host, d == Direction::kHostToDevice ? off : max_size + off, region, off, len));
           ts.push_back(std::move(t));
         }
