@@ -78,7 +78,7 @@ bool WriteFile(const std::string& path, const std::string& data, std::string* er
 }
 
 bool IsDir(const std::string& p) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
@@ -119,8 +119,9 @@ std::string ExeDir() {
 
 std::string DefaultPolicyDir() {
   if (const char* e = std::getenv("FERRY_POLICY_DIR"); e && *e) return e;
-  for (const std::string& d : {std::string("/etc/ferry/policies"), std::string(FERRY_INSTALL_DATADIR) + "/ferry/policies",
-                               ExeDir() + "/../policies", std::string("policies")}) {
+  for (const std::string& d :
+       {std::string("/etc/ferry/policies"), std::string(FERRY_INSTALL_DATADIR) + "/ferry/policies",
+        ExeDir() + "/../policies", std::string("policies")}) {
     if (IsDir(d) && !PolicyFilesIn(d).empty()) return d;
   }
   return "policies";
@@ -151,18 +152,20 @@ Result<std::unique_ptr<overlap::StepEngine>> MakeEngine(const std::string& which
   if (kind == "auto" || kind.empty()) kind = c->backend() == BackendKind::kCuda ? "cuda" : "host";
   if (kind == "cuda") return overlap::MakeCudaStepEngine(c->device_ordinal(), n > 0 ? n : 4096);
   if (kind == "host") {
-    std::fprintf(stderr, "ferryctl: the math runs on this CPU at n = %d (host engine: no GPU numbers)\n", n > 0 ? n : 256);
+    std::fprintf(stderr, "ferryctl: the math runs on this CPU at n = %d (host engine: no GPU numbers)\n",
+                 n > 0 ? n : 256);
     return overlap::MakeHostStepEngine(n > 0 ? n : 256);
   }
   return InvalidArgument("--engine is auto, cuda or host, not " + which);
 }
 
-Status SignFile(const std::string& path, const std::string& data, const std::string& key_path, const std::string& kind) {
+Status SignFile(const std::string& path, const std::string& data, const std::string& key_path,
+                const std::string& kind) {
   signing::SecretKey sk;
   FERRY_RETURN_IF_ERROR(signing::LoadSecretKey(key_path, sk));
   const std::string id = signing::RecordId(data);
   FERRY_ASSIGN_OR_RETURN(std::string sig, signing::Sign(sk, data, "ferry report " + kind + " " + id,
-                                                         "signature from ferry secret key " + signing::KeyIdHex(sk.id)));
+                                                        "signature from ferry secret key " + signing::KeyIdHex(sk.id)));
   std::string err;
   if (!WriteFile(path + ".minisig", sig, &err)) return Internal(err);
   return Status::Ok();
@@ -242,7 +245,8 @@ int BenchOverlap(const std::vector<std::string>& args, const std::string& socket
   if (!report_path.empty()) {
     if (!WriteFile(report_path, j, &err)) return Fail(err);
     if (!key.empty()) {
-      if (Status s = SignFile(report_path, j, key, "overlap"); !s.ok()) return Fail("signing the report: " + s.ToString());
+      if (Status s = SignFile(report_path, j, key, "overlap"); !s.ok())
+        return Fail("signing the report: " + s.ToString());
     }
   }
   if (!svg.empty() && !WriteFile(svg, overlap::ToSvg(*r), &err)) return Fail(err);
@@ -268,12 +272,14 @@ int BenchTransfer(const std::vector<std::string>& args, const std::string& socke
   }
   const std::string exe = ExeDir() + "/ferry-bench";
   if (::access(exe.c_str(), X_OK) != 0) {
-    return Fail("bench transfer needs ferry-bench beside ferryctl (" + exe + "), which is built only with the CUDA toolkit");
+    return Fail("bench transfer needs ferry-bench beside ferryctl (" + exe +
+                "), which is built only with the CUDA toolkit");
   }
   std::string script;
   if (!plot.empty()) {
-    for (const std::string& p : {ExeDir() + "/../share/ferry/plot_transfer.py", std::string(FERRY_INSTALL_DATADIR) + "/ferry/plot_transfer.py",
-                                 ExeDir() + "/../tools/plot_transfer.py"}) {
+    for (const std::string& p :
+         {ExeDir() + "/../share/ferry/plot_transfer.py", std::string(FERRY_INSTALL_DATADIR) + "/ferry/plot_transfer.py",
+          ExeDir() + "/../tools/plot_transfer.py"}) {
       if (::access(p.c_str(), R_OK) == 0) {
         script = p;
         break;

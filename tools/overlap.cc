@@ -26,15 +26,15 @@ constexpr uint8_t kDevicePoison = 0xFE;  // 0xFEFEFEFE: a copy that ran before i
 constexpr int kSlots = 4;                // steps whose events and transfers may be live at once
 
 enum class Kind {
-  kCompute,        // the math alone, in one call: the reference for exposed time
-  kComputePieces,  // the math alone, cut into the in-step column blocks
-  kCopyInProcess,  // the copy alone: cudaMemcpyAsync on the step stream
-  kCopyFerry,      // the copy alone, through ferryd
-  kSerial,         // in-process: math, then the copy on the same stream
-  kSideStream,     // in-process: the copy on a second stream, under the next step's math
-  kInStep,         // in-process: each block's copy starts when its math is done; all done by step end
-  kFerryPipelined, // ferryd: the copy after the math, waited for by the end of the next step
-  kFerryInStep,    // ferryd: each block's copy after its math, all waited for by the step end
+  kCompute,         // the math alone, in one call: the reference for exposed time
+  kComputePieces,   // the math alone, cut into the in-step column blocks
+  kCopyInProcess,   // the copy alone: cudaMemcpyAsync on the step stream
+  kCopyFerry,       // the copy alone, through ferryd
+  kSerial,          // in-process: math, then the copy on the same stream
+  kSideStream,      // in-process: the copy on a second stream, under the next step's math
+  kInStep,          // in-process: each block's copy starts when its math is done; all done by step end
+  kFerryPipelined,  // ferryd: the copy after the math, waited for by the end of the next step
+  kFerryInStep,     // ferryd: each block's copy after its math, all waited for by the step end
 };
 
 bool IsFerry(Kind k) { return k == Kind::kCopyFerry || k == Kind::kFerryPipelined || k == Kind::kFerryInStep; }
@@ -45,14 +45,19 @@ bool HasCopy(Kind k) { return k != Kind::kCompute && k != Kind::kComputePieces; 
 const char* StrategyName(Kind k) {
   switch (k) {
     case Kind::kCompute:
-    case Kind::kComputePieces: return "compute";
+    case Kind::kComputePieces:
+      return "compute";
     case Kind::kCopyInProcess:
-    case Kind::kCopyFerry: return "copy";
-    case Kind::kSerial: return "serial";
+    case Kind::kCopyFerry:
+      return "copy";
+    case Kind::kSerial:
+      return "serial";
     case Kind::kSideStream:
-    case Kind::kFerryPipelined: return "pipelined";
+    case Kind::kFerryPipelined:
+      return "pipelined";
     case Kind::kInStep:
-    case Kind::kFerryInStep: return "in-step";
+    case Kind::kFerryInStep:
+      return "in-step";
   }
   return "?";
 }
@@ -112,8 +117,9 @@ Status Runner::Setup() {
   const bool daemon_gpu = client_->backend() == BackendKind::kCuda;
   report_.daemon_backend = daemon_gpu ? "cuda" : "host";
   if (daemon_gpu != (e_.kind() == "cuda")) {
-    return InvalidArgument(std::string("ferryd runs the ") + report_.daemon_backend + " backend but the math runs on the " +
-                              e_.kind() + (daemon_gpu ? "; run this on the GPU" : "; start ferryd with --backend cuda"));
+    return InvalidArgument(std::string("ferryd runs the ") + report_.daemon_backend +
+                           " backend but the math runs on the " + e_.kind() +
+                           (daemon_gpu ? "; run this on the GPU" : "; start ferryd with --backend cuda"));
   }
   FERRY_RETURN_IF_ERROR(control_.Open(o_.socket));
   const size_t bytes = e_.output_bytes();
@@ -158,7 +164,9 @@ Status Runner::RunSteps(Kind kind, int steps, std::vector<double>* times) {
       if (HasCompute(kind)) FERRY_RETURN_IF_ERROR(e_.Gemm(buf, c0, c1));
       switch (kind) {
         case Kind::kCopyInProcess:
-        case Kind::kSerial: FERRY_RETURN_IF_ERROR(e_.CopyOnStream(buf, off, len)); break;
+        case Kind::kSerial:
+          FERRY_RETURN_IF_ERROR(e_.CopyOnStream(buf, off, len));
+          break;
         case Kind::kSideStream:
         case Kind::kInStep: {
           FERRY_ASSIGN_OR_RETURN(tokens[slot], e_.CopyOnSideStream(buf, off, len));
@@ -175,18 +183,22 @@ Status Runner::RunSteps(Kind kind, int steps, std::vector<double>* times) {
             FERRY_RETURN_IF_ERROR(ev->Record(e_.stream()));
             co.after = ev;
           }
-          FERRY_ASSIGN_OR_RETURN(Transfer t, client_->Copy(Direction::kDeviceToHost, *host_[buf], off, *region_[buf], off, len, co));
+          FERRY_ASSIGN_OR_RETURN(
+              Transfer t, client_->Copy(Direction::kDeviceToHost, *host_[buf], off, *region_[buf], off, len, co));
           xfers[slot].push_back(std::move(t));
           break;
         }
-        default: break;
+        default:
+          break;
       }
     }
     switch (kind) {
       case Kind::kSideStream:
         if (k >= 1) FERRY_RETURN_IF_ERROR(e_.StreamWaitCopy(tokens[prev]));
         break;
-      case Kind::kInStep: FERRY_RETURN_IF_ERROR(e_.StreamWaitCopy(tokens[slot])); break;
+      case Kind::kInStep:
+        FERRY_RETURN_IF_ERROR(e_.StreamWaitCopy(tokens[slot]));
+        break;
       case Kind::kCopyFerry:
       case Kind::kFerryInStep:
         for (Transfer& t : xfers[slot]) FERRY_RETURN_IF_ERROR(t.StreamWait(e_.stream()));
@@ -196,7 +208,8 @@ Status Runner::RunSteps(Kind kind, int steps, std::vector<double>* times) {
           for (Transfer& t : xfers[prev]) FERRY_RETURN_IF_ERROR(t.StreamWait(e_.stream()));
         }
         break;
-      default: break;
+      default:
+        break;
     }
     FERRY_RETURN_IF_ERROR(e_.Mark(k + 1));
   }
@@ -250,7 +263,8 @@ void Runner::RoundInputs(int round) {
   const double frac = static_cast<double>(same) / static_cast<double>(a_.size());
   c.worst = std::max(c.worst, frac);
   if (frac > c.bound || sd < 0.5) {
-    Fail(c, "round " + std::to_string(round) + ": " + std::to_string(frac) + " of A equal to the last round's, sd " + std::to_string(sd));
+    Fail(c, "round " + std::to_string(round) + ": " + std::to_string(frac) + " of A equal to the last round's, sd " +
+                std::to_string(sd));
   }
 }
 
@@ -312,10 +326,13 @@ Status Runner::CheckedRun(const ModeSpec& m, int round) {
     C(1).worst = std::max(C(1).worst, static_cast<double>(host_poison));
     if (host_poison) Fail(C(1), where + ": " + std::to_string(host_poison) + " words never written");
     exact.worst = std::max(exact.worst, static_cast<double>(differ));
-    if (differ) Fail(exact, where + ": " + std::to_string(differ) + " of " + std::to_string(words) + " words differ from the device's");
+    if (differ)
+      Fail(exact,
+           where + ": " + std::to_string(differ) + " of " + std::to_string(words) + " words differ from the device's");
     if (!HasCompute(m.kind)) continue;
     C(8).worst = std::max(C(8).worst, static_cast<double>(dev_poison));
-    if (dev_poison) Fail(C(8), where + ": " + std::to_string(dev_poison) + " words copied before their math wrote them");
+    if (dev_poison)
+      Fail(C(8), where + ": " + std::to_string(dev_poison) + " words copied before their math wrote them");
     const std::vector<float>& ref = UsesPieces(m.kind) ? ref_pieces_ : ref_;
     const bool same = std::memcmp(dev.data(), ref.data(), bytes) == 0;
     C(7).worst = std::max(C(7).worst, same ? 0.0 : 1.0);
@@ -324,7 +341,8 @@ Status Runner::CheckedRun(const ModeSpec& m, int round) {
   if (m.kind == Kind::kComputePieces) {
     // C5..C7: the cut product against the whole one, and both against float64 on a block.
     double worst = 0;
-    for (size_t i = 0; i < ref_.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(ref_[i] - ref_pieces_[i])));
+    for (size_t i = 0; i < ref_.size(); ++i)
+      worst = std::max(worst, static_cast<double>(std::fabs(ref_[i] - ref_pieces_[i])));
     C(4).worst = std::max(C(4).worst, worst);
     if (!(worst <= C(4).bound)) Fail(C(4), "round " + std::to_string(round) + ": max |diff| " + std::to_string(worst));
     CompareToFp64(ref_, C(5), "unchunked");
@@ -341,7 +359,8 @@ Result<Report> Runner::Run() {
   } else {
     int at = 0;
     for (int w : o_.cut) {
-      if (w <= 0 || at + w > n) return InvalidArgument("--cut widths must be positive and sum to n = " + std::to_string(n));
+      if (w <= 0 || at + w > n)
+        return InvalidArgument("--cut widths must be positive and sum to n = " + std::to_string(n));
       pieces_.emplace_back(at, at + w);
       at += w;
     }
@@ -367,20 +386,28 @@ Result<Report> Runner::Run() {
   // the error grows like sqrt(n) * 2^-24 * |c|, about 1e-4 at n = 4096; the bound allows 20x.
   const double fp_bound = 5e-7 * n;
   report_.checks = {
-      {"fresh-inputs", "each round's A and B are new uniform random numbers: at most this fraction equal to the last round's, sd > 0.5", 1e-3, 0, true, ""},
-      {"destination-written", "host destinations poisoned (0xFF) before each checked step: poisoned words left", 0, 0, true, ""},
+      {"fresh-inputs",
+       "each round's A and B are new uniform random numbers: at most this fraction equal to the last round's, sd > 0.5",
+       1e-3, 0, true, ""},
+      {"destination-written", "host destinations poisoned (0xFF) before each checked step: poisoned words left", 0, 0,
+       true, ""},
       {"ferryd-copy-exact", "bytes copied through ferryd equal the device's bytes: words differing", 0, 0, true, ""},
       {"in-process-copy-exact", "bytes copied in-process equal the device's bytes: words differing", 0, 0, true, ""},
       {"chunked-vs-unchunked", "max |chunked product - unchunked product| over all n*n entries", fp_bound, 0, true, ""},
-      {"unchunked-vs-fp64", "max |unchunked FP32 product - float64 CPU product| on a random 128x128 block", fp_bound, 0, true, ""},
+      {"unchunked-vs-fp64", "max |unchunked FP32 product - float64 CPU product| on a random 128x128 block", fp_bound, 0,
+       true, ""},
       {"chunked-vs-fp64", "max |chunked FP32 product - float64 CPU product| on the same block", fp_bound, 0, true, ""},
-      {"schedule-keeps-result", "every mode's product is bitwise the reference product of its cut (1: differs)", 0, 0, true, ""},
-      {"copy-after-math", "device outputs poisoned (0xFE) before each checked step's math: poisoned words that reached the host", 0, 0, true, ""},
+      {"schedule-keeps-result", "every mode's product is bitwise the reference product of its cut (1: differs)", 0, 0,
+       true, ""},
+      {"copy-after-math",
+       "device outputs poisoned (0xFE) before each checked step's math: poisoned words that reached the host", 0, 0,
+       true, ""},
   };
   FERRY_RETURN_IF_ERROR(Setup());
   report_.environment = e_.Environment();
 
-  std::vector<ModeSpec> modes{{Kind::kCompute, "compute (math alone)", ""}, {Kind::kComputePieces, "compute, cut in blocks", ""}};
+  std::vector<ModeSpec> modes{{Kind::kCompute, "compute (math alone)", ""},
+                              {Kind::kComputePieces, "compute, cut in blocks", ""}};
   if (e_.has_in_process() && o_.in_process) {
     modes.push_back({Kind::kCopyInProcess, "copy alone, in-process", ""});
     modes.push_back({Kind::kSerial, "in-process serial", ""});
@@ -434,7 +461,8 @@ Result<Report> Runner::Run() {
   if (!st.ok()) return st;
   if (!restored.ok()) return restored.status().WithContext("restoring the policy that was running");
   if (restored->hash != original_info.hash) {
-    report_.notes.push_back("the restored policy's hash " + restored->hash + " differs from the original " + original_info.hash);
+    report_.notes.push_back("the restored policy's hash " + restored->hash + " differs from the original " +
+                            original_info.hash);
   }
 
   for (const ModeSpec& m : modes) {
@@ -448,7 +476,10 @@ Result<Report> Runner::Run() {
   const ModeResult* copy = e_.has_in_process() ? report_.Find("in-process", "copy", "") : nullptr;
   if (!copy) {
     for (const auto& r : report_.modes) {
-      if (r.strategy == "copy") { copy = &r; break; }
+      if (r.strategy == "copy") {
+        copy = &r;
+        break;
+      }
     }
   }
   report_.copy_seconds = copy ? copy->step.median : 0;
@@ -463,8 +494,8 @@ Result<Report> Runner::Run() {
     const ModeResult* base = report_.Find("in-process", r.strategy, "");
     if (base && r.exposed > base->exposed + 0.02e-3) {
       char line[256];
-      std::snprintf(line, sizeof line, "%s exposes %.3f ms more than %s", r.name.c_str(), (r.exposed - base->exposed) * 1e3,
-                    base->name.c_str());
+      std::snprintf(line, sizeof line, "%s exposes %.3f ms more than %s", r.name.c_str(),
+                    (r.exposed - base->exposed) * 1e3, base->name.c_str());
       report_.notes.push_back(line);
     }
   }
@@ -474,12 +505,14 @@ Result<Report> Runner::Run() {
 std::string JsonString(const std::string& s) {
   std::string o = "\"";
   for (unsigned char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += static_cast<char>(c);
+    if (c == '"' || c == '\\')
+      o += '\\', o += static_cast<char>(c);
     else if (c < 0x20) {
       char b[8];
       std::snprintf(b, sizeof b, "\\u%04x", c);
       o += b;
-    } else o += static_cast<char>(c);
+    } else
+      o += static_cast<char>(c);
   }
   return o + "\"";
 }
@@ -492,7 +525,8 @@ std::string Num(double v) {
 }
 
 std::string StatJson(const Stat& s) {
-  return "{\"median\": " + Num(s.median) + ", \"min\": " + Num(s.min) + ", \"max\": " + Num(s.max) + ", \"n\": " + std::to_string(s.n) + "}";
+  return "{\"median\": " + Num(s.median) + ", \"min\": " + Num(s.min) + ", \"max\": " + Num(s.max) +
+         ", \"n\": " + std::to_string(s.n) + "}";
 }
 
 }  // namespace
@@ -501,7 +535,8 @@ bool Report::checks_passed() const {
   return std::all_of(checks.begin(), checks.end(), [](const Check& c) { return c.pass; });
 }
 
-const ModeResult* Report::Find(const std::string& path, const std::string& strategy, const std::string& policy_name) const {
+const ModeResult* Report::Find(const std::string& path, const std::string& strategy,
+                               const std::string& policy_name) const {
   for (const ModeResult& m : modes) {
     if (m.path == path && m.strategy == strategy && (policy_name.empty() || m.policy == policy_name)) return &m;
   }
@@ -552,24 +587,30 @@ std::string ToJson(const Report& r) {
   for (size_t i = 0; i < r.environment.size(); ++i) {
     j << (i ? ", " : "") << JsonString(r.environment[i].first) << ": " << JsonString(r.environment[i].second);
   }
-  j << "},\n  \"workload\": {\"n\": " << r.n << ", \"bytes\": " << static_cast<uint64_t>(r.n) * r.n * 4 << ", \"steps\": " << r.steps
-    << ", \"warmup\": " << r.warmup << ", \"rounds\": " << r.rounds << ", \"blocks\": [";
-  for (size_t i = 0; i < r.pieces.size(); ++i) j << (i ? ", " : "") << "[" << r.pieces[i].first << ", " << r.pieces[i].second << "]";
-  j << "]},\n  \"compute_seconds\": " << StatJson(r.compute) << ",\n  \"compute_blocks_seconds\": " << StatJson(r.compute_pieces)
+  j << "},\n  \"workload\": {\"n\": " << r.n << ", \"bytes\": " << static_cast<uint64_t>(r.n) * r.n * 4
+    << ", \"steps\": " << r.steps << ", \"warmup\": " << r.warmup << ", \"rounds\": " << r.rounds << ", \"blocks\": [";
+  for (size_t i = 0; i < r.pieces.size(); ++i)
+    j << (i ? ", " : "") << "[" << r.pieces[i].first << ", " << r.pieces[i].second << "]";
+  j << "]},\n  \"compute_seconds\": " << StatJson(r.compute)
+    << ",\n  \"compute_blocks_seconds\": " << StatJson(r.compute_pieces)
     << ",\n  \"copy_seconds\": " << Num(r.copy_seconds) << ",\n  \"modes\": [\n";
   for (size_t i = 0; i < r.modes.size(); ++i) {
     const ModeResult& m = r.modes[i];
-    j << "    {\"name\": " << JsonString(m.name) << ", \"path\": " << JsonString(m.path) << ", \"strategy\": " << JsonString(m.strategy);
-    if (!m.policy.empty()) j << ", \"policy\": " << JsonString(m.policy) << ", \"policy_hash\": " << JsonString(m.policy_hash);
+    j << "    {\"name\": " << JsonString(m.name) << ", \"path\": " << JsonString(m.path)
+      << ", \"strategy\": " << JsonString(m.strategy);
+    if (!m.policy.empty())
+      j << ", \"policy\": " << JsonString(m.policy) << ", \"policy_hash\": " << JsonString(m.policy_hash);
     j << ", \"step_seconds\": " << StatJson(m.step);
-    if (m.strategy != "compute" && m.strategy != "copy") j << ", \"exposed_seconds\": " << Num(m.exposed) << ", \"overlap\": " << Num(m.overlap);
+    if (m.strategy != "compute" && m.strategy != "copy")
+      j << ", \"exposed_seconds\": " << Num(m.exposed) << ", \"overlap\": " << Num(m.overlap);
     j << "}" << (i + 1 < r.modes.size() ? "," : "") << "\n";
   }
   j << "  ],\n  \"checks\": [\n";
   for (size_t i = 0; i < r.checks.size(); ++i) {
     const Check& c = r.checks[i];
-    j << "    {\"name\": " << JsonString(c.name) << ", \"what\": " << JsonString(c.what) << ", \"bound\": " << Num(c.bound)
-      << ", \"worst\": " << Num(c.worst) << ", \"pass\": " << (c.pass ? "true" : "false");
+    j << "    {\"name\": " << JsonString(c.name) << ", \"what\": " << JsonString(c.what)
+      << ", \"bound\": " << Num(c.bound) << ", \"worst\": " << Num(c.worst)
+      << ", \"pass\": " << (c.pass ? "true" : "false");
     if (!c.pass) j << ", \"first_failure\": " << JsonString(c.detail);
     j << "}" << (i + 1 < r.checks.size() ? "," : "") << "\n";
   }
@@ -582,8 +623,8 @@ std::string ToJson(const Report& r) {
 std::string ToText(const Report& r) {
   std::ostringstream t;
   char line[512];
-  t << "overlap: " << r.n << "x" << r.n << " float32 matmul per step, its " << bench::HumanBytes(static_cast<size_t>(r.n) * r.n * 4)
-    << " output copied device to host\n";
+  t << "overlap: " << r.n << "x" << r.n << " float32 matmul per step, its "
+    << bench::HumanBytes(static_cast<size_t>(r.n) * r.n * 4) << " output copied device to host\n";
   t << "engine " << r.engine << ", ferryd backend " << r.daemon_backend;
   for (const auto& [k, v] : r.environment) t << ", " << k << " " << v;
   t << ", ferry " << r.ferry_version << "\n";
@@ -591,7 +632,8 @@ std::string ToText(const Report& r) {
     << " warm-up) per mode; medians [min .. max] in ms; in-step blocks (columns):";
   for (const auto& [a, b] : r.pieces) t << " " << (b - a);
   t << "\n\n";
-  std::snprintf(line, sizeof line, "%-38s %-26s %10s %24s %10s %8s\n", "mode", "policy", "step", "[min .. max]", "exposed", "overlap");
+  std::snprintf(line, sizeof line, "%-38s %-26s %10s %24s %10s %8s\n", "mode", "policy", "step", "[min .. max]",
+                "exposed", "overlap");
   t << line;
   for (const ModeResult& m : r.modes) {
     const bool copy_mode = m.strategy != "compute" && m.strategy != "copy";
@@ -602,16 +644,17 @@ std::string ToText(const Report& r) {
     }
     std::snprintf(range, sizeof range, "[%.3f .. %.3f]", m.step.min * 1e3, m.step.max * 1e3);
     std::string pol = m.policy.empty() ? "-" : m.policy + " " + m.policy_hash.substr(0, 8);
-    std::snprintf(line, sizeof line, "%-38s %-26s %10.3f %24s %10s %8s\n", m.name.c_str(), pol.c_str(), m.step.median * 1e3, range,
-                  exposed, overlap);
+    std::snprintf(line, sizeof line, "%-38s %-26s %10.3f %24s %10s %8s\n", m.name.c_str(), pol.c_str(),
+                  m.step.median * 1e3, range, exposed, overlap);
     t << line;
   }
-  std::snprintf(line, sizeof line, "\ncompute %.3f ms, copy %.3f ms (exposed = step - compute; overlap = 1 - exposed / copy)\n",
+  std::snprintf(line, sizeof line,
+                "\ncompute %.3f ms, copy %.3f ms (exposed = step - compute; overlap = 1 - exposed / copy)\n",
                 r.compute.median * 1e3, r.copy_seconds * 1e3);
   t << line << "\nchecks (bounds fixed before the run):\n";
   for (const Check& c : r.checks) {
-    std::snprintf(line, sizeof line, "  %-4s %-22s worst %-10.3g bound %-10.3g %s\n", c.pass ? "ok" : "FAIL", c.name.c_str(), c.worst,
-                  c.bound, c.what.c_str());
+    std::snprintf(line, sizeof line, "  %-4s %-22s worst %-10.3g bound %-10.3g %s\n", c.pass ? "ok" : "FAIL",
+                  c.name.c_str(), c.worst, c.bound, c.what.c_str());
     t << line;
     if (!c.pass) t << "       first failure: " << c.detail << "\n";
   }
@@ -631,7 +674,8 @@ std::string ToSvg(const Report& r) {
   std::ostringstream s;
   s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << left + width + 140 << "\" height=\"" << height
     << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  s << "<text x=\"10\" y=\"20\" font-size=\"15\">One step: " << r.n << "x" << r.n << " matmul (blue) and the copy time it exposes (red), to scale</text>\n";
+  s << "<text x=\"10\" y=\"20\" font-size=\"15\">One step: " << r.n << "x" << r.n
+    << " matmul (blue) and the copy time it exposes (red), to scale</text>\n";
   s << "<text x=\"10\" y=\"38\" fill=\"#555\">";
   for (const auto& [k, v] : r.environment) {
     if (k == "chip" || k == "driver" || k == "cuda_runtime" || k == "cublas") s << k << " " << v << "  ";
@@ -647,20 +691,23 @@ std::string ToSvg(const Report& r) {
     s << "<rect x=\"" << left << "\" y=\"" << y + 3 << "\" width=\"" << Num(px(compute)) << "\" height=\"" << row_h - 8
       << "\" fill=\"#4878d0\"/>\n";
     if (exposed > 0) {
-      s << "<rect x=\"" << Num(left + px(compute)) << "\" y=\"" << y + 3 << "\" width=\"" << Num(px(exposed)) << "\" height=\""
-        << row_h - 8 << "\" fill=\"#d65f5f\"/>\n";
+      s << "<rect x=\"" << Num(left + px(compute)) << "\" y=\"" << y + 3 << "\" width=\"" << Num(px(exposed))
+        << "\" height=\"" << row_h - 8 << "\" fill=\"#d65f5f\"/>\n";
     }
     char label[96];
-    if (m.strategy == "compute") std::snprintf(label, sizeof label, "%.3f ms", m.step.median * 1e3);
-    else std::snprintf(label, sizeof label, "%.3f ms, exposed %.3f", m.step.median * 1e3, m.exposed * 1e3);
+    if (m.strategy == "compute")
+      std::snprintf(label, sizeof label, "%.3f ms", m.step.median * 1e3);
+    else
+      std::snprintf(label, sizeof label, "%.3f ms, exposed %.3f", m.step.median * 1e3, m.exposed * 1e3);
     s << "<text x=\"" << Num(left + px(compute + exposed) + 6) << "\" y=\"" << y + 15 << "\">" << label << "</text>\n";
   }
   const int axis_y = top + static_cast<int>(rows.size()) * row_h + 8;
-  s << "<line x1=\"" << left << "\" y1=\"" << axis_y << "\" x2=\"" << left + width << "\" y2=\"" << axis_y << "\" stroke=\"black\"/>\n";
+  s << "<line x1=\"" << left << "\" y1=\"" << axis_y << "\" x2=\"" << left + width << "\" y2=\"" << axis_y
+    << "\" stroke=\"black\"/>\n";
   for (int k = 0; k <= 4; ++k) {
     const double sec = scale_max * k / 4;
-    s << "<text x=\"" << Num(left + px(sec)) << "\" y=\"" << axis_y + 16 << "\" text-anchor=\"middle\">" << Num(std::round(sec * 1e5) / 100)
-      << " ms</text>\n";
+    s << "<text x=\"" << Num(left + px(sec)) << "\" y=\"" << axis_y + 16 << "\" text-anchor=\"middle\">"
+      << Num(std::round(sec * 1e5) / 100) << " ms</text>\n";
   }
   s << "</svg>\n";
   return s.str();

@@ -32,7 +32,10 @@ class StepEngine {
   // Output buffer `buf` (0 or 1): device memory, n*n floats, column-major.
   virtual void* output(int buf) = 0;
   // Host engine: compute into this memory instead (a DeviceAllocation of a host-backend ferryd).
-  virtual Status AdoptOutput(int buf, void* memory) { (void)buf, (void)memory; return NotSupported("device memory is the engine's own"); }
+  virtual Status AdoptOutput(int buf, void* memory) {
+    (void)buf, (void)memory;
+    return NotSupported("device memory is the engine's own");
+  }
   virtual size_t output_bytes() const { return static_cast<size_t>(n()) * n() * sizeof(float); }
   // C[buf][:, col0:col1] = A * B[:, col0:col1]
   virtual Status Gemm(int buf, int col0, int col1) = 0;
@@ -40,19 +43,31 @@ class StepEngine {
   virtual Status PoisonOutput(int buf, uint8_t byte) = 0;
   virtual void* stream() = 0;  // for SharedEvent::Record and Transfer::StreamWait
 
-  virtual Status Mark(int i) = 0;                    // step boundary i on the stream (i < kMaxMarks)
+  virtual Status Mark(int i) = 0;                        // step boundary i on the stream (i < kMaxMarks)
   virtual Result<double> MarkSeconds(int a, int b) = 0;  // from mark a to mark b, both happened
-  virtual Status WaitMark(int i) = 0;                // host blocks until mark i has happened
+  virtual Status WaitMark(int i) = 0;                    // host blocks until mark i has happened
   virtual Status Sync() = 0;
   virtual Status ReadOutput(int buf, std::vector<float>& out) = 0;  // synchronous
 
   // In-process baselines (cuda only): pinned host buffers and a copy stream of this process.
   virtual bool has_in_process() const { return false; }
-  virtual std::byte* pinned(int buf) { (void)buf; return nullptr; }
-  virtual Status CopyOnStream(int buf, size_t offset, size_t bytes) { (void)buf, (void)offset, (void)bytes; return NotSupported("no in-process path"); }
+  virtual std::byte* pinned(int buf) {
+    (void)buf;
+    return nullptr;
+  }
+  virtual Status CopyOnStream(int buf, size_t offset, size_t bytes) {
+    (void)buf, (void)offset, (void)bytes;
+    return NotSupported("no in-process path");
+  }
   // After the work enqueued so far, copy on the copy stream; returns a token for StreamWaitCopy.
-  virtual Result<int> CopyOnSideStream(int buf, size_t offset, size_t bytes) { (void)buf, (void)offset, (void)bytes; return NotSupported("no in-process path"); }
-  virtual Status StreamWaitCopy(int token) { (void)token; return NotSupported("no in-process path"); }
+  virtual Result<int> CopyOnSideStream(int buf, size_t offset, size_t bytes) {
+    (void)buf, (void)offset, (void)bytes;
+    return NotSupported("no in-process path");
+  }
+  virtual Status StreamWaitCopy(int token) {
+    (void)token;
+    return NotSupported("no in-process path");
+  }
 
   static constexpr int kMaxMarks = 4096;
 };
@@ -73,11 +88,11 @@ struct Options {
   bool copy_alone = true;             // also each policy's copy without the math
   int steps = 30;                     // timed steps per mode and round
   int warmup = 5;
-  int rounds = 3;                     // each with fresh random inputs
-  int pieces = 6;                     // in-step: the math cut into this many column blocks...
-  double ratio = 0.5;                 // ... each this fraction of the one before
-  std::vector<int> cut;               // or these column widths (summing to n), in order
-  bool quiet = false;                 // no progress bar
+  int rounds = 3;        // each with fresh random inputs
+  int pieces = 6;        // in-step: the math cut into this many column blocks...
+  double ratio = 0.5;    // ... each this fraction of the one before
+  std::vector<int> cut;  // or these column widths (summing to n), in order
+  bool quiet = false;    // no progress bar
 };
 
 struct Stat {
@@ -86,22 +101,22 @@ struct Stat {
 };
 
 struct ModeResult {
-  std::string name;         // e.g. "ferryd geometric, in-step"
-  std::string path;         // "in-process" | "ferryd"
-  std::string strategy;     // "compute" | "copy" | "serial" | "pipelined" | "in-step"
-  std::string policy;       // ferryd paths: the policy's name and hash
+  std::string name;      // e.g. "ferryd geometric, in-step"
+  std::string path;      // "in-process" | "ferryd"
+  std::string strategy;  // "compute" | "copy" | "serial" | "pipelined" | "in-step"
+  std::string policy;    // ferryd paths: the policy's name and hash
   std::string policy_hash;
   std::string policy_file;
-  Stat step;                // step time
-  double exposed = 0;       // step median - compute median (copy modes)
-  double overlap = 0;       // 1 - exposed / copy
+  Stat step;           // step time
+  double exposed = 0;  // step median - compute median (copy modes)
+  double overlap = 0;  // 1 - exposed / copy
 };
 
 struct Check {
   std::string name, what;
   double bound = 0, worst = 0;  // worst value seen against its bound (counts for the bitwise ones)
   bool pass = true;
-  std::string detail;           // the first failure
+  std::string detail;  // the first failure
 };
 
 struct Report {

@@ -4,8 +4,8 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
-#include <cstdio>
 #include <cctype>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -29,7 +29,9 @@ std::string DriverVersion() {
   const auto k = line.find("Module");
   std::istringstream words(k == std::string::npos ? line : line.substr(k));
   for (std::string w; words >> w;) {
-    if (!w.empty() && std::isdigit(static_cast<unsigned char>(w[0])) && w.find_first_not_of("0123456789.") == std::string::npos) return w;
+    if (!w.empty() && std::isdigit(static_cast<unsigned char>(w[0])) &&
+        w.find_first_not_of("0123456789.") == std::string::npos)
+      return w;
   }
   return "unknown";
 }
@@ -66,9 +68,12 @@ class CudaStepEngine : public StepEngine {
     if (stream_) cudaStreamSynchronize(stream_);
     if (copy_stream_) cudaStreamSynchronize(copy_stream_);
     if (blas_) cublasDestroy(blas_);
-    for (cudaEvent_t e : marks_) if (e) cudaEventDestroy(e);
-    for (cudaEvent_t e : ready_) if (e) cudaEventDestroy(e);
-    for (cudaEvent_t e : done_) if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : marks_)
+      if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : ready_)
+      if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : done_)
+      if (e) cudaEventDestroy(e);
     cudaFree(a_);
     cudaFree(b_);
     for (int i = 0; i < 2; ++i) {
@@ -113,9 +118,10 @@ class CudaStepEngine : public StepEngine {
 
   Status Gemm(int buf, int col0, int col1) override {
     const float one = 1, zero = 0;
-    return CublasStatus(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, n_, col1 - col0, n_, &one, a_, n_,
-                                    b_ + static_cast<size_t>(col0) * n_, n_, &zero, c_[buf] + static_cast<size_t>(col0) * n_, n_),
-                        "cublasSgemm");
+    return CublasStatus(
+        cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, n_, col1 - col0, n_, &one, a_, n_,
+                    b_ + static_cast<size_t>(col0) * n_, n_, &zero, c_[buf] + static_cast<size_t>(col0) * n_, n_),
+        "cublasSgemm");
   }
   Status PoisonOutput(int buf, uint8_t byte) override {
     return CudaStatus(cudaMemsetAsync(c_[buf], byte, output_bytes(), stream_), "cudaMemsetAsync");
@@ -146,9 +152,10 @@ class CudaStepEngine : public StepEngine {
   bool has_in_process() const override { return true; }
   std::byte* pinned(int buf) override { return static_cast<std::byte*>(pinned_[buf]); }
   Status CopyOnStream(int buf, size_t offset, size_t bytes) override {
-    return CudaStatus(cudaMemcpyAsync(static_cast<std::byte*>(pinned_[buf]) + offset,
-                                      reinterpret_cast<std::byte*>(c_[buf]) + offset, bytes, cudaMemcpyDeviceToHost, stream_),
-                      "cudaMemcpyAsync");
+    return CudaStatus(
+        cudaMemcpyAsync(static_cast<std::byte*>(pinned_[buf]) + offset, reinterpret_cast<std::byte*>(c_[buf]) + offset,
+                        bytes, cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync");
   }
   Result<int> CopyOnSideStream(int buf, size_t offset, size_t bytes) override {
     const int t = next_token_++ % static_cast<int>(done_.size());

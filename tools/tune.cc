@@ -118,14 +118,16 @@ Result<std::vector<Bandwidth>> TransferSweep(const std::string& socket, size_t m
   if (sizes.back() != max_size) sizes.push_back(max_size);
   for (size_t bytes : sizes) {
     // Round trip first, checked: host[0, n) -> device -> host[max, max + n).
-    bench::FillRandom(host.data(), bytes, static_cast<uint64_t>(bytes) * 2654435761u + static_cast<uint64_t>(::getpid()));
+    bench::FillRandom(host.data(), bytes,
+                      static_cast<uint64_t>(bytes) * 2654435761u + static_cast<uint64_t>(::getpid()));
     std::memset(host.data() + max_size, 0xA5, bytes);
     FERRY_ASSIGN_OR_RETURN(Transfer up, client->Copy(Direction::kHostToDevice, host, 0, region, 0, bytes));
     FERRY_RETURN_IF_ERROR(up.Wait(std::chrono::seconds(10)));
     FERRY_ASSIGN_OR_RETURN(Transfer down, client->Copy(Direction::kDeviceToHost, host, max_size, region, 0, bytes));
     FERRY_RETURN_IF_ERROR(down.Wait(std::chrono::seconds(10)));
     if (std::memcmp(host.data(), host.data() + max_size, bytes) != 0) {
-      return Internal("transfer sweep: a " + bench::HumanBytes(bytes) + " round trip through ferryd came back different");
+      return Internal("transfer sweep: a " + bench::HumanBytes(bytes) +
+                      " round trip through ferryd came back different");
     }
     // Small sizes in batches (many in flight, as servers send them), large ones one at a time.
     // Copies in one batch go to disjoint device ranges (concurrent writes to one range race).
@@ -137,7 +139,8 @@ Result<std::vector<Bandwidth>> TransferSweep(const std::string& socket, size_t m
         const double t0 = bench::NowSeconds();
         for (size_t i = 0; i < batch; ++i) {
           const size_t off = i * bytes, len = bytes;
-          FERRY_ASSIGN_OR_RETURN(Transfer t, client->Copy(d, host, d == Direction::kHostToDevice ? off : max_size + off, region, off, len));
+          FERRY_ASSIGN_OR_RETURN(Transfer t, client->Copy(d, host, d == Direction::kHostToDevice ? off : max_size + off,
+                                                          region, off, len));
           ts.push_back(std::move(t));
         }
         for (Transfer& t : ts) FERRY_RETURN_IF_ERROR(t.Wait(std::chrono::seconds(10)));
@@ -156,13 +159,18 @@ std::string ShortLabel(const daemon::Policy& p, int dim) {
     case 0:
       if (p.schedule == daemon::Schedule::kChunked) return "chunked " + bench::HumanBytes(p.chunk_bytes);
       if (p.schedule == daemon::Schedule::kGeometric) {
-        std::snprintf(b, sizeof b, "geometric ratio %g down to %s", p.ratio, bench::HumanBytes(p.min_chunk_bytes).c_str());
+        std::snprintf(b, sizeof b, "geometric ratio %g down to %s", p.ratio,
+                      bench::HumanBytes(p.min_chunk_bytes).c_str());
         return b;
       }
       return std::string(daemon::ScheduleName(p.schedule));
-    case 1: return std::to_string(p.bulk_streams) + " bulk streams per direction";
-    case 2: return "batch pieces up to " + bench::HumanBytes(p.batch_threshold_bytes);
-    default: return p.bulk_priority == daemon::StreamPriority::kGreatest ? "bulk at the greatest priority" : "bulk at the least priority";
+    case 1:
+      return std::to_string(p.bulk_streams) + " bulk streams per direction";
+    case 2:
+      return "batch pieces up to " + bench::HumanBytes(p.batch_threshold_bytes);
+    default:
+      return p.bulk_priority == daemon::StreamPriority::kGreatest ? "bulk at the greatest priority"
+                                                                  : "bulk at the least priority";
   }
 }
 
@@ -179,7 +187,8 @@ class Tuner {
   int Run();
 
  private:
-  Result<Evaluation> Evaluate(const std::string& label, const std::string& change, std::shared_ptr<const daemon::Policy> p);
+  Result<Evaluation> Evaluate(const std::string& label, const std::string& change,
+                              std::shared_ptr<const daemon::Policy> p);
   std::vector<std::pair<std::string, std::shared_ptr<daemon::Policy>>> Alternatives(const daemon::Policy& at, int dim);
   std::string ReportJson() const;
 
@@ -196,7 +205,8 @@ class Tuner {
   std::string issued_at_, engine_kind_;
 };
 
-Result<Evaluation> Tuner::Evaluate(const std::string& label, const std::string& change, std::shared_ptr<const daemon::Policy> p) {
+Result<Evaluation> Tuner::Evaluate(const std::string& label, const std::string& change,
+                                   std::shared_ptr<const daemon::Policy> p) {
   overlap::Options o;
   o.socket = s_.socket;
   o.policies = {{label, p->ToYaml()}};
@@ -237,7 +247,8 @@ Result<Evaluation> Tuner::Evaluate(const std::string& label, const std::string& 
 }
 
 // dim 0: schedule, 1: streams, 2: batching, 3: priority.
-std::vector<std::pair<std::string, std::shared_ptr<daemon::Policy>>> Tuner::Alternatives(const daemon::Policy& at, int dim) {
+std::vector<std::pair<std::string, std::shared_ptr<daemon::Policy>>> Tuner::Alternatives(const daemon::Policy& at,
+                                                                                         int dim) {
   std::vector<std::pair<std::string, std::shared_ptr<daemon::Policy>>> out;
   // Each alternative carries the settings it changes ("key: old -> new; ..."); none that
   // changes nothing.
@@ -251,11 +262,13 @@ std::vector<std::pair<std::string, std::shared_ptr<daemon::Policy>>> Tuner::Alte
   };
   switch (dim) {
     case 0: {
-      std::vector<uint64_t> chunks = s_.quick ? std::vector<uint64_t>{1ull << 20, 64ull << 20}
-                                              : std::vector<uint64_t>{8ull << 20, 16ull << 20, 32ull << 20, 64ull << 20};
+      std::vector<uint64_t> chunks = s_.quick
+                                         ? std::vector<uint64_t>{1ull << 20, 64ull << 20}
+                                         : std::vector<uint64_t>{8ull << 20, 16ull << 20, 32ull << 20, 64ull << 20};
       for (uint64_t c : chunks) {
         with([&](daemon::Policy& p) {
-          if (p.schedule == daemon::Schedule::kSideStream || p.schedule == daemon::Schedule::kSerial) p.bulk_streams = 2;
+          if (p.schedule == daemon::Schedule::kSideStream || p.schedule == daemon::Schedule::kSerial)
+            p.bulk_streams = 2;
           p.schedule = daemon::Schedule::kChunked;
           p.chunk_bytes = c;
           p.max_copies_in_flight = 0;
@@ -285,7 +298,8 @@ std::vector<std::pair<std::string, std::shared_ptr<daemon::Policy>>> Tuner::Alte
       }
       break;
     case 2:
-      for (uint64_t t : {256ull << 10, 1ull << 20, 4ull << 20}) with([&](daemon::Policy& p) { p.batch_threshold_bytes = t; });
+      for (uint64_t t : {256ull << 10, 1ull << 20, 4ull << 20})
+        with([&](daemon::Policy& p) { p.batch_threshold_bytes = t; });
       break;
     case 3:
       for (auto pr : {daemon::StreamPriority::kLeast, daemon::StreamPriority::kGreatest}) {
@@ -300,11 +314,12 @@ std::string Tuner::ReportJson() const {
   std::ostringstream j;
   auto eval_json = [&](const Evaluation& e) {
     std::ostringstream o;
-    o << "{\"label\": " << JsonString(e.label) << ", \"change\": " << JsonString(e.change) << ", \"policy_hash\": "
-      << JsonString(e.policy->Hash()) << ", \"checks_passed\": " << (e.checks_passed ? "true" : "false")
-      << ", \"compute_seconds\": " << Num(e.compute) << ", \"pipelined_exposed_seconds\": " << Num(e.pipelined)
-      << ", \"in_step_exposed_seconds\": " << Num(e.in_step) << ", \"score_seconds\": " << Num(e.score())
-      << ", \"largest_copy_gbps\": " << Num(e.largest_gbps) << ", \"verdict\": " << JsonString(e.verdict) << ", \"sweep\": [";
+    o << "{\"label\": " << JsonString(e.label) << ", \"change\": " << JsonString(e.change)
+      << ", \"policy_hash\": " << JsonString(e.policy->Hash())
+      << ", \"checks_passed\": " << (e.checks_passed ? "true" : "false") << ", \"compute_seconds\": " << Num(e.compute)
+      << ", \"pipelined_exposed_seconds\": " << Num(e.pipelined) << ", \"in_step_exposed_seconds\": " << Num(e.in_step)
+      << ", \"score_seconds\": " << Num(e.score()) << ", \"largest_copy_gbps\": " << Num(e.largest_gbps)
+      << ", \"verdict\": " << JsonString(e.verdict) << ", \"sweep\": [";
     for (size_t i = 0; i < e.sweep.size(); ++i) {
       o << (i ? ", " : "") << "{\"bytes\": " << e.sweep[i].bytes << ", \"direction\": \"" << e.sweep[i].direction
         << "\", \"gbps\": " << Num(e.sweep[i].gbps) << "}";
@@ -312,12 +327,15 @@ std::string Tuner::ReportJson() const {
     o << "]}";
     return o.str();
   };
-  j << "{\n  \"format\": \"ferry-tune-report/1\",\n  \"issued_at\": " << JsonString(issued_at_) << ",\n  \"engine\": "
-    << JsonString(engine_kind_) << ",\n  \"environment\": {";
-  for (size_t i = 0; i < env_.size(); ++i) j << (i ? ", " : "") << JsonString(env_[i].first) << ": " << JsonString(env_[i].second);
+  j << "{\n  \"format\": \"ferry-tune-report/1\",\n  \"issued_at\": " << JsonString(issued_at_)
+    << ",\n  \"engine\": " << JsonString(engine_kind_) << ",\n  \"environment\": {";
+  for (size_t i = 0; i < env_.size(); ++i)
+    j << (i ? ", " : "") << JsonString(env_[i].first) << ": " << JsonString(env_[i].second);
   j << "},\n  \"previous\": ";
-  if (had_previous_) j << "{\"issued_at\": " << JsonString(previous_issued_) << "}";
-  else j << "null";
+  if (had_previous_)
+    j << "{\"issued_at\": " << JsonString(previous_issued_) << "}";
+  else
+    j << "null";
   j << ",\n  \"environment_changes\": [";
   for (size_t i = 0; i < env_changes_.size(); ++i) j << (i ? ", " : "") << JsonString(env_changes_[i]);
   j << "],\n  \"setting_changes\": [";
@@ -325,9 +343,11 @@ std::string Tuner::ReportJson() const {
   j << "],\n  \"start\": " << eval_json(*start_eval_) << ",\n";
   if (previous_eval_) j << "  \"previous_tuned\": " << eval_json(*previous_eval_) << ",\n";
   j << "  \"best\": " << eval_json(*best_) << ",\n  \"candidates\": [\n";
-  for (size_t i = 0; i < evals_.size(); ++i) j << "    " << eval_json(evals_[i]) << (i + 1 < evals_.size() ? "," : "") << "\n";
-  j << "  ],\n  \"policy_hash\": " << JsonString(best_->policy->Hash()) << ",\n  \"policy_canonical\": "
-    << JsonString(best_->policy->Canonical()) << ",\n  \"policy_yaml\": " << JsonString(best_->policy->ToYaml()) << "\n}\n";
+  for (size_t i = 0; i < evals_.size(); ++i)
+    j << "    " << eval_json(evals_[i]) << (i + 1 < evals_.size() ? "," : "") << "\n";
+  j << "  ],\n  \"policy_hash\": " << JsonString(best_->policy->Hash())
+    << ",\n  \"policy_canonical\": " << JsonString(best_->policy->Canonical())
+    << ",\n  \"policy_yaml\": " << JsonString(best_->policy->ToYaml()) << "\n}\n";
   return j.str();
 }
 
@@ -357,8 +377,10 @@ int Tuner::Run() {
     auto root = yamlutil::LoadString(text, report_path);
     if (!root.ok()) return Fail("the last tune's report " + report_path + ": " + root.status().message());
     try {
-      if ((*root)["format"].as<std::string>() != "ferry-tune-report/1") return Fail(report_path + " is not a tune report");
-      for (const auto& kv : (*root)["environment"]) previous_env[kv.first.as<std::string>()] = kv.second.as<std::string>();
+      if ((*root)["format"].as<std::string>() != "ferry-tune-report/1")
+        return Fail(report_path + " is not a tune report");
+      for (const auto& kv : (*root)["environment"])
+        previous_env[kv.first.as<std::string>()] = kv.second.as<std::string>();
       previous_issued_ = (*root)["issued_at"].as<std::string>();
       auto p = daemon::ParsePolicy((*root)["policy_yaml"].as<std::string>(), report_path + " (policy_yaml)");
       if (!p.ok()) return Fail(p.status().message());
@@ -392,7 +414,8 @@ int Tuner::Run() {
     for (int d = 0; d < dims; ++d) total += Alternatives(probe, d).size();
   }
   bench::Progress progress(total + 2 * dims);  // the grid moves as settings change: an estimate
-  auto run = [&](const std::string& label, const std::string& change, std::shared_ptr<const daemon::Policy> p) -> Result<Evaluation> {
+  auto run = [&](const std::string& label, const std::string& change,
+                 std::shared_ptr<const daemon::Policy> p) -> Result<Evaluation> {
     auto r = Evaluate(label, change, std::move(p));
     if (!s_.json || ::isatty(2)) progress.Step(label);
     return r;
@@ -400,7 +423,8 @@ int Tuner::Run() {
   auto first = run("start", "start: " + start_label, start);
   if (!first.ok()) return Fail(first.status().ToString());
   first->verdict = first->checks_passed ? "start" : "start (checks FAILED)";
-  if (!first->checks_passed) return Fail("the starting policy fails the correctness checks; not tuning on a broken setup");
+  if (!first->checks_passed)
+    return Fail("the starting policy fails the correctness checks; not tuning on a broken setup");
   start_eval_ = *first;
   evals_.push_back(*first);
   if (previous && start != previous) {
@@ -421,10 +445,14 @@ int Tuner::Run() {
       auto ev = run(std::string(dim_names[d]) + ": " + ShortLabel(*policy, d), change, policy);
       if (!ev.ok()) return Fail(ev.status().ToString());
       const double allowance = std::max(0.02 * best.score(), 5e-6);
-      if (!ev->checks_passed) ev->verdict = "rejected: a correctness check failed";
-      else if (ev->largest_gbps < bandwidth_floor) ev->verdict = "rejected: bandwidth below 97% of the start's";
-      else if (ev->score() < best.score() - allowance && (!dim_best || ev->score() < dim_best->score())) ev->verdict = "better";
-      else ev->verdict = "not better";
+      if (!ev->checks_passed)
+        ev->verdict = "rejected: a correctness check failed";
+      else if (ev->largest_gbps < bandwidth_floor)
+        ev->verdict = "rejected: bandwidth below 97% of the start's";
+      else if (ev->score() < best.score() - allowance && (!dim_best || ev->score() < dim_best->score()))
+        ev->verdict = "better";
+      else
+        ev->verdict = "not better";
       if (ev->verdict == "better") {
         if (dim_best) {
           for (auto& old : evals_) {
@@ -445,7 +473,8 @@ int Tuner::Run() {
       const double old_sum = best.score() + again_best->score(), new_sum = dim_best->score() + again_new->score();
       const bool confirmed = again_new->checks_passed && new_sum < old_sum - std::max(0.02 * old_sum, 10e-6);
       for (auto& old : evals_) {
-        if (old.label == dim_best->label) old.verdict = confirmed ? "kept (confirmed by a second run)" : "not confirmed by a second run";
+        if (old.label == dim_best->label)
+          old.verdict = confirmed ? "kept (confirmed by a second run)" : "not confirmed by a second run";
       }
       again_best->verdict = "second run of the best so far";
       again_new->verdict = confirmed ? "second run: confirmed" : "second run: not better";
@@ -462,8 +491,8 @@ int Tuner::Run() {
       if (k == "chip") chip = v;
     }
     char d[160];
-    std::snprintf(d, sizeof d, "tuned by ferryctl tune on %s, %s: exposed %.3f ms pipelined, %.3f ms in-step", chip.c_str(),
-                  issued_at_.c_str(), best.pipelined * 1e3, best.in_step * 1e3);
+    std::snprintf(d, sizeof d, "tuned by ferryctl tune on %s, %s: exposed %.3f ms pipelined, %.3f ms in-step",
+                  chip.c_str(), issued_at_.c_str(), best.pipelined * 1e3, best.in_step * 1e3);
     tuned->description = d;
   }
   best.policy = tuned;
@@ -472,8 +501,10 @@ int Tuner::Run() {
   for (const auto& [k, v] : env_) {
     auto it = previous_env.find(k);
     if (!had_previous_) break;
-    if (it == previous_env.end()) env_changes_.push_back(k + ": (not recorded) -> " + v);
-    else if (it->second != v) env_changes_.push_back(k + ": " + it->second + " -> " + v);
+    if (it == previous_env.end())
+      env_changes_.push_back(k + ": (not recorded) -> " + v);
+    else if (it->second != v)
+      env_changes_.push_back(k + ": " + it->second + " -> " + v);
   }
   const daemon::Policy& before = previous ? *previous : *start;
   for (const std::string& c : daemon::DiffPolicies(before, *tuned)) {
@@ -483,7 +514,8 @@ int Tuner::Run() {
   // Write the policy, then its report (signed), then say what happened.
   {
     std::ofstream f(s_.out, std::ios::trunc);
-    f << "# " << tuned->description << "\n# hash " << tuned->Hash() << "; report: " << report_path << "\n" << tuned->ToYaml();
+    f << "# " << tuned->description << "\n# hash " << tuned->Hash() << "; report: " << report_path << "\n"
+      << tuned->ToYaml();
     f.close();
     if (!f) return Fail("cannot write " + s_.out + ": " + std::strerror(errno));
   }
@@ -495,7 +527,8 @@ int Tuner::Run() {
     if (!f) return Fail("cannot write " + report_path + ": " + std::strerror(errno));
   }
   if (!s_.key.empty()) {
-    if (Status st = SignFile(report_path, report, s_.key, "tune"); !st.ok()) return Fail("signing the report: " + st.ToString());
+    if (Status st = SignFile(report_path, report, s_.key, "tune"); !st.ok())
+      return Fail("signing the report: " + st.ToString());
   }
   if (s_.apply) {
     auto r = control_.ApplyPolicyText(tuned->ToYaml(), s_.out);
@@ -516,15 +549,16 @@ int Tuner::Run() {
     std::printf("environment changed since the last tune (%s):\n", previous_issued_.c_str());
     for (const auto& c : env_changes_) std::printf("  %s\n", c.c_str());
   }
-  std::printf("\n%-58s %10s %10s %10s %12s  %s\n", "candidate (change from the best so far)", "pipelined", "in-step", "score",
-              "largest GB/s", "verdict");
+  std::printf("\n%-58s %10s %10s %10s %12s  %s\n", "candidate (change from the best so far)", "pipelined", "in-step",
+              "score", "largest GB/s", "verdict");
   for (const Evaluation& ev : evals_) {
     std::string label = ev.label.size() > 58 ? ev.label.substr(0, 55) + "..." : ev.label;
-    std::printf("%-58s %10.3f %10.3f %10.3f %12.2f  %s\n", label.c_str(), ev.pipelined * 1e3, ev.in_step * 1e3, ev.score() * 1e3,
-                ev.largest_gbps, ev.verdict.c_str());
+    std::printf("%-58s %10.3f %10.3f %10.3f %12.2f  %s\n", label.c_str(), ev.pipelined * 1e3, ev.in_step * 1e3,
+                ev.score() * 1e3, ev.largest_gbps, ev.verdict.c_str());
   }
-  std::printf("(exposed copy time in ms, medians; score = pipelined + in-step; largest GB/s: the slower direction at %s)\n\n",
-              bench::HumanBytes(s_.max_size).c_str());
+  std::printf(
+      "(exposed copy time in ms, medians; score = pipelined + in-step; largest GB/s: the slower direction at %s)\n\n",
+      bench::HumanBytes(s_.max_size).c_str());
   if (setting_changes_.empty()) {
     std::printf("settings unchanged from %s\n", previous ? "the last tune" : "the start");
   } else {
@@ -532,8 +566,9 @@ int Tuner::Run() {
     for (const auto& c : setting_changes_) std::printf("  %s\n", c.c_str());
   }
   const Evaluation& ref = previous_eval_ ? *previous_eval_ : *start_eval_;
-  std::printf("measured in this run: %s score %.3f ms -> tuned %.3f ms (%+.1f%%)\n", previous_eval_ ? "last tune" : "start",
-              ref.score() * 1e3, best.score() * 1e3, ref.score() > 0 ? (best.score() / ref.score() - 1) * 100 : 0.0);
+  std::printf("measured in this run: %s score %.3f ms -> tuned %.3f ms (%+.1f%%)\n",
+              previous_eval_ ? "last tune" : "start", ref.score() * 1e3, best.score() * 1e3,
+              ref.score() > 0 ? (best.score() / ref.score() - 1) * 100 : 0.0);
   std::printf("wrote %s (hash %s) and %s%s\n", s_.out.c_str(), tuned->Hash().c_str(), report_path.c_str(),
               s_.key.empty() ? "" : " (signed: .minisig)");
   std::printf(s_.apply ? "applied to ferryd\n" : "apply with: ferryctl policy apply %s\n", s_.out.c_str());
