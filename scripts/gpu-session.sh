@@ -27,6 +27,7 @@ for v in $variants; do
   envs=""; case $body in *:*) envs=${body#*:}; body=${body%%:*};; esac
   rt=$(mktemp -d /tmp/ferry-bench-XXXXXX)
   printf 'runtime_dir: %s\npool:\n  size: %s\n' "$rt" "${POOL:-2GiB}" >"$rt/ferryd.yaml"
+  [ -n "${RING:-}" ] && echo "ring_entries: $RING" >>"$rt/ferryd.yaml"
   # NAME may end in @CPU,CPU: ferryd's loop pinned to the first, the bench to the second.
   pin_daemon=""; pin_bench=""
   case $name in *@*) cpus=${name#*@}; pin_daemon=${cpus%,*}; pin_bench=${cpus#*,}; echo "cpu: $pin_daemon" >>"$rt/ferryd.yaml";; esac
