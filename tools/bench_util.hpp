@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <ctime>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -44,6 +46,42 @@ inline Summary Summarize(std::vector<double> v) {
   const double q1 = v[v.size() / 4], q3 = v[std::min(v.size() - 1, v.size() * 3 / 4)], iqr = q3 - q1;
   for (double x : v) s.outliers += (x < q1 - 1.5 * iqr || x > q3 + 1.5 * iqr) ? 1 : 0;
   return s;
+}
+
+// A JSON string literal for `s` (quotes, backslashes and control characters escaped).
+inline std::string JsonString(const std::string& s) {
+  std::string o = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      o += b;
+    } else {
+      o += static_cast<char>(c);
+    }
+  }
+  return o + "\"";
+}
+
+// A JSON number with 9 significant digits; null for NaN and infinities.
+inline std::string JsonNumber(double v) {
+  if (!std::isfinite(v)) return "null";
+  char b[40];
+  std::snprintf(b, sizeof b, "%.9g", v);
+  return b;
+}
+
+// Now, UTC, as 2026-12-02T19:24:18Z.
+inline std::string UtcNowIso() {
+  char t[32];
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  std::strftime(t, sizeof t, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return t;
 }
 
 inline double NowSeconds() {

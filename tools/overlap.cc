@@ -376,12 +376,7 @@ Result<Report> Runner::Run() {
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
   report_.hostname = host;
-  {
-    char t[32];
-    std::time_t now = std::time(nullptr);
-    std::strftime(t, sizeof t, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    report_.issued_at = t;
-  }
+  report_.issued_at = bench::UtcNowIso();
   // The bounds, fixed before anything runs. FP32 sums of n products of numbers in [-1, 1):
   // the error grows like sqrt(n) * 2^-24 * |c|, about 1e-4 at n = 4096; the bound allows 20x.
   const double fp_bound = 5e-7 * n;
@@ -502,30 +497,9 @@ Result<Report> Runner::Run() {
   return report_;
 }
 
-std::string JsonString(const std::string& s) {
-  std::string o = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\')
-      o += '\\', o += static_cast<char>(c);
-    else if (c < 0x20) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\u%04x", c);
-      o += b;
-    } else
-      o += static_cast<char>(c);
-  }
-  return o + "\"";
-}
-
-std::string Num(double v) {
-  if (!std::isfinite(v)) return "null";
-  char b[40];
-  std::snprintf(b, sizeof b, "%.9g", v);
-  return b;
-}
 
 std::string StatJson(const Stat& s) {
-  return "{\"median\": " + Num(s.median) + ", \"min\": " + Num(s.min) + ", \"max\": " + Num(s.max) +
+  return "{\"median\": " + bench::JsonNumber(s.median) + ", \"min\": " + bench::JsonNumber(s.min) + ", \"max\": " + bench::JsonNumber(s.max) +
          ", \"n\": " + std::to_string(s.n) + "}";
 }
 
@@ -580,12 +554,12 @@ Result<Report> Run(StepEngine& engine, const Options& options) {
 
 std::string ToJson(const Report& r) {
   std::ostringstream j;
-  j << "{\n  \"format\": \"ferry-overlap-report/1\",\n  \"issued_at\": " << JsonString(r.issued_at)
-    << ",\n  \"host\": " << JsonString(r.hostname) << ",\n  \"ferry_version\": " << JsonString(r.ferry_version)
-    << ",\n  \"engine\": " << JsonString(r.engine) << ",\n  \"daemon_backend\": " << JsonString(r.daemon_backend)
+  j << "{\n  \"format\": \"ferry-overlap-report/1\",\n  \"issued_at\": " << bench::JsonString(r.issued_at)
+    << ",\n  \"host\": " << bench::JsonString(r.hostname) << ",\n  \"ferry_version\": " << bench::JsonString(r.ferry_version)
+    << ",\n  \"engine\": " << bench::JsonString(r.engine) << ",\n  \"daemon_backend\": " << bench::JsonString(r.daemon_backend)
     << ",\n  \"environment\": {";
   for (size_t i = 0; i < r.environment.size(); ++i) {
-    j << (i ? ", " : "") << JsonString(r.environment[i].first) << ": " << JsonString(r.environment[i].second);
+    j << (i ? ", " : "") << bench::JsonString(r.environment[i].first) << ": " << bench::JsonString(r.environment[i].second);
   }
   j << "},\n  \"workload\": {\"n\": " << r.n << ", \"bytes\": " << static_cast<uint64_t>(r.n) * r.n * 4
     << ", \"steps\": " << r.steps << ", \"warmup\": " << r.warmup << ", \"rounds\": " << r.rounds << ", \"blocks\": [";
@@ -593,29 +567,29 @@ std::string ToJson(const Report& r) {
     j << (i ? ", " : "") << "[" << r.pieces[i].first << ", " << r.pieces[i].second << "]";
   j << "]},\n  \"compute_seconds\": " << StatJson(r.compute)
     << ",\n  \"compute_blocks_seconds\": " << StatJson(r.compute_pieces)
-    << ",\n  \"copy_seconds\": " << Num(r.copy_seconds) << ",\n  \"modes\": [\n";
+    << ",\n  \"copy_seconds\": " << bench::JsonNumber(r.copy_seconds) << ",\n  \"modes\": [\n";
   for (size_t i = 0; i < r.modes.size(); ++i) {
     const ModeResult& m = r.modes[i];
-    j << "    {\"name\": " << JsonString(m.name) << ", \"path\": " << JsonString(m.path)
-      << ", \"strategy\": " << JsonString(m.strategy);
+    j << "    {\"name\": " << bench::JsonString(m.name) << ", \"path\": " << bench::JsonString(m.path)
+      << ", \"strategy\": " << bench::JsonString(m.strategy);
     if (!m.policy.empty())
-      j << ", \"policy\": " << JsonString(m.policy) << ", \"policy_hash\": " << JsonString(m.policy_hash);
+      j << ", \"policy\": " << bench::JsonString(m.policy) << ", \"policy_hash\": " << bench::JsonString(m.policy_hash);
     j << ", \"step_seconds\": " << StatJson(m.step);
     if (m.strategy != "compute" && m.strategy != "copy")
-      j << ", \"exposed_seconds\": " << Num(m.exposed) << ", \"overlap\": " << Num(m.overlap);
+      j << ", \"exposed_seconds\": " << bench::JsonNumber(m.exposed) << ", \"overlap\": " << bench::JsonNumber(m.overlap);
     j << "}" << (i + 1 < r.modes.size() ? "," : "") << "\n";
   }
   j << "  ],\n  \"checks\": [\n";
   for (size_t i = 0; i < r.checks.size(); ++i) {
     const Check& c = r.checks[i];
-    j << "    {\"name\": " << JsonString(c.name) << ", \"what\": " << JsonString(c.what)
-      << ", \"bound\": " << Num(c.bound) << ", \"worst\": " << Num(c.worst)
+    j << "    {\"name\": " << bench::JsonString(c.name) << ", \"what\": " << bench::JsonString(c.what)
+      << ", \"bound\": " << bench::JsonNumber(c.bound) << ", \"worst\": " << bench::JsonNumber(c.worst)
       << ", \"pass\": " << (c.pass ? "true" : "false");
-    if (!c.pass) j << ", \"first_failure\": " << JsonString(c.detail);
+    if (!c.pass) j << ", \"first_failure\": " << bench::JsonString(c.detail);
     j << "}" << (i + 1 < r.checks.size() ? "," : "") << "\n";
   }
   j << "  ],\n  \"notes\": [";
-  for (size_t i = 0; i < r.notes.size(); ++i) j << (i ? ", " : "") << JsonString(r.notes[i]);
+  for (size_t i = 0; i < r.notes.size(); ++i) j << (i ? ", " : "") << bench::JsonString(r.notes[i]);
   j << "],\n  \"checks_passed\": " << (r.checks_passed() ? "true" : "false") << "\n}\n";
   return j.str();
 }
@@ -688,10 +662,10 @@ std::string ToSvg(const Report& r) {
     const double compute = m.strategy == "compute" ? m.step.median : r.compute.median;
     const double exposed = m.strategy == "compute" ? 0 : std::max(0.0, m.exposed);
     s << "<text x=\"" << left - 8 << "\" y=\"" << y + 15 << "\" text-anchor=\"end\">" << m.name << "</text>\n";
-    s << "<rect x=\"" << left << "\" y=\"" << y + 3 << "\" width=\"" << Num(px(compute)) << "\" height=\"" << row_h - 8
+    s << "<rect x=\"" << left << "\" y=\"" << y + 3 << "\" width=\"" << bench::JsonNumber(px(compute)) << "\" height=\"" << row_h - 8
       << "\" fill=\"#4878d0\"/>\n";
     if (exposed > 0) {
-      s << "<rect x=\"" << Num(left + px(compute)) << "\" y=\"" << y + 3 << "\" width=\"" << Num(px(exposed))
+      s << "<rect x=\"" << bench::JsonNumber(left + px(compute)) << "\" y=\"" << y + 3 << "\" width=\"" << bench::JsonNumber(px(exposed))
         << "\" height=\"" << row_h - 8 << "\" fill=\"#d65f5f\"/>\n";
     }
     char label[96];
@@ -699,15 +673,15 @@ std::string ToSvg(const Report& r) {
       std::snprintf(label, sizeof label, "%.3f ms", m.step.median * 1e3);
     else
       std::snprintf(label, sizeof label, "%.3f ms, exposed %.3f", m.step.median * 1e3, m.exposed * 1e3);
-    s << "<text x=\"" << Num(left + px(compute + exposed) + 6) << "\" y=\"" << y + 15 << "\">" << label << "</text>\n";
+    s << "<text x=\"" << bench::JsonNumber(left + px(compute + exposed) + 6) << "\" y=\"" << y + 15 << "\">" << label << "</text>\n";
   }
   const int axis_y = top + static_cast<int>(rows.size()) * row_h + 8;
   s << "<line x1=\"" << left << "\" y1=\"" << axis_y << "\" x2=\"" << left + width << "\" y2=\"" << axis_y
     << "\" stroke=\"black\"/>\n";
   for (int k = 0; k <= 4; ++k) {
     const double sec = scale_max * k / 4;
-    s << "<text x=\"" << Num(left + px(sec)) << "\" y=\"" << axis_y + 16 << "\" text-anchor=\"middle\">"
-      << Num(std::round(sec * 1e5) / 100) << " ms</text>\n";
+    s << "<text x=\"" << bench::JsonNumber(left + px(sec)) << "\" y=\"" << axis_y + 16 << "\" text-anchor=\"middle\">"
+      << bench::JsonNumber(std::round(sec * 1e5) / 100) << " ms</text>\n";
   }
   s << "</svg>\n";
   return s.str();

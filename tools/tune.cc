@@ -61,29 +61,6 @@ int Fail(const std::string& what) {
   return 1;
 }
 
-std::string JsonString(const std::string& s) {
-  std::string o = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      o += '\\';
-      o += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\u%04x", c);
-      o += b;
-    } else {
-      o += static_cast<char>(c);
-    }
-  }
-  return o + "\"";
-}
-
-std::string Num(double v) {
-  if (!std::isfinite(v)) return "null";
-  char b[40];
-  std::snprintf(b, sizeof b, "%.9g", v);
-  return b;
-}
 
 struct Bandwidth {
   size_t bytes = 0;
@@ -314,51 +291,46 @@ std::string Tuner::ReportJson() const {
   std::ostringstream j;
   auto eval_json = [&](const Evaluation& e) {
     std::ostringstream o;
-    o << "{\"label\": " << JsonString(e.label) << ", \"change\": " << JsonString(e.change)
-      << ", \"policy_hash\": " << JsonString(e.policy->Hash())
-      << ", \"checks_passed\": " << (e.checks_passed ? "true" : "false") << ", \"compute_seconds\": " << Num(e.compute)
-      << ", \"pipelined_exposed_seconds\": " << Num(e.pipelined) << ", \"in_step_exposed_seconds\": " << Num(e.in_step)
-      << ", \"score_seconds\": " << Num(e.score()) << ", \"largest_copy_gbps\": " << Num(e.largest_gbps)
-      << ", \"verdict\": " << JsonString(e.verdict) << ", \"sweep\": [";
+    o << "{\"label\": " << bench::JsonString(e.label) << ", \"change\": " << bench::JsonString(e.change)
+      << ", \"policy_hash\": " << bench::JsonString(e.policy->Hash())
+      << ", \"checks_passed\": " << (e.checks_passed ? "true" : "false") << ", \"compute_seconds\": " << bench::JsonNumber(e.compute)
+      << ", \"pipelined_exposed_seconds\": " << bench::JsonNumber(e.pipelined) << ", \"in_step_exposed_seconds\": " << bench::JsonNumber(e.in_step)
+      << ", \"score_seconds\": " << bench::JsonNumber(e.score()) << ", \"largest_copy_gbps\": " << bench::JsonNumber(e.largest_gbps)
+      << ", \"verdict\": " << bench::JsonString(e.verdict) << ", \"sweep\": [";
     for (size_t i = 0; i < e.sweep.size(); ++i) {
       o << (i ? ", " : "") << "{\"bytes\": " << e.sweep[i].bytes << ", \"direction\": \"" << e.sweep[i].direction
-        << "\", \"gbps\": " << Num(e.sweep[i].gbps) << "}";
+        << "\", \"gbps\": " << bench::JsonNumber(e.sweep[i].gbps) << "}";
     }
     o << "]}";
     return o.str();
   };
-  j << "{\n  \"format\": \"ferry-tune-report/1\",\n  \"issued_at\": " << JsonString(issued_at_)
-    << ",\n  \"engine\": " << JsonString(engine_kind_) << ",\n  \"environment\": {";
+  j << "{\n  \"format\": \"ferry-tune-report/1\",\n  \"issued_at\": " << bench::JsonString(issued_at_)
+    << ",\n  \"engine\": " << bench::JsonString(engine_kind_) << ",\n  \"environment\": {";
   for (size_t i = 0; i < env_.size(); ++i)
-    j << (i ? ", " : "") << JsonString(env_[i].first) << ": " << JsonString(env_[i].second);
+    j << (i ? ", " : "") << bench::JsonString(env_[i].first) << ": " << bench::JsonString(env_[i].second);
   j << "},\n  \"previous\": ";
   if (had_previous_)
-    j << "{\"issued_at\": " << JsonString(previous_issued_) << "}";
+    j << "{\"issued_at\": " << bench::JsonString(previous_issued_) << "}";
   else
     j << "null";
   j << ",\n  \"environment_changes\": [";
-  for (size_t i = 0; i < env_changes_.size(); ++i) j << (i ? ", " : "") << JsonString(env_changes_[i]);
+  for (size_t i = 0; i < env_changes_.size(); ++i) j << (i ? ", " : "") << bench::JsonString(env_changes_[i]);
   j << "],\n  \"setting_changes\": [";
-  for (size_t i = 0; i < setting_changes_.size(); ++i) j << (i ? ", " : "") << JsonString(setting_changes_[i]);
+  for (size_t i = 0; i < setting_changes_.size(); ++i) j << (i ? ", " : "") << bench::JsonString(setting_changes_[i]);
   j << "],\n  \"start\": " << eval_json(*start_eval_) << ",\n";
   if (previous_eval_) j << "  \"previous_tuned\": " << eval_json(*previous_eval_) << ",\n";
   j << "  \"best\": " << eval_json(*best_) << ",\n  \"candidates\": [\n";
   for (size_t i = 0; i < evals_.size(); ++i)
     j << "    " << eval_json(evals_[i]) << (i + 1 < evals_.size() ? "," : "") << "\n";
-  j << "  ],\n  \"policy_hash\": " << JsonString(best_->policy->Hash())
-    << ",\n  \"policy_canonical\": " << JsonString(best_->policy->Canonical())
-    << ",\n  \"policy_yaml\": " << JsonString(best_->policy->ToYaml()) << "\n}\n";
+  j << "  ],\n  \"policy_hash\": " << bench::JsonString(best_->policy->Hash())
+    << ",\n  \"policy_canonical\": " << bench::JsonString(best_->policy->Canonical())
+    << ",\n  \"policy_yaml\": " << bench::JsonString(best_->policy->ToYaml()) << "\n}\n";
   return j.str();
 }
 
 int Tuner::Run() {
   if (s_.max_size == 0) s_.max_size = s_.quick ? (4u << 20) : (64u << 20);
-  {
-    char t[32];
-    std::time_t now = std::time(nullptr);
-    std::strftime(t, sizeof t, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    issued_at_ = t;
-  }
+  issued_at_ = bench::UtcNowIso();
   if (Status st = control_.Open(s_.socket); !st.ok()) return Fail(st.ToString());
   auto running = control_.RunningPolicyText(/*as_yaml=*/true);
   if (!running.ok()) return Fail(running.status().ToString());
