@@ -187,16 +187,32 @@ struct VerifiedRecord {
   double p99 = 0;
 };
 
-// Verifies one record: signature, trusted comment, record id, key id. Nothing of the record
-// is believed before its signature checks out.
-Result<VerifiedRecord> VerifyOne(const signing::PublicKey& pk, const std::string& file) {
+// A record and its .minisig, read once.
+struct SignedFile {
+  std::string file, record, sig;
+  bool is_report() const { return sig.find("trusted comment: ferry report ") != std::string::npos; }
+};
+
+constexpr size_t kMaxSnapshotBytes = 1 << 20, kMaxReportBytes = 16 << 20;
+
+Result<SignedFile> ReadSigned(const std::string& file) {
   UniqueFd rf(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
   if (!rf.valid()) return NotFound(file + ": " + std::strerror(errno));
-  FERRY_ASSIGN_OR_RETURN(std::string record, ReadWholeFd(rf.get(), 1 << 20));
+  SignedFile f{file, "", ""};
+  FERRY_ASSIGN_OR_RETURN(f.record, ReadWholeFd(rf.get(), kMaxReportBytes));
   UniqueFd sf(::open((file + ".minisig").c_str(), O_RDONLY | O_CLOEXEC));
   if (!sf.valid()) return NotFound(file + ".minisig: " + std::strerror(errno) + " (no signature)");
-  FERRY_ASSIGN_OR_RETURN(std::string sig, ReadWholeFd(sf.get(), 4096));
-  FERRY_ASSIGN_OR_RETURN(std::string trusted, signing::Verify(pk, record, sig));
+  FERRY_ASSIGN_OR_RETURN(f.sig, ReadWholeFd(sf.get(), 4096));
+  return f;
+}
+
+// Verifies one snapshot: signature, trusted comment, record id, key id. Nothing of the record
+// is believed before its signature checks out.
+Result<VerifiedRecord> VerifyOne(const signing::PublicKey& pk, const SignedFile& in) {
+  const std::string& file = in.file;
+  const std::string& record = in.record;
+  if (record.size() > kMaxSnapshotBytes) return InvalidArgument("larger than a snapshot can be (1 MiB)");
+  FERRY_ASSIGN_OR_RETURN(std::string trusted, signing::Verify(pk, record, in.sig));
   VerifiedRecord v;
   v.file = file;
   char id[64] = {0};
@@ -226,17 +242,11 @@ Result<VerifiedRecord> VerifyOne(const signing::PublicKey& pk, const std::string
   return v;
 }
 
-// A signed report: returns "report KIND RECORD-ID" once its signature and id check out; an
-// empty string for a file whose signature is not a report's (a snapshot's).
-Result<std::string> VerifyReport(const signing::PublicKey& pk, const std::string& file) {
-  UniqueFd rf(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!rf.valid()) return NotFound(file + ": " + std::strerror(errno));
-  FERRY_ASSIGN_OR_RETURN(std::string record, ReadWholeFd(rf.get(), 16 << 20));
-  UniqueFd sf(::open((file + ".minisig").c_str(), O_RDONLY | O_CLOEXEC));
-  if (!sf.valid()) return NotFound(file + ".minisig: " + std::strerror(errno) + " (no signature)");
-  FERRY_ASSIGN_OR_RETURN(std::string sig, ReadWholeFd(sf.get(), 4096));
-  if (sig.find("trusted comment: ferry report ") == std::string::npos) return std::string();
-  FERRY_ASSIGN_OR_RETURN(std::string trusted, signing::Verify(pk, record, sig));
+// A signed report (bench overlap, tune): "report KIND RECORD-ID" once its signature and id
+// check out.
+Result<std::string> VerifyReport(const signing::PublicKey& pk, const SignedFile& in) {
+  const std::string& record = in.record;
+  FERRY_ASSIGN_OR_RETURN(std::string trusted, signing::Verify(pk, record, in.sig));
   char kind[32] = {0}, id[64] = {0};
   if (std::sscanf(trusted.c_str(), "ferry report %31s %63s", kind, id) != 2) {
     return InvalidArgument("trusted comment is not a ferry report's: '" + trusted + "'");
@@ -276,15 +286,17 @@ int Verify(const std::vector<std::string>& args) {
     }
   }
   // Signed reports (bench overlap, tune) stand alone: a signature and a record id, no chain.
-  std::vector<std::string> snapshots;
+  std::vector<SignedFile> snapshots;
   int reports = 0;
   for (const auto& f : records) {
-    auto r = VerifyReport(*pk, f);
-    if (!r.ok()) return Fail("FAILED: " + f + ": " + r.status().message());
-    if (r->empty()) {
-      snapshots.push_back(f);
+    auto in = ReadSigned(f);
+    if (!in.ok()) return Fail("FAILED: " + f + ": " + in.status().message());
+    if (!in->is_report()) {
+      snapshots.push_back(std::move(*in));
       continue;
     }
+    auto r = VerifyReport(*pk, *in);
+    if (!r.ok()) return Fail("FAILED: " + f + ": " + r.status().message());
     ++reports;
     if (!json) std::printf("verified %s: %s, signed by key %s\n", f.c_str(), r->c_str(), signing::KeyIdHex(pk->id).c_str());
   }
@@ -292,13 +304,12 @@ int Verify(const std::vector<std::string>& args) {
     if (json) std::printf("{\"ok\":true,\"key_id\":\"%s\",\"reports\":%d}\n", signing::KeyIdHex(pk->id).c_str(), reports);
     return 0;
   }
-  records = snapshots;
-  if (records.empty()) return Fail("no snapshot records found");
+  if (snapshots.empty()) return Fail("no snapshot records found");
   // Every record's own signature first; then what the set says: replays, order, gaps, chain.
   std::vector<VerifiedRecord> ok;
-  for (const auto& f : records) {
+  for (const SignedFile& f : snapshots) {
     auto v = VerifyOne(*pk, f);
-    if (!v.ok()) return Fail("FAILED: " + f + ": " + v.status().message());
+    if (!v.ok()) return Fail("FAILED: " + f.file + ": " + v.status().message());
     ok.push_back(std::move(*v));
   }
   std::map<uint64_t, std::string> by_seq;
