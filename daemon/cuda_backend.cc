@@ -205,10 +205,6 @@ class CudaBackend : public Backend {
     return std::unique_ptr<SharedEvent>(std::make_unique<CudaEvent>(e));
   }
 
-  // Pieces are staged per stream and issued at Flush(): a loop turn's copies go to each stream
-  // as one cudaMemcpyBatchAsync, with one fence event per stream, instead of one API call and
-  // one event per copy. Latency-class copies (stream 0) and bulk copies form separate groups, so
-  // a small urgent copy never waits for a bulk batch to be reported done.
   Result<bool> EventHappened(SharedEvent& e) override {
     const cudaError_t q = cudaEventQuery(static_cast<CudaEvent&>(e).get());
     if (q == cudaErrorNotReady) return false;
@@ -216,6 +212,10 @@ class CudaBackend : public Backend {
     return true;
   }
 
+  // Pieces are staged per stream and issued at Flush(): a loop turn's copies go to each stream
+  // as one cudaMemcpyBatchAsync, with one fence event per stream, instead of one API call and
+  // one event per copy. Latency-class copies (stream 0) and bulk copies form separate groups, so
+  // a small urgent copy never waits for a bulk batch to be reported done.
   Result<FenceId> Submit(const CopyPlan& plan) override {
     if (plan.pieces.empty()) return InvalidArgument("empty copy plan");
     for (const CopyPiece& p : plan.pieces) {

@@ -26,6 +26,8 @@ std::string SizeText(uint64_t n) {
   return std::to_string(n) + units[u];
 }
 
+const char* PriorityName(StreamPriority p) { return p == StreamPriority::kGreatest ? "greatest" : "least"; }
+
 Result<StreamPriority> GetPriority(const std::string& file, const YAML::Node& n) {
   FERRY_ASSIGN_OR_RETURN(std::string v, GetString(file, n));
   if (v == "greatest") return StreamPriority::kGreatest;
@@ -162,7 +164,6 @@ std::string_view ScheduleName(Schedule s) {
 
 std::string Policy::Canonical() const {
   std::map<std::string, std::string> kv;
-  auto prio = [](StreamPriority p) { return p == StreamPriority::kGreatest ? "greatest" : "least"; };
   kv["name"] = name;
   kv["schedule.kind"] = ScheduleName(schedule);
   if (schedule == Schedule::kChunked) kv["schedule.chunk_size"] = SizeText(chunk_bytes);
@@ -174,7 +175,7 @@ std::string Policy::Canonical() const {
     kv["schedule.min_chunk"] = SizeText(min_chunk_bytes);
   }
   kv["streams.per_direction"] = std::to_string(bulk_streams);
-  kv["streams.bulk_priority"] = prio(bulk_priority);
+  kv["streams.bulk_priority"] = PriorityName(bulk_priority);
   kv["limits.in_flight_bytes"] = SizeText(in_flight_bytes);
   kv["limits.client_in_flight_bytes"] = SizeText(client_in_flight_bytes ? client_in_flight_bytes : in_flight_bytes);
   kv["limits.copies_in_flight"] = max_copies_in_flight ? std::to_string(max_copies_in_flight) : "unlimited";
@@ -199,7 +200,6 @@ std::string Policy::Canonical() const {
 }
 
 std::string Policy::ToYaml() const {
-  auto prio = [](StreamPriority p) { return p == StreamPriority::kGreatest ? "greatest" : "least"; };
   auto quote = [](const std::string& v) {
     std::string q = "\"";
     for (char c : v) {
@@ -221,7 +221,7 @@ std::string Policy::ToYaml() const {
   }
   y << "streams:\n";
   if (schedule != Schedule::kSerial) y << "  per_direction: " << bulk_streams << "\n";
-  y << "  bulk_priority: " << prio(bulk_priority) << "\n";
+  y << "  bulk_priority: " << PriorityName(bulk_priority) << "\n";
   y << "limits:\n  in_flight_bytes: " << SizeText(in_flight_bytes) << "\n";
   y << "  client_in_flight_bytes: " << SizeText(client_in_flight_bytes ? client_in_flight_bytes : in_flight_bytes) << "\n";
   if (schedule != Schedule::kSerial) y << "  copies_in_flight: " << max_copies_in_flight << "\n";

@@ -87,7 +87,6 @@ struct Session {
   // Scheduling: bulk copies wait here in order; deficit round robin shares the engines.
   // Each direction has its own copy engines, so its own queue, deficit and in-flight bytes.
   std::deque<uint64_t> queue[2];
-  std::vector<uint64_t> held;  // copies waiting for their "after" event, polled by the loop
   uint64_t queued_bytes = 0;
   uint64_t deficit[2] = {0, 0};
   uint64_t bulk_out_bytes[2] = {0, 0};
@@ -272,7 +271,7 @@ class Server::Impl {
         completed_at_ping = done;
         last_ping = MonotonicNanos();
       }
-      const bool must_poll = (!fences_.empty() && backend_->completion_fd() < 0) || held_ > 0;
+      const bool must_poll = (!fences_.empty() && backend_->completion_fd() < 0) || !held_.empty();
       int timeout = 0;
       bool slept = false;
       if (!must_poll && MonotonicNanos() - last_activity > spin_ns) {
@@ -795,8 +794,7 @@ class Server::Impl {
     Copy& ref = *c;
     copies_.emplace(c->id, std::move(c));
     if (ref.wait != nullptr) {
-      s.held.push_back(ref.id);
-      ++held_;
+      held_.push_back(ref.id);
       return;
     }
     ScheduleCopy(s, ref);
@@ -815,28 +813,23 @@ class Server::Impl {
 
   // Schedules the held copies whose "after" event has happened (see Backend::EventHappened).
   bool ReleaseHeld() {
-    if (held_ == 0) return false;
     bool any = false;
-    for (auto& [id, sp] : sessions_) {
-      Session& s = *sp;
-      for (size_t i = 0; i < s.held.size();) {
-        Copy& c = *copies_.at(s.held[i]);
-        auto happened = backend_->EventHappened(*c.wait);
-        if (happened.ok() && !*happened) {
-          ++i;
-          continue;
-        }
-        s.held.erase(s.held.begin() + static_cast<std::ptrdiff_t>(i));
-        --held_;
-        any = true;
-        c.wait = nullptr;
-        if (!happened.ok()) {
-          c.status = happened.status().WithContext("waiting for the copy's event");
-          c.next = c.pieces.size();
-          MaybeFinish(c);
-        } else {
-          ScheduleCopy(s, c);
-        }
+    for (size_t i = 0; i < held_.size();) {
+      Copy& c = *copies_.at(held_[i]);
+      auto happened = backend_->EventHappened(*c.wait);
+      if (happened.ok() && !*happened) {
+        ++i;
+        continue;
+      }
+      held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(i));
+      any = true;
+      c.wait = nullptr;
+      if (!happened.ok()) {
+        c.status = happened.status().WithContext("waiting for the copy's event");
+        c.next = c.pieces.size();
+        MaybeFinish(c);
+      } else {
+        ScheduleCopy(*sessions_.at(c.session_id), c);
       }
     }
     return any;
@@ -1106,11 +1099,14 @@ class Server::Impl {
       DropQueued(s, c);
       MaybeFinish(c);
     }
-    const std::vector<uint64_t> held = std::move(s.held);
-    s.held.clear();
-    held_ -= held.size();
-    for (uint64_t id : held) {
-      Copy& c = *copies_.at(id);
+    // Its held copies never go out either.
+    for (size_t i = 0; i < held_.size();) {
+      Copy& c = *copies_.at(held_[i]);
+      if (c.session_id != s.id) {
+        ++i;
+        continue;
+      }
+      held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(i));
       c.next = c.pieces.size();
       MaybeFinish(c);
     }
@@ -1166,7 +1162,7 @@ class Server::Impl {
   std::vector<FenceResult> done_;
   std::vector<uint64_t> lengths_;
   uint64_t next_copy_id_ = 1;
-  size_t held_ = 0;  // copies in the sessions' held lists
+  std::vector<uint64_t> held_;  // copies waiting for their "after" event, in arrival order
   uint64_t bulk_out_bytes_[2] = {0, 0};  // per direction: bulk bytes on the engines, all sessions
   uint32_t copies_started_[2] = {0, 0};  // per direction: bulk copies with pieces out, not finished
   uint64_t rr_cursor_[2] = {0, 0};        // deficit round robin: the session visited last (or now)
