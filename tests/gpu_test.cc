@@ -3,15 +3,10 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <filesystem>
 #include <regex>
 #include <vector>
 
-#include "common/fd.hpp"
 #include "ferry/client.hpp"
 #include "gpu_kernels.hpp"
 #include "process_util.hpp"
@@ -176,18 +171,7 @@ TEST_F(GpuDaemon, AStreamWaitsOnTheGpuForACopyWithoutTheHostBlocking) {
 std::string ScrapeDaemon(const std::string& log) {
   std::smatch m;
   if (!std::regex_search(log, m, std::regex(R"(metrics on http://127\.0\.0\.1:([0-9]+)/metrics)"))) return "";
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(std::stoi(m[1])));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return "";
-  const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  if (::send(fd.get(), req.data(), req.size(), 0) < 0) return "";
-  std::string out;
-  char buf[8192];
-  for (ssize_t n; (n = ::recv(fd.get(), buf, sizeof buf, 0)) > 0;) out.append(buf, static_cast<size_t>(n));
-  return out;
+  return testing::Scrape(std::stoi(m[1]));
 }
 
 double ExposedSumH2d(const std::string& scrape) {

@@ -19,21 +19,7 @@ namespace {
 using namespace std::chrono_literals;
 namespace bip = boost::interprocess;
 
-// GET /metrics with a plain socket: no HTTP library between the test and the exporter.
-std::string Scrape(int port) {
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return "";
-  const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  if (::send(fd.get(), req.data(), req.size(), 0) < 0) return "";
-  std::string out;
-  char buf[8192];
-  for (ssize_t n; (n = ::recv(fd.get(), buf, sizeof buf, 0)) > 0;) out.append(buf, static_cast<size_t>(n));
-  return out;
-}
+using testing::Scrape;
 
 double Sample(const std::string& scrape, const std::string& series) {
   std::regex re("\n" + std::regex_replace(series, std::regex(R"([{}()\[\].+*?^$|\\])"), R"(\$&)") + " ([0-9.e+-]+)");

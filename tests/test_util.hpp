@@ -2,7 +2,10 @@
 // which runs a real ferryd Server inside the test process on a throwaway runtime directory.
 #pragma once
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -39,6 +42,22 @@ inline std::string MakeTempDir(const char* tag) {
   std::string t = (std::filesystem::temp_directory_path() / (std::string("ferry-") + tag + "-XXXXXX")).string();
   char* d = ::mkdtemp(t.data());
   return d ? std::string(d) : std::string();
+}
+
+// GET /metrics with a plain socket: no HTTP library between the test and the exporter.
+inline std::string Scrape(int port) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return "";
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  if (::send(fd.get(), req.data(), req.size(), 0) < 0) return "";
+  std::string out;
+  char buf[8192];
+  for (ssize_t n; (n = ::recv(fd.get(), buf, sizeof buf, 0)) > 0;) out.append(buf, static_cast<size_t>(n));
+  return out;
 }
 
 inline uint64_t RandomSeed() { return std::random_device{}() | (uint64_t{std::random_device{}()} << 32); }
