@@ -5,23 +5,9 @@
 # usage: overlap_test.sh FERRYD FERRYCTL POLICY_DIR
 set -uo pipefail
 ferryd=$1 ctl=$2 policies=$3
-command -v minisign >/dev/null || { echo "FAIL: minisign is not installed (scripts/setup.sh installs it)"; exit 1; }
-command -v python3 >/dev/null || { echo "FAIL: python3 is not installed"; exit 1; }
-dir=$(mktemp -d /tmp/ferry-overlap-XXXXXX)
-trap 'kill $pid 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-
-cat >"$dir/ferryd.yaml" <<YML
-runtime_dir: $dir/rt
-backend: host
-pool: {size: 64MiB, slab: 1MiB}
-metrics: {address: ""}
-policy: $policies/latency-bulk.yaml
-YML
-"$ferryd" --config "$dir/ferryd.yaml" >"$dir/ferryd.log" 2>&1 &
-pid=$!
-for _ in $(seq 200); do [ -S "$dir/rt/ferryd.sock" ] && break; sleep 0.05; done
-sock=$dir/rt/ferryd.sock
+. "$(dirname "$0")/host_ferryd.sh"
+need minisign python3
+start_host_ferryd overlap "$ferryd" "policy: $policies/latency-bulk.yaml"
 before=$("$ctl" --socket "$sock" policy show | sha256sum)
 "$ctl" keygen --dir "$dir" --name bench >/dev/null || fail "keygen"
 

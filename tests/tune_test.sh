@@ -5,20 +5,9 @@
 # usage: tune_test.sh FERRYD FERRYCTL
 set -uo pipefail
 ferryd=$1 ctl=$2
-command -v minisign >/dev/null || { echo "FAIL: minisign is not installed (scripts/setup.sh installs it)"; exit 1; }
-dir=$(mktemp -d /tmp/ferry-tune-XXXXXX)
-trap 'kill $pid 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-cat >"$dir/ferryd.yaml" <<YML
-runtime_dir: $dir/rt
-backend: host
-pool: {size: 64MiB, slab: 1MiB}
-metrics: {address: ""}
-YML
-"$ferryd" --config "$dir/ferryd.yaml" >"$dir/ferryd.log" 2>&1 &
-pid=$!
-for _ in $(seq 200); do [ -S "$dir/rt/ferryd.sock" ] && break; sleep 0.05; done
-sock=$dir/rt/ferryd.sock
+. "$(dirname "$0")/host_ferryd.sh"
+need minisign python3
+start_host_ferryd tune "$ferryd"
 "$ctl" keygen --dir "$dir" --name tune >/dev/null || fail "keygen"
 before=$("$ctl" --socket "$sock" policy show | sha256sum)
 

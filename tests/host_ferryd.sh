@@ -1,0 +1,24 @@
+# Sourced by the shell tests that drive a real ferryd on the host backend:
+#   need TOOL...            fail unless each tool is installed
+#   start_host_ferryd NAME FERRYD [YAML LINE...]
+#                           a scratch $dir, ferryd running there ($pid, socket $sock), both
+#                           cleaned up on exit
+fail() { echo "FAIL: $*"; exit 1; }
+need() {
+  for t in "$@"; do command -v "$t" >/dev/null || fail "$t is not installed (scripts/setup.sh installs it)"; done
+}
+start_host_ferryd() {
+  local name=$1 bin=$2
+  shift 2
+  dir=$(mktemp -d "/tmp/ferry-$name-XXXXXX")
+  trap 'kill $pid 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT
+  {
+    printf 'runtime_dir: %s/rt\nbackend: host\npool: {size: 64MiB, slab: 1MiB}\nmetrics: {address: ""}\n' "$dir"
+    for line in "$@"; do printf '%s\n' "$line"; done
+  } >"$dir/ferryd.yaml"
+  "$bin" --config "$dir/ferryd.yaml" >"$dir/ferryd.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 200); do [ -S "$dir/rt/ferryd.sock" ] && break; sleep 0.05; done
+  sock=$dir/rt/ferryd.sock
+  [ -S "$sock" ] || { cat "$dir/ferryd.log"; fail "ferryd did not start"; }
+}
