@@ -870,39 +870,33 @@ Status Client::CopyStaged(Direction direction, void* host, const DeviceRegion& d
       }
       return st;
     };
+    auto give_up = [&](const Status& st) {
+      drain();  // the copies in flight still use their buffers
+      fail(st);
+    };
     for (uint64_t i; (i = next.fetch_add(1)) < chunks;) {
       const uint64_t off = i * chunk, len = std::min<uint64_t>(chunk, bytes - off);
       // Never wait for a buffer while holding finished ones: retire first (no deadlock when
       // every buffer sits in some thread's window).
       std::optional<HostBuffer> buf;
-      for (;;) {
+      while (!buf) {
         auto b = stager_->Acquire(*this, chunk, buffers, /*wait=*/window.empty());
-        if (!b.ok()) {
-          drain();
-          return fail(b.status().WithContext("staging buffer"));
-        }
+        if (!b.ok()) return give_up(b.status().WithContext("staging buffer"));
         if (*b) {
           buf = std::move(*b);
-          break;
-        }
-        if (Status st = retire(); !st.ok()) {
-          drain();
-          return fail(st);
+        } else if (Status st = retire(); !st.ok()) {
+          return give_up(st);
         }
       }
       if (direction == Direction::kHostToDevice) std::memcpy(buf->data(), h + off, len);
       auto t = Copy(direction, *buf, 0, device, device_offset + off, len, {.priority = options.priority});
       if (!t.ok()) {
         stager_->Release(std::move(*buf));
-        drain();
-        return fail(t.status());
+        return give_up(t.status());
       }
       window.push_back(InFlight{std::move(*t), std::move(*buf), off, len});
       if (window.size() >= kWindow) {
-        if (Status st = retire(); !st.ok()) {
-          drain();
-          return fail(st);
-        }
+        if (Status st = retire(); !st.ok()) return give_up(st);
       }
     }
     if (Status st = drain(); !st.ok()) fail(st);
