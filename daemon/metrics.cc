@@ -8,8 +8,15 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <elf.h>
+#include <link.h>
+#include <pthread.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -17,6 +24,63 @@
 
 namespace ferry::daemon {
 namespace {
+
+// Debian's libcivetweb1 1.15 is built with CIVETWEB_THREAD_STACK_SIZE=102400: every civetweb
+// thread gets a 100 KiB stack, and glibc must fit the process's whole static thread-local
+// storage (the executable's and every library loaded at start) into it. When it does not,
+// pthread_create fails with EINVAL before any system call, mg_start returns NULL and
+// prometheus-cpp throws "null context when constructing CivetServer" (DESIGN.md's hazard).
+// cuBLAS 13 alone brings 92 KiB of it (libcublasLt.so.13), which is why ferryd loads cuBLAS
+// with dlopen and never links it.
+constexpr size_t kCivetwebThreadStackBytes = 102400;
+
+struct TlsUser {
+  std::string object;
+  size_t bytes;
+};
+
+// The static TLS blocks of the objects loaded now (at start-up: all of them are static TLS).
+std::vector<TlsUser> TlsUsers() {
+  std::vector<TlsUser> users;
+  ::dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          if (info->dlpi_phdr[i].p_type != PT_TLS || info->dlpi_phdr[i].p_memsz == 0) continue;
+          std::string name = info->dlpi_name != nullptr && info->dlpi_name[0] != '\0' ? info->dlpi_name : "the executable";
+          static_cast<std::vector<TlsUser>*>(out)->push_back({name.substr(name.rfind('/') + 1), info->dlpi_phdr[i].p_memsz});
+        }
+        return 0;
+      },
+      &users);
+  std::sort(users.begin(), users.end(), [](const TlsUser& a, const TlsUser& b) { return a.bytes > b.bytes; });
+  return users;
+}
+
+// Starts and joins a thread with civetweb's stack size, as civetweb will.
+Status CivetwebThreadsCanStart() {
+  pthread_attr_t attr;
+  ::pthread_attr_init(&attr);
+  int e = ::pthread_attr_setstacksize(&attr, kCivetwebThreadStackBytes);
+  pthread_t t;
+  if (e == 0) e = ::pthread_create(&t, &attr, [](void*) -> void* { return nullptr; }, nullptr);
+  ::pthread_attr_destroy(&attr);
+  if (e == 0) {
+    ::pthread_join(t, nullptr);
+    return Status::Ok();
+  }
+  std::string why = "civetweb cannot start its threads: pthread_create with its fixed " +
+                    std::to_string(kCivetwebThreadStackBytes / 1024) + " KiB stack fails (" + std::strerror(e) + ")";
+  if (e != EINVAL) return Unavailable(why);
+  size_t total = 0;
+  std::string list;
+  for (const TlsUser& u : TlsUsers()) {
+    total += u.bytes;
+    if (u.bytes >= 1024) list += (list.empty() ? "" : ", ") + u.object + " " + std::to_string(u.bytes / 1024) + " KiB";
+  }
+  return Unavailable(why + ": this process's static thread-local storage, " + std::to_string(total / 1024) +
+                     " KiB, does not fit in it (" + list +
+                     "). Serve metrics from a process that does not link such libraries (load them with dlopen)");
+}
 
 using prometheus::ClientMetric;
 using prometheus::MetricFamily;
@@ -236,6 +300,11 @@ MetricsExporter::~MetricsExporter() {
 
 Result<std::unique_ptr<MetricsExporter>> MetricsExporter::Create(const std::string& address, const MetricsInfo& info) {
   auto impl = std::make_unique<Impl>();
+  // civetweb reports a thread it could not start only as a null context (the first worker) or
+  // not at all (the others, the listener): find out first, and say why.
+  if (Status threads = CivetwebThreadsCanStart(); !threads.ok()) {
+    return Unavailable("cannot serve metrics on " + address + ": " + threads.message());
+  }
   try {
     // One worker thread: scrapes are rare and small.
     impl->exposer = std::make_unique<prometheus::Exposer>(address, 1);
