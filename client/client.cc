@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "client/device_api.hpp"
+#include "client/streaming_copy.hpp"
 #include "common/channel.hpp"
 
 namespace ferry {
@@ -858,7 +859,7 @@ Status Client::CopyStaged(Direction direction, void* host, const DeviceRegion& d
       InFlight p = std::move(window.front());
       window.pop_front();
       Status st = p.t.Wait(std::chrono::seconds(60));
-      if (st.ok() && direction == Direction::kDeviceToHost) std::memcpy(h + p.off, p.buf.data(), p.len);
+      if (st.ok() && direction == Direction::kDeviceToHost) detail::StagedCopy(h + p.off, p.buf.data(), p.len);
       stager_->Release(std::move(p.buf));
       return st;
     };
@@ -888,7 +889,7 @@ Status Client::CopyStaged(Direction direction, void* host, const DeviceRegion& d
           return give_up(st);
         }
       }
-      if (direction == Direction::kHostToDevice) std::memcpy(buf->data(), h + off, len);
+      if (direction == Direction::kHostToDevice) detail::StagedCopy(buf->data(), h + off, len);
       auto t = Copy(direction, *buf, 0, device, device_offset + off, len, {.priority = options.priority});
       if (!t.ok()) {
         stager_->Release(std::move(*buf));

@@ -8,6 +8,7 @@
 
 #include <regex>
 
+#include "client/streaming_copy.hpp"
 #include "common/channel.hpp"
 #include "common/signing.hpp"
 #include "common/yaml_util.hpp"
@@ -268,6 +269,27 @@ TEST(Signing, RecordIdsLookLikeTheirFormatAndFollowTheContent) {
   EXPECT_TRUE(std::regex_match(a, std::regex("FRY(-[0-9A-HJKMNP-TV-Z]{5}){4}"))) << a;
   EXPECT_NE(a, b);
   EXPECT_EQ(a, signing::RecordId("a"));
+}
+
+// The staged path's copy: every byte lands, at sizes around the streaming threshold and the
+// vector widths, from and to every misalignment, and nothing outside the range is touched.
+TEST(StreamingCopy, EveryByteArrivesAtAwkwardSizesAndAlignmentsAndNothingElseIsWritten) {
+  constexpr size_t kGuard = 256;
+  std::vector<std::byte> src((1 << 20) + 4 * kGuard), dst(src.size());
+  testing::FillRandom(src.data(), src.size(), 77);
+  for (size_t n : {size_t{1}, size_t{63}, size_t{65536} - 1, size_t{65536}, size_t{65536} + 127, size_t{200003},
+                   size_t{1} << 20}) {
+    for (size_t src_off : {0, 1, 33}) {
+      for (size_t dst_off : {0, 7, 64}) {
+        std::memset(dst.data(), 0xA5, dst.size());
+        detail::StreamingCopy(dst.data() + kGuard + dst_off, src.data() + kGuard + src_off, n);
+        ASSERT_EQ(std::memcmp(dst.data() + kGuard + dst_off, src.data() + kGuard + src_off, n), 0)
+            << n << " bytes, source +" << src_off << ", destination +" << dst_off;
+        for (size_t i = 0; i < kGuard + dst_off; ++i) ASSERT_EQ(dst[i], std::byte{0xA5}) << "written before the range";
+        for (size_t i = kGuard + dst_off + n; i < dst.size(); ++i) ASSERT_EQ(dst[i], std::byte{0xA5}) << "written after it";
+      }
+    }
+  }
 }
 
 }  // namespace

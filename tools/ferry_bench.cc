@@ -17,6 +17,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,7 +47,8 @@ options:
   --json             print one JSON object instead of the tables
   --quick            fewer repetitions
   --cpu N            run on CPU N (put it near ferryd's, on the GPU's NUMA node)
-  --only staged      only the pageable-memory section (cudaMemcpy, pin-then-copy, ferry staged)
+  --only LIST        only these sections, comma-separated: bandwidth, both, latency, many, staged
+                     (staged: the pageable-memory section: cudaMemcpy, pin-then-copy, ferry staged)
   --staged-chunk B   CopyStaged chunk size (default: the policy's, fitted to the copy)
   --staged-threads N CopyStaged threads (default: the policy's)
   -h, --help         this help
@@ -119,7 +121,9 @@ class TransferBench {
   size_t max_size_ = 1ull << 30;
   int daemon_pid_ = -1;
   std::string csv_;
-  bool json_ = false, quick_ = false, only_staged_ = false;
+  bool json_ = false, quick_ = false;
+  std::set<std::string> sections_{"bandwidth", "both", "latency", "many", "staged"};
+  bool Runs(const char* section) const { return sections_.count(section) != 0; }
   ferry::StagedCopyOptions staged_opts_;
 
   std::unique_ptr<ferry::Client> client_;
@@ -157,11 +161,16 @@ int TransferBench::Run(int argc, char** argv) {
     } else if (a == "--json") {
       json_ = true;
     } else if (a == "--only") {
-      if (value() != "staged") {
-        std::fprintf(stderr, "ferry-bench: --only takes staged\n");
-        return 64;
+      sections_.clear();
+      std::string list = value() + ",";
+      for (size_t b = 0, e; (e = list.find(',', b)) != std::string::npos; b = e + 1) {
+        const std::string one = list.substr(b, e - b);
+        if (one != "bandwidth" && one != "both" && one != "latency" && one != "many" && one != "staged") {
+          std::fprintf(stderr, "ferry-bench: --only takes bandwidth, both, latency, many, staged (not '%s')\n", one.c_str());
+          return 64;
+        }
+        sections_.insert(one);
       }
-      only_staged_ = true;
     } else if (a == "--staged-chunk") {
       staged_opts_.chunk_bytes = std::stoull(value());
     } else if (a == "--staged-threads") {
@@ -184,12 +193,18 @@ int TransferBench::Run(int argc, char** argv) {
   for (size_t n = 4096; n <= max_size_; n *= 4) sizes_.push_back(n);
   if (int rc = Setup()) return rc;
   for (size_t n = 1 << 20; n <= max_size_; n *= 4) staged_sizes_.push_back(n);
-  progress_ = std::make_unique<ferry::bench::Progress>((only_staged_ ? 0 : sizes_.size() * 2 + 5) + staged_sizes_.size() +
-                                                       (daemon_pid_ > 0));
-  if (!only_staged_) {
-    if (int rc = Bandwidth()) return rc;
+  if (!Runs("staged")) staged_sizes_.clear();
+  if (!Runs("bandwidth")) sizes_.clear();
+  progress_ = std::make_unique<ferry::bench::Progress>(sizes_.size() * 2 + Runs("both") + 2 * Runs("latency") + Runs("many") +
+                                                       staged_sizes_.size() + (daemon_pid_ > 0));
+  if (int rc = Bandwidth()) return rc;
+  if (Runs("both")) {
     if (int rc = Bidirectional()) return rc;
+  }
+  if (Runs("latency")) {
     if (int rc = Latency()) return rc;
+  }
+  if (Runs("many")) {
     if (int rc = ManySmall()) return rc;
   }
   if (int rc = Staged()) return rc;
@@ -495,7 +510,7 @@ void TransferBench::Report(bool json) const {
   std::vector<Check> checks;
   char buf[256];
   for (const char* d : {"h2d", "d2h"}) {
-    if (only_staged_) break;
+    if (!Runs("bandwidth")) break;
     bool pass = true;
     double worst = 1e9;
     for (size_t n : sizes_) {
@@ -507,20 +522,20 @@ void TransferBench::Report(bool json) const {
     std::snprintf(buf, sizeof buf, "worst ratio %.1f%%", 100 * worst);
     checks.push_back({std::string(d) + " >= 64 MiB at >= 98% of in-process", pass, buf});
   }
-  if (!only_staged_) {
+  if (Runs("both")) {
     Summary in = Gbps("bidirectional", bidir_n, "both", "in-process", 2), fe = Gbps("bidirectional", bidir_n, "both", "ferry", 2);
     std::snprintf(buf, sizeof buf, "%.1f vs %.1f GB/s, %.1f%%", fe.median, in.median, 100 * fe.median / in.median);
     checks.push_back({"both ways at >= 98% of in-process", fe.median >= 0.98 * in.median, buf});
   }
   for (const char* d : {"h2d", "d2h"}) {
-    if (only_staged_) break;
+    if (!Runs("latency")) break;
     Summary in = Micros("latency", d, "in-process"), fe = Micros("latency", d, "ferry");
     std::snprintf(buf, sizeof buf, "p50 %.2f vs %.2f us (+%.2f), p99 %.2f us", fe.median, in.median,
                   fe.median - in.median, fe.p99);
     checks.push_back({std::string("4 KiB ") + d + " p50 <= in-process + 3 us, p99 < 30 us",
                       fe.median <= in.median + 3 && fe.p99 < 30, buf});
   }
-  if (!only_staged_) {
+  if (Runs("many")) {
     Summary fe = Gbps("many", 1024 * (64 << 10), "h2d", "ferry");
     std::snprintf(buf, sizeof buf, "%.1f GB/s", fe.median);
     checks.push_back({"1024 x 64 KiB >= 40 GB/s", fe.median >= 40, buf});
@@ -544,7 +559,7 @@ void TransferBench::Report(bool json) const {
   if (json) {
     std::printf("{\"device\":\"%s\",\"bandwidth\":[", device_name_.c_str());
     bool first = true;
-    for (size_t n : only_staged_ ? std::vector<size_t>{} : sizes_) {
+    for (size_t n : sizes_) {
       for (const char* d : {"h2d", "d2h"}) {
         Summary in = Gbps("bandwidth", n, d, "in-process"), fe = Gbps("bandwidth", n, d, "ferry");
         std::printf("%s{\"bytes\":%zu,\"direction\":\"%s\",\"in_process_gbps\":{\"median\":%.3f,\"min\":%.3f,\"max\":%.3f},"
@@ -564,7 +579,7 @@ void TransferBench::Report(bool json) const {
   std::printf("\nferry-bench transfer on %s (host clock, submit to completion seen; median [min, max]; out: samples\n"
               "beyond Tukey's fences, 1.5 IQR past the quartiles: a warm-up, a page fault or a noisy neighbour)\n\n",
               device_name_.c_str());
-  if (!only_staged_) {
+  if (Runs("bandwidth")) {
   std::printf("%-8s %-4s %-5s  %-26s %-4s %-26s %-4s %7s   %s\n", "size", "dir", "reps", "in-process GB/s", "out", "through ferryd GB/s",
               "out", "ratio", "engine alone (device events)");
   for (size_t n : sizes_) {
@@ -578,10 +593,14 @@ void TransferBench::Report(bool json) const {
   }
   std::printf("(host clock from submit to completion seen, what a caller waits; the last column is the copy engine's own\n"
               "time from device events: small copies are dominated by launch and synchronization, not the bus)\n");
+  }
+  if (Runs("both")) {
   Summary bi = Gbps("bidirectional", bidir_n, "both", "in-process", 2), bf = Gbps("bidirectional", bidir_n, "both", "ferry", 2);
   std::printf("%-8s %-4s %-5zu  %7.2f [%6.2f, %6.2f]   %7.2f [%6.2f, %6.2f]   %6.1f%%   (both ways at once, aggregate)\n",
               HumanBytes(bidir_n).c_str(), "both", bi.n, bi.median, bi.min, bi.max, bf.median, bf.min, bf.max,
               100 * bf.median / bi.median);
+  }
+  if (Runs("latency")) {
   std::printf("\n4 KiB round trip (us)   %-34s %-34s\n", "in-process submit+sync", "through ferryd (latency class)");
   for (const char* d : {"h2d", "d2h"}) {
     Summary in = Micros("latency", d, "in-process"), fe = Micros("latency", d, "ferry");
@@ -594,13 +613,15 @@ void TransferBench::Report(bool json) const {
                 (std::string(d) + " alternating").c_str(), in.median, in.p99, in.min, in.max, fe.median, fe.p99, fe.min,
                 fe.max);
   }
+  }
+  if (Runs("many")) {
   Summary m1 = Gbps("many", 1024 * (64 << 10), "h2d", "in-process"),
           m2 = Gbps("many", 1024 * (64 << 10), "h2d", "in-process-batch"), m3 = Gbps("many", 1024 * (64 << 10), "h2d", "ferry");
   std::printf("\n1024 x 64 KiB h2d (GB/s)  in-process one stream %.2f [%.2f, %.2f]   in-process cudaMemcpyBatchAsync %.2f "
               "[%.2f, %.2f]   through ferryd %.2f [%.2f, %.2f]\n",
               m1.median, m1.min, m1.max, m2.median, m2.min, m2.max, m3.median, m3.min, m3.max);
   }
-  std::printf("\npageable host memory (GB/s)  %-26s %-26s %-26s (outliers)\n", "cudaMemcpy", "pin, copy, unpin", "ferry CopyStaged");
+  if (Runs("staged")) std::printf("\npageable host memory (GB/s)  %-26s %-26s %-26s (outliers)\n", "cudaMemcpy", "pin, copy, unpin", "ferry CopyStaged");
   for (size_t n : staged_sizes_) {
     for (const char* d : {"h2d", "d2h"}) {
       Summary a = Gbps("staged", n, d, "pageable-cudaMemcpy"), b = Gbps("staged", n, d, "pin-then-copy"),
