@@ -45,6 +45,14 @@ sed -i 's/"checks_passed": true/"checks_passed": false/' "$dir/report.json"
 minisign -Vm "$dir/report.json" -p "$dir/bench.pub" -q 2>/dev/null && fail "minisign accepted a tampered report"
 "$ctl" verify --pub "$dir/bench.pub" "$dir/report.json" >/dev/null 2>&1 && fail "ferryctl verify accepted a tampered report"
 
+# In-step blocks on two compute streams: the same checks hold, and the report says so.
+"$ctl" --socket "$sock" bench overlap --quick --n 128 --compute-streams 2 --policies "$policies/geometric.yaml" \
+  --report "$dir/lanes.json" >"$dir/lanes.txt" 2>&1 || { cat "$dir/lanes.txt"; fail "bench overlap --compute-streams 2 failed"; }
+grep -q "on 2 compute streams in turn" "$dir/lanes.txt" || { cat "$dir/lanes.txt"; fail "the text does not name the compute streams"; }
+python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["checks_passed"] and r["workload"]["compute_streams"] == 2, r["workload"]' \
+  "$dir/lanes.json" || fail "the report does not carry the compute streams, or a check failed"
+"$ctl" --socket "$sock" bench overlap --quick --n 64 --compute-streams 9 >/dev/null 2>&1 && fail "--compute-streams 9 was accepted"
+
 # A policy file that does not parse fails the command up front and changes nothing.
 printf 'schedule: {kind: nonsense}\n' >"$dir/bad.yaml"
 "$ctl" --socket "$sock" bench overlap --quick --n 64 --policies "$dir/bad.yaml" >/dev/null 2>"$dir/bad.txt" &&

@@ -41,6 +41,8 @@ options:
   --blocks N         in-step: the math cut into N column blocks (default 6) ...
   --ratio R          ... each R of the one before (default 0.5)
   --cut W,W,...      or these column widths, in order (they must add up to N)
+  --compute-streams L  in-step: the blocks take turns on L compute streams (default 1), so a
+                     narrow block fills the multiprocessors the one before leaves idle
   --report FILE      write the run report (JSON) to FILE
   --sign-key KEY     sign the report (needs --report): FILE.minisig, minisign format
   --svg FILE         plot of the step per mode, compute and exposed copy to scale
@@ -206,6 +208,8 @@ int BenchOverlap(const std::vector<std::string>& args, const std::string& socket
     } else if (a == "--ratio") {
       o.ratio = std::atof(value().c_str());
       if (!(o.ratio >= 0.05 && o.ratio <= 1.0)) return Fail("--ratio takes 0.05..1");
+    } else if (a == "--compute-streams") {
+      if (!number(1, 8, o.lanes)) return Fail("--compute-streams takes 1..8");
     } else if (a == "--cut") {
       for (const std::string& w : SplitComma(value())) o.cut.push_back(std::atoi(w.c_str()));
       if (o.cut.empty()) return Fail("--cut takes column widths, e.g. 2048,1024,512,256,128,128");

@@ -158,10 +158,13 @@ Status Runner::RunSteps(Kind kind, int steps, std::vector<double>* times) {
     const int buf = k % 2, slot = k % kSlots, prev = (k + kSlots - 1) % kSlots;
     if (k >= 2) FERRY_RETURN_IF_ERROR(e_.WaitMark(k - 1));
     xfers[slot].clear();
+    const int lanes = UsesPieces(kind) ? o_.lanes : 1;
+    if (lanes > 1) FERRY_RETURN_IF_ERROR(e_.ForkLanes());
     for (size_t p = 0; p < blocks.size(); ++p) {
       const auto [c0, c1] = blocks[p];
       const size_t off = static_cast<size_t>(c0) * col_bytes, len = static_cast<size_t>(c1 - c0) * col_bytes;
-      if (HasCompute(kind)) FERRY_RETURN_IF_ERROR(e_.Gemm(buf, c0, c1));
+      const int lane = static_cast<int>(p) % lanes;
+      if (HasCompute(kind)) FERRY_RETURN_IF_ERROR(e_.Gemm(buf, c0, c1, lane));
       switch (kind) {
         case Kind::kCopyInProcess:
         case Kind::kSerial:
@@ -169,7 +172,7 @@ Status Runner::RunSteps(Kind kind, int steps, std::vector<double>* times) {
           break;
         case Kind::kSideStream:
         case Kind::kInStep: {
-          FERRY_ASSIGN_OR_RETURN(tokens[slot], e_.CopyOnSideStream(buf, off, len));
+          FERRY_ASSIGN_OR_RETURN(tokens[slot], e_.CopyOnSideStream(buf, off, len, lane));
           break;
         }
         case Kind::kCopyFerry:
@@ -180,7 +183,7 @@ Status Runner::RunSteps(Kind kind, int steps, std::vector<double>* times) {
           SharedEvent* ev = nullptr;
           if (kind != Kind::kCopyFerry) {
             ev = &events_[static_cast<size_t>(slot) * pieces_.size() + p];
-            FERRY_RETURN_IF_ERROR(ev->Record(e_.stream()));
+            FERRY_RETURN_IF_ERROR(ev->Record(e_.stream(lane)));
             co.after = ev;
           }
           FERRY_ASSIGN_OR_RETURN(
@@ -192,6 +195,7 @@ Status Runner::RunSteps(Kind kind, int steps, std::vector<double>* times) {
           break;
       }
     }
+    if (lanes > 1) FERRY_RETURN_IF_ERROR(e_.JoinLanes());
     switch (kind) {
       case Kind::kSideStream:
         if (k >= 1) FERRY_RETURN_IF_ERROR(e_.StreamWaitCopy(tokens[prev]));
@@ -373,6 +377,8 @@ Result<Report> Runner::Run() {
   report_.warmup = o_.warmup;
   report_.rounds = o_.rounds;
   report_.pieces = pieces_;
+  report_.lanes = o_.lanes;
+  FERRY_RETURN_IF_ERROR(e_.SetLanes(o_.lanes));
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
   report_.hostname = host;
@@ -565,7 +571,7 @@ std::string ToJson(const Report& r) {
     << ", \"steps\": " << r.steps << ", \"warmup\": " << r.warmup << ", \"rounds\": " << r.rounds << ", \"blocks\": [";
   for (size_t i = 0; i < r.pieces.size(); ++i)
     j << (i ? ", " : "") << "[" << r.pieces[i].first << ", " << r.pieces[i].second << "]";
-  j << "]},\n  \"compute_seconds\": " << StatJson(r.compute)
+  j << "], \"compute_streams\": " << r.lanes << "},\n  \"compute_seconds\": " << StatJson(r.compute)
     << ",\n  \"compute_blocks_seconds\": " << StatJson(r.compute_pieces)
     << ",\n  \"copy_seconds\": " << bench::JsonNumber(r.copy_seconds) << ",\n  \"modes\": [\n";
   for (size_t i = 0; i < r.modes.size(); ++i) {
@@ -605,6 +611,7 @@ std::string ToText(const Report& r) {
   t << r.rounds << " rounds of fresh random inputs x " << r.steps << " timed steps (after " << r.warmup
     << " warm-up) per mode; medians [min .. max] in ms; in-step blocks (columns):";
   for (const auto& [a, b] : r.pieces) t << " " << (b - a);
+  if (r.lanes > 1) t << ", on " << r.lanes << " compute streams in turn";
   t << "\n\n";
   std::snprintf(line, sizeof line, "%-38s %-26s %10s %24s %10s %8s\n", "mode", "policy", "step", "[min .. max]",
                 "exposed", "overlap");

@@ -37,11 +37,19 @@ class StepEngine {
     return NotSupported("device memory is the engine's own");
   }
   virtual size_t output_bytes() const { return static_cast<size_t>(n()) * n() * sizeof(float); }
-  // C[buf][:, col0:col1] = A * B[:, col0:col1]
-  virtual Status Gemm(int buf, int col0, int col1) = 0;
+  // C[buf][:, col0:col1] = A * B[:, col0:col1], on compute lane `lane` (0: the step stream).
+  virtual Status Gemm(int buf, int col0, int col1, int lane) = 0;
+  // Compute lanes: streams beside the step stream for the in-step blocks (block p on lane
+  // p % lanes). A cut's narrow blocks leave most multiprocessors idle in their last wave; on
+  // another lane the next block fills them. Lanes fork from the step stream (ForkLanes: they
+  // wait for its work so far) and join it (JoinLanes: it waits for theirs), so steps stay in
+  // order. Engines without streams run everything in order and take any count.
+  virtual Status SetLanes(int lanes) { return lanes >= 1 ? Status::Ok() : InvalidArgument("lanes >= 1"); }
+  virtual Status ForkLanes() { return Status::Ok(); }
+  virtual Status JoinLanes() { return Status::Ok(); }
   // Fills output `buf` with a bit pattern (a float NaN) on the stream.
   virtual Status PoisonOutput(int buf, uint8_t byte) = 0;
-  virtual void* stream() = 0;  // for SharedEvent::Record and Transfer::StreamWait
+  virtual void* stream(int lane = 0) = 0;  // for SharedEvent::Record (a lane's) and Transfer::StreamWait (0)
 
   virtual Status Mark(int i) = 0;                        // step boundary i on the stream (i < kMaxMarks)
   virtual Result<double> MarkSeconds(int a, int b) = 0;  // from mark a to mark b, both happened
@@ -59,9 +67,9 @@ class StepEngine {
     (void)buf, (void)offset, (void)bytes;
     return NotSupported("no in-process path");
   }
-  // After the work enqueued so far, copy on the copy stream; returns a token for StreamWaitCopy.
-  virtual Result<int> CopyOnSideStream(int buf, size_t offset, size_t bytes) {
-    (void)buf, (void)offset, (void)bytes;
+  // After the work enqueued so far on `lane`, copy on the copy stream; returns a token for StreamWaitCopy.
+  virtual Result<int> CopyOnSideStream(int buf, size_t offset, size_t bytes, int lane) {
+    (void)buf, (void)offset, (void)bytes, (void)lane;
     return NotSupported("no in-process path");
   }
   virtual Status StreamWaitCopy(int token) {
@@ -92,6 +100,7 @@ struct Options {
   int pieces = 6;        // in-step: the math cut into this many column blocks...
   double ratio = 0.5;    // ... each this fraction of the one before
   std::vector<int> cut;  // or these column widths (summing to n), in order
+  int lanes = 1;         // in-step: compute streams the blocks take turns on (StepEngine::SetLanes)
   bool quiet = false;    // no progress bar
 };
 
@@ -124,6 +133,7 @@ struct Report {
   std::vector<std::pair<std::string, std::string>> environment;
   int n = 0, steps = 0, warmup = 0, rounds = 0;
   std::vector<std::pair<int, int>> pieces;  // in-step column blocks
+  int lanes = 1;                            // ... on this many compute streams
   double copy_seconds = 0;                  // pure copy, in-process where there is one, else ferryd
   Stat compute, compute_pieces;
   std::vector<ModeResult> modes;

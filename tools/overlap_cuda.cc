@@ -67,7 +67,13 @@ class CudaStepEngine : public StepEngine {
     cudaSetDevice(device_);
     if (stream_) cudaStreamSynchronize(stream_);
     if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+    for (cudaStream_t s : lane_streams_) cudaStreamSynchronize(s);
     if (blas_) cublasDestroy(blas_);
+    for (cublasHandle_t h : lane_blas_) cublasDestroy(h);
+    for (cudaStream_t s : lane_streams_) cudaStreamDestroy(s);
+    for (cudaEvent_t e : lane_done_)
+      if (e) cudaEventDestroy(e);
+    if (fork_) cudaEventDestroy(fork_);
     for (cudaEvent_t e : marks_)
       if (e) cudaEventDestroy(e);
     for (cudaEvent_t e : ready_)
@@ -116,17 +122,52 @@ class CudaStepEngine : public StepEngine {
   }
   void* output(int buf) override { return c_[buf]; }
 
-  Status Gemm(int buf, int col0, int col1) override {
+  Status Gemm(int buf, int col0, int col1, int lane) override {
+    if (lane < 0 || lane >= lanes()) return InvalidArgument("no compute lane " + std::to_string(lane));
     const float one = 1, zero = 0;
-    return CublasStatus(
-        cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, n_, col1 - col0, n_, &one, a_, n_,
-                    b_ + static_cast<size_t>(col0) * n_, n_, &zero, c_[buf] + static_cast<size_t>(col0) * n_, n_),
-        "cublasSgemm");
+    return CublasStatus(cublasSgemm(lane == 0 ? blas_ : lane_blas_[lane - 1], CUBLAS_OP_N, CUBLAS_OP_N, n_, col1 - col0, n_,
+                                    &one, a_, n_, b_ + static_cast<size_t>(col0) * n_, n_, &zero,
+                                    c_[buf] + static_cast<size_t>(col0) * n_, n_),
+                        "cublasSgemm");
+  }
+
+  // Lane 0 is the step stream; each other lane has a stream and a cuBLAS handle of its own (a
+  // handle's workspace must not be shared by kernels running at once).
+  Status SetLanes(int lanes) override {
+    if (lanes < 1 || lanes > 8) return InvalidArgument("1 to 8 compute lanes");
+    while (this->lanes() < lanes) {
+      cudaStream_t s;
+      FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      lane_streams_.push_back(s);
+      cublasHandle_t h;
+      FERRY_RETURN_IF_ERROR(CublasStatus(cublasCreate(&h), "cublasCreate"));
+      lane_blas_.push_back(h);
+      FERRY_RETURN_IF_ERROR(CublasStatus(cublasSetStream(h, s), "cublasSetStream"));
+      FERRY_RETURN_IF_ERROR(CublasStatus(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
+      for (cudaEvent_t* e : {&fork_, &lane_done_[lane_streams_.size() - 1]}) {
+        if (*e == nullptr) FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+      }
+    }
+    active_lanes_ = lanes;
+    return Status::Ok();
+  }
+  Status ForkLanes() override {
+    if (active_lanes_ == 1) return Status::Ok();
+    FERRY_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_, stream_));
+    for (int l = 1; l < active_lanes_; ++l) FERRY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lane_streams_[l - 1], fork_, 0));
+    return Status::Ok();
+  }
+  Status JoinLanes() override {
+    for (int l = 1; l < active_lanes_; ++l) {
+      FERRY_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane_done_[l - 1], lane_streams_[l - 1]));
+      FERRY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, lane_done_[l - 1], 0));
+    }
+    return Status::Ok();
   }
   Status PoisonOutput(int buf, uint8_t byte) override {
     return CudaStatus(cudaMemsetAsync(c_[buf], byte, output_bytes(), stream_), "cudaMemsetAsync");
   }
-  void* stream() override { return stream_; }
+  void* stream(int lane) override { return lane <= 0 || lane >= lanes() ? stream_ : lane_streams_[lane - 1]; }
 
   Status Mark(int i) override {
     if (i < 0 || i >= kMaxMarks) return InvalidArgument("mark out of range");
@@ -140,6 +181,7 @@ class CudaStepEngine : public StepEngine {
   }
   Status WaitMark(int i) override { return CudaStatus(cudaEventSynchronize(marks_[i]), "cudaEventSynchronize"); }
   Status Sync() override {
+    for (cudaStream_t s : lane_streams_) FERRY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
     FERRY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_stream_));
     return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
@@ -157,9 +199,9 @@ class CudaStepEngine : public StepEngine {
                         bytes, cudaMemcpyDeviceToHost, stream_),
         "cudaMemcpyAsync");
   }
-  Result<int> CopyOnSideStream(int buf, size_t offset, size_t bytes) override {
+  Result<int> CopyOnSideStream(int buf, size_t offset, size_t bytes, int lane) override {
     const int t = next_token_++ % static_cast<int>(done_.size());
-    FERRY_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_[t], stream_));
+    FERRY_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_[t], static_cast<cudaStream_t>(stream(lane))));
     FERRY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, ready_[t], 0));
     FERRY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<std::byte*>(pinned_[buf]) + offset,
                                                reinterpret_cast<std::byte*>(c_[buf]) + offset, bytes,
@@ -180,6 +222,12 @@ class CudaStepEngine : public StepEngine {
   float* c_[2] = {nullptr, nullptr};
   void* pinned_[2] = {nullptr, nullptr};
   std::vector<cudaEvent_t> marks_;
+  int lanes() const { return 1 + static_cast<int>(lane_streams_.size()); }
+  std::vector<cudaStream_t> lane_streams_;  // lanes 1.. (lane 0 is stream_)
+  std::vector<cublasHandle_t> lane_blas_;
+  std::array<cudaEvent_t, 8> lane_done_{};
+  cudaEvent_t fork_ = nullptr;
+  int active_lanes_ = 1;
   // Tokens are reused after 64 copies; the step loop keeps far fewer in flight.
   std::array<cudaEvent_t, 64> ready_{}, done_{};
   int next_token_ = 0;

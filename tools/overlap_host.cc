@@ -32,7 +32,7 @@ class HostStepEngine : public StepEngine {
     return Status::Ok();
   }
 
-  Status Gemm(int buf, int col0, int col1) override {
+  Status Gemm(int buf, int col0, int col1, int) override {
     float* c = static_cast<float*>(output(buf));
     for (int j = col0; j < col1; ++j) {
       float* cj = c + static_cast<size_t>(j) * n_;
@@ -49,7 +49,7 @@ class HostStepEngine : public StepEngine {
     std::memset(output(buf), byte, output_bytes());
     return Status::Ok();
   }
-  void* stream() override { return nullptr; }
+  void* stream(int) override { return nullptr; }
   Status Mark(int i) override {
     if (i < 0 || i >= kMaxMarks) return InvalidArgument("mark out of range");
     marks_[i] = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
