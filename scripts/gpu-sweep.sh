@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Quick A/B sweeps on a lent GPU machine (see ../shared/device/README.md), against one ferryd:
+#   transfers: both ways, 1024 x 64 KiB and 4 KiB latency under policy variants (bulk streams);
+#   staged:    pageable copies with streaming stores vs plain memcpy, and thread counts;
+#   overlap:   the seed workload's in-step blocks on 1..3 compute streams, for several cuts.
+# Expects a build in $BUILD (default build-dev) with its libraries bundled in $BUILD/devlibs.
+# Each part can be skipped: SKIP_TESTS, SKIP_TRANSFER, SKIP_STAGED, SKIP_OVERLAP.
+set -uo pipefail
+BUILD=${BUILD:-build-dev}
+OUT=${OUT:-/tmp/ferry-out}
+mkdir -p "$OUT"
+built_at=${FERRY_BUILT_AT:-/work/main}
+if [ ! -e "$built_at" ]; then mkdir -p "$(dirname "$built_at")" && ln -s "$PWD" "$built_at"; fi
+export LD_LIBRARY_PATH=$PWD/$BUILD/devlibs:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader
+
+if [ -z "${SKIP_TESTS:-}" ]; then
+  echo "== gpu tests"
+  (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 300) >"$OUT/gpu-tests.log" 2>&1
+  echo "gpu tests rc=$?"; grep -E "tests passed|Failed|\*\*\*" "$OUT/gpu-tests.log"
+fi
+
+rt=$(mktemp -d /tmp/ferry-sweep-XXXXXX)
+printf 'runtime_dir: %s\npool:\n  size: 2GiB\n' "$rt" >"$rt/ferryd.yaml"
+"$BUILD/ferryd" --backend cuda --config "$rt/ferryd.yaml" >"$rt/ferryd.log" 2>&1 &
+pid=$!
+for _ in $(seq 400); do [ -S "$rt/ferryd.sock" ] && break; sleep 0.05; done
+head -n 3 "$rt/ferryd.log"
+sock=$rt/ferryd.sock
+ctl="$BUILD/ferryctl --socket $sock"
+bench="$BUILD/ferry-bench transfer --socket $sock"
+
+# A variant of the default policy: NAME STREAMS CHUNK IN_FLIGHT
+variant() {
+  sed -e "s/^name: chunked/name: $1/" -e "s/per_direction: 2 /per_direction: $2 /" \
+    -e "s/chunk_size: 64MiB /chunk_size: $3 /" -e "s/in_flight_bytes: 128MiB /in_flight_bytes: $4 /" \
+    -e "s/client_in_flight_bytes: 128MiB/client_in_flight_bytes: $4/" policies/chunked.yaml >"$rt/$1.yaml"
+  echo "$rt/$1.yaml"
+}
+
+if [ -z "${SKIP_TRANSFER:-}" ]; then
+  for v in ${TRANSFER_VARIANTS:-"default,2,64MiB,128MiB" "s1,1,64MiB,128MiB" "s4,4,64MiB,128MiB" "s8,8,64MiB,128MiB" "s2w192,2,64MiB,192MiB"}; do
+    IFS=, read -r name streams chunk window <<<"$v"
+    $ctl policy apply "$(variant "$name" "$streams" "$chunk" "$window")" >/dev/null || echo "apply $name failed"
+    echo "== transfer, policy $name: $streams bulk streams, $chunk chunks, $window in flight"
+    $bench --only both,many,latency --quick --max-size $((512 << 20)) 2>/dev/null | tee "$OUT/sweep-transfer-$name.txt" |
+      grep -E "both|1024 x|^  (h2d|d2h) |PASS|FAIL"
+  done
+  $ctl policy apply policies/chunked.yaml >/dev/null
+fi
+
+if [ -z "${SKIP_STAGED:-}" ]; then
+  for v in ${STAGED_VARIANTS:-"stream,0" "memcpy,0" "stream,12" "stream,16" "memcpy,12"}; do
+    IFS=, read -r how threads <<<"$v"
+    args=(); [ "$threads" != 0 ] && args+=(--staged-threads "$threads")
+    envs=(); [ "$how" = memcpy ] && envs+=(FERRY_STAGED_MEMCPY=1)
+    echo "== staged, $how, threads $threads (0: the policy's)"
+    env "${envs[@]}" $bench --only staged --quick --max-size $((256 << 20)) "${args[@]}" 2>/dev/null |
+      grep -E "^  [0-9]+ [MG]iB|FAIL|PASS"
+  done
+fi
+
+if [ -z "${SKIP_OVERLAP:-}" ]; then
+  row() { grep -E "^(compute|in-process (serial|in-step)|ferryd)" | grep -v "copy alone"; }
+  for lanes in ${LANES:-1 2 3}; do
+    for cut in ${CUTS:-"blocks:6" "cut:2048,1024,640,256,128" "blocks:7" "blocks:8"}; do
+      kind=${cut%%:*}; arg=${cut#*:}
+      echo "== overlap, $lanes compute streams, $kind $arg"
+      $ctl bench overlap --steps 20 --warmup 3 --rounds 2 --compute-streams "$lanes" --"$kind" "$arg" \
+        --policies policies/geometric.yaml 2>/dev/null | tee -a "$OUT/sweep-overlap.txt" | row
+    done
+  done
+fi
+
+kill -TERM $pid; wait $pid; echo "ferryd rc=$?"
+cp "$rt/ferryd.log" "$OUT/sweep-ferryd.log"
