@@ -4,7 +4,8 @@
 #   staged:    pageable copies with streaming stores vs plain memcpy, and thread counts;
 #   overlap:   the seed workload's in-step blocks on 1..3 compute streams, for several cuts.
 # Expects a build in $BUILD (default build-dev) with its libraries bundled in $BUILD/devlibs.
-# Each part can be skipped: SKIP_TESTS, SKIP_TRANSFER, SKIP_STAGED, SKIP_OVERLAP.
+# Each part can be skipped: SKIP_TESTS, SKIP_TRANSFER, SKIP_STAGED, SKIP_OVERLAP. FERRYD_B names a
+# second ferryd binary: the transfer variants run against both, the other parts against it.
 set -uo pipefail
 BUILD=${BUILD:-build-dev}
 OUT=${OUT:-/tmp/ferry-out}
@@ -20,17 +21,21 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   echo "gpu tests rc=$?"; grep -E "tests passed|Failed|\*\*\*" "$OUT/gpu-tests.log"
 fi
 
-rt=$(mktemp -d /tmp/ferry-sweep-XXXXXX)
-printf 'runtime_dir: %s\npool:\n  size: 2GiB\n' "$rt" >"$rt/ferryd.yaml"
-"$BUILD/ferryd" --backend cuda --config "$rt/ferryd.yaml" >"$rt/ferryd.log" 2>&1 &
-pid=$!
-for _ in $(seq 400); do [ -S "$rt/ferryd.sock" ] && break; sleep 0.05; done
-head -n 3 "$rt/ferryd.log"
-sock=$rt/ferryd.sock
-ctl="$BUILD/ferryctl --socket $sock"
-bench="$BUILD/ferry-bench transfer --socket $sock"
+# Starts ferryd ($1: the binary) on a fresh runtime directory; sets rt, pid, sock, ctl, bench.
+start_ferryd() {
+  rt=$(mktemp -d /tmp/ferry-sweep-XXXXXX)
+  printf 'runtime_dir: %s\npool:\n  size: 2GiB\n' "$rt" >"$rt/ferryd.yaml"
+  "$1" --backend "${FERRYD_BACKEND:-cuda}" --config "$rt/ferryd.yaml" >"$rt/ferryd.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 400); do [ -S "$rt/ferryd.sock" ] && break; sleep 0.05; done
+  head -n 3 "$rt/ferryd.log"
+  sock=$rt/ferryd.sock
+  ctl="$BUILD/ferryctl --socket $sock"
+  bench="$BUILD/ferry-bench transfer --socket $sock"
+}
+stop_ferryd() { kill -TERM $pid; wait $pid; echo "ferryd rc=$?"; cp "$rt/ferryd.log" "$OUT/sweep-ferryd-$1.log"; }
 
-# A variant of the default policy: NAME STREAMS CHUNK IN_FLIGHT
+# A variant of the default policy: NAME STREAMS CHUNK IN_FLIGHT; prints the file's path.
 variant() {
   sed -e "s/^name: chunked/name: $1/" -e "s/per_direction: 2 /per_direction: $2 /" \
     -e "s/chunk_size: 64MiB /chunk_size: $3 /" -e "s/in_flight_bytes: 128MiB /in_flight_bytes: $4 /" \
@@ -38,16 +43,26 @@ variant() {
   echo "$rt/$1.yaml"
 }
 
-if [ -z "${SKIP_TRANSFER:-}" ]; then
-  for v in ${TRANSFER_VARIANTS:-"default,2,64MiB,128MiB" "s1,1,64MiB,128MiB" "s4,4,64MiB,128MiB" "s8,8,64MiB,128MiB" "s2w192,2,64MiB,192MiB"}; do
+# Transfers under policy variants: LABEL FERRYD VARIANT...
+transfer_sweep() {
+  local label=$1 bin=$2; shift 2
+  start_ferryd "$bin"
+  for v in "$@"; do
     IFS=, read -r name streams chunk window <<<"$v"
     $ctl policy apply "$(variant "$name" "$streams" "$chunk" "$window")" >/dev/null || echo "apply $name failed"
-    echo "== transfer, policy $name: $streams bulk streams, $chunk chunks, $window in flight"
-    $bench --only both,many,latency --quick --max-size $((512 << 20)) 2>/dev/null | tee "$OUT/sweep-transfer-$name.txt" |
+    echo "== transfer ($label), policy $name: $streams bulk streams, $chunk chunks, $window in flight"
+    $bench --only both,many,latency --quick --max-size $((512 << 20)) 2>/dev/null | tee "$OUT/sweep-transfer-$label-$name.txt" |
       grep -E "both|1024 x|^  (h2d|d2h) |PASS|FAIL"
   done
-  $ctl policy apply policies/chunked.yaml >/dev/null
+  stop_ferryd "$label"
+}
+if [ -z "${SKIP_TRANSFER:-}" ]; then
+  transfer_sweep A "$BUILD/ferryd" ${TRANSFER_VARIANTS:-"default,2,64MiB,128MiB" "s1,1,64MiB,128MiB" "s4,4,64MiB,128MiB" "s8,8,64MiB,128MiB" "s2w192,2,64MiB,192MiB"}
+  # FERRYD_B: another ferryd binary (say, a scheduler change) under the same variants.
+  [ -n "${FERRYD_B:-}" ] && transfer_sweep B "$FERRYD_B" ${TRANSFER_VARIANTS_B:-"default,2,64MiB,128MiB" "s4,4,64MiB,128MiB"}
 fi
+start_ferryd "${FERRYD_B:-$BUILD/ferryd}"
+
 
 if [ -z "${SKIP_STAGED:-}" ]; then
   for v in ${STAGED_VARIANTS:-"stream,0" "memcpy,0" "stream,12" "stream,16" "memcpy,12"}; do
@@ -72,5 +87,4 @@ if [ -z "${SKIP_OVERLAP:-}" ]; then
   done
 fi
 
-kill -TERM $pid; wait $pid; echo "ferryd rc=$?"
-cp "$rt/ferryd.log" "$OUT/sweep-ferryd.log"
+stop_ferryd staged-overlap
