@@ -33,7 +33,7 @@ start_ferryd() {
   ctl="$BUILD/ferryctl --socket $sock"
   bench="$BUILD/ferry-bench transfer --socket $sock"
 }
-stop_ferryd() { kill -TERM $pid; wait $pid; echo "ferryd rc=$?"; cp "$rt/ferryd.log" "$OUT/sweep-ferryd-$1.log"; }
+stop_ferryd() { kill -TERM $pid; wait $pid; echo "ferryd $1 rc=$?"; tail -n 2 "$rt/ferryd.log"; }
 
 # A variant of the default policy: NAME STREAMS CHUNK IN_FLIGHT; prints the file's path.
 variant() {
@@ -51,7 +51,7 @@ transfer_sweep() {
     IFS=, read -r name streams chunk window <<<"$v"
     $ctl policy apply "$(variant "$name" "$streams" "$chunk" "$window")" >/dev/null || echo "apply $name failed"
     echo "== transfer ($label), policy $name: $streams bulk streams, $chunk chunks, $window in flight"
-    $bench --only both,many,latency --quick --max-size $((512 << 20)) 2>/dev/null | tee "$OUT/sweep-transfer-$label-$name.txt" |
+    $bench --only both,many,latency ${TRANSFER_ARGS---quick} --max-size $((512 << 20)) 2>/dev/null |
       grep -E "both|1024 x|^  (h2d|d2h) |PASS|FAIL"
   done
   stop_ferryd "$label"
@@ -82,7 +82,7 @@ if [ -z "${SKIP_OVERLAP:-}" ]; then
       kind=${cut%%:*}; arg=${cut#*:}
       echo "== overlap, $lanes compute streams, $kind $arg"
       $ctl bench overlap --steps 20 --warmup 3 --rounds 2 --compute-streams "$lanes" --"$kind" "$arg" \
-        --policies policies/geometric.yaml 2>/dev/null | tee -a "$OUT/sweep-overlap.txt" | row
+        --policies policies/geometric.yaml 2>/dev/null | row
     done
   done
 fi
