@@ -111,7 +111,6 @@ struct Copy {
   std::vector<CopyPiece> pieces;  // stream chosen at dispatch
   size_t next = 0;                // first piece not yet dispatched
   uint32_t out = 0;               // fences dispatched and not yet done
-  uint32_t large_stream = 0;      // the bulk stream of its large pieces, once the first went out
   Status status;                  // the first failure
   bool WholeAtOnce() const { return latency || signal != nullptr || policy->schedule == Schedule::kSerial; }
   uint64_t NextDispatchBytes() const {
@@ -879,19 +878,7 @@ class Server::Impl {
     uint64_t bytes = 0;
     for (size_t i = c.next; i < end; ++i) {
       CopyPiece p = c.pieces[i];
-      // Large pieces of one copy go in order on one stream: the next waits queued behind the one
-      // running, so the engine never idles between them. Spread over two streams they shared the
-      // engine, finished together, and left it idle until ferryd sent the next pair (both
-      // directions at once lost 1 to 2% to that). Small pieces spread: per-copy setup, not the
-      // bus, limits them, and streams on other engines hide it.
-      if (c.latency) {
-        p.stream = 0;
-      } else if (p.batchable) {
-        p.stream = BulkStream(c);
-      } else {
-        if (c.large_stream == 0) c.large_stream = BulkStream(c);
-        p.stream = c.large_stream;
-      }
+      p.stream = c.latency ? 0 : BulkStream(c);  // a whole bulk copy spreads over the streams too
       plan.pieces.push_back(p);
       bytes += p.length;
     }

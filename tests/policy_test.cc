@@ -6,7 +6,6 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
-#include <set>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -190,42 +189,6 @@ TEST(Scheduler, ALatencyCopyGoesAheadOfQueuedBulkWork) {
   log = be->log();
   ASSERT_EQ(log.size(), 9u);
   for (size_t i = 3; i < log.size(); ++i) EXPECT_NE(log[i].stream, 0u) << "bulk never uses the latency stream";
-}
-
-// A copy's large pieces queue in order on one stream (the engine never idles between them);
-// the next copy takes the next stream, and small pieces spread over all of them.
-TEST(Scheduler, ACopysLargePiecesGoInOrderOnOneStreamWhileSmallPiecesSpread) {
-  auto inner = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
-  ASSERT_TRUE(inner.ok());
-  auto backend = std::make_unique<PausableBackend>(std::move(*inner));
-  PausableBackend* be = backend.get();
-  auto policy = MustParse(
-      "schedule: {kind: chunked, chunk_size: 1MiB}\nstreams: {per_direction: 2}\nlimits: {in_flight_bytes: 2MiB}\n"
-      "batching: {threshold: 256KiB}\n");
-  DaemonHarness d(DaemonHarness::SmallConfig(), std::move(backend), policy);
-  Fixture f = NewClient(d, "pieces", 8 << 20);
-  auto copy = [&](uint64_t off, uint64_t n) {
-    auto t = f.client->Copy(Direction::kHostToDevice, f.host, off, f.region, off, n);
-    ASSERT_TRUE(t.ok());
-    ASSERT_OK(t->Wait(5s));
-  };
-  copy(0, 6 << 20);  // six 1 MiB pieces, two on the engines at a time
-  auto log = be->log();
-  ASSERT_EQ(log.size(), 6u);
-  for (const auto& e : log) EXPECT_EQ(e.stream, log[0].stream) << "one copy's large pieces share a stream";
-  copy(6 << 20, 2 << 20);
-  log = be->log();
-  ASSERT_EQ(log.size(), 8u);
-  EXPECT_EQ(log[6].stream, log[7].stream);
-  EXPECT_NE(log[6].stream, log[0].stream) << "the next copy takes the next bulk stream";
-  std::set<uint32_t> small_streams;
-  for (int i = 0; i < 8; ++i) {
-    copy(static_cast<uint64_t>(i) << 16, 64 << 10);
-    small_streams.insert(be->log().back().stream);
-  }
-  EXPECT_EQ(small_streams.size(), 2u) << "small pieces spread over both bulk streams";
-  EXPECT_EQ(small_streams.count(0), 0u) << "and never the latency stream";
-  EXPECT_EQ(testing::FirstDifference(static_cast<std::byte*>(f.dev.data()), f.host.data(), 8 << 20), -1);
 }
 
 TEST(Scheduler, ACopyAfterAnEventIsHeldUntilTheEventHappensWhileOtherCopiesGoAhead) {
