@@ -1,6 +1,7 @@
 #include "ferry/client.hpp"
 
 #include <poll.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -182,6 +183,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
       std::vector<int> raw;
       for (auto& f : m.fds) raw.push_back(f.get());
       FERRY_ASSIGN_OR_RETURN(Mapping mapped, MapSideBySide(raw.data(), raw.size(), slab_bytes_));
+      ::madvise(mapped.data(), mapped.size(), MADV_HUGEPAGE);  // map ferryd's huge pages as such, where it got them
       s->mapping = std::make_shared<SlabMapping>(SlabMapping{std::move(mapped)});
     }
     s->data = s->mapping->m.data() + in_map;

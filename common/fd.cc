@@ -56,9 +56,15 @@ Result<Mapping> MapShared(int fd, size_t size, size_t offset) {
 }
 
 Result<Mapping> MapSideBySide(const int* fds, size_t count, size_t each) {
-  size_t total = count * each;
-  void* base = ::mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (base == MAP_FAILED) return ErrnoStatus("mmap(reserve)", errno);
+  const size_t total = count * each;
+  // Start on a 2 MiB boundary, so that the kernel can back the range with huge pages.
+  constexpr size_t kAlign = 2u << 20;
+  void* raw = ::mmap(nullptr, total + kAlign, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return ErrnoStatus("mmap(reserve)", errno);
+  const uintptr_t start = reinterpret_cast<uintptr_t>(raw), aligned = (start + kAlign - 1) / kAlign * kAlign;
+  if (aligned > start) ::munmap(raw, aligned - start);
+  if (aligned + total < start + total + kAlign) ::munmap(reinterpret_cast<void*>(aligned + total), start + kAlign - aligned);
+  void* base = reinterpret_cast<void*>(aligned);
   Mapping reserved(base, total);
   for (size_t i = 0; i < count; ++i) {
     void* want = static_cast<std::byte*>(base) + i * each;

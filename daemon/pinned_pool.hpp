@@ -13,12 +13,18 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/fd.hpp"
 #include "ferry/status.hpp"
 
 namespace ferry::daemon {
+
+// Bytes of [base, base + size) that this process maps with huge (PMD) pages, from /proc/self/smaps.
+uint64_t MappedHugePageBytes(const std::byte* base, uint64_t size);
+// The kernel's transparent huge page setting for shared memory ("never", "advise", ...).
+std::string ShmemHugePageSetting();
 
 class PinnedPool {
  public:
@@ -27,6 +33,7 @@ class PinnedPool {
   std::byte* base() const { return mapping_.data(); }
   uint64_t size() const { return mapping_.size(); }
   uint64_t slab_bytes() const { return slab_bytes_; }
+  uint64_t huge_page_bytes() const { return huge_page_bytes_; }  // of the pool, backed by 2 MiB pages at start
   uint32_t slab_count() const { return static_cast<uint32_t>(slab_fds_.size()); }
   int slab_fd(uint32_t slab) const { return slab_fds_[slab].get(); }
   uint64_t free_bytes() const { return free_slabs_ * slab_bytes_; }
@@ -38,6 +45,7 @@ class PinnedPool {
   void Release(uint32_t slab);
 
  private:
+  uint64_t huge_page_bytes_ = 0;
   PinnedPool(std::vector<UniqueFd> fds, Mapping m, uint64_t slab_bytes);
   std::vector<UniqueFd> slab_fds_;
   Mapping mapping_;

@@ -19,6 +19,28 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   echo "gpu tests rc=$?"; grep -E "tests passed|Failed|Passed" "$OUT/gpu-tests.log"
 fi
 
+# Huge pages for the pool: THP_AB=1 first measures both directions at once with the kernel's
+# shmem_enabled at never and at advise; SHMEM_HUGE=advise|never sets it for the variants below.
+# The machine's own setting is put back at the end.
+thp=/sys/kernel/mm/transparent_hugepage/shmem_enabled
+thp_was=$(sed 's/.*\[\(.*\)\].*/\1/' $thp 2>/dev/null)
+echo "shmem_enabled: $thp_was"
+if [ -n "${THP_AB:-}" ]; then
+  for setting in never advise; do
+    echo $setting >$thp || echo "cannot set $thp"
+    rt=$(mktemp -d /tmp/ferry-thp-XXXXXX)
+    printf 'runtime_dir: %s\npool:\n  size: %s\n' "$rt" "${POOL:-2GiB}" >"$rt/ferryd.yaml"
+    "$BUILD/ferryd" --backend cuda --config "$rt/ferryd.yaml" >"$rt/ferryd.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 400); do [ -S "$rt/ferryd.sock" ] && break; sleep 0.05; done
+    echo "== shmem_enabled $setting: $(grep -o 'pool: .*' "$rt/ferryd.log")"
+    "$BUILD/ferry-bench" transfer --socket "$rt/ferryd.sock" --only both,many --max-size $((512 << 20)) 2>/dev/null |
+      grep -E "both|1024 x|PASS|FAIL"
+    kill -TERM $pid; wait $pid
+  done
+fi
+[ -n "${SHMEM_HUGE:-}" ] && { echo "$SHMEM_HUGE" >$thp || echo "cannot set $thp"; }
+
 # Each variant: NAME:POLICY_FILE (empty: the built-in default). The first also runs the demo.
 variants=${VARIANTS:-"default:"}
 first=1
@@ -36,7 +58,7 @@ for v in $variants; do
   env $envs "$BUILD/ferryd" --backend cuda --config "$rt/ferryd.yaml" ${FERRYD_ARGS:-} >"$rt/ferryd.log" 2>&1 &
   pid=$!
   for _ in $(seq 400); do [ -S "$rt/ferryd.sock" ] && break; sleep 0.05; done
-  head -n 3 "$rt/ferryd.log"
+  grep -E "backend|cuda:|pool:" "$rt/ferryd.log"
   if [ $first = 1 ]; then
     echo "== demo"
     "$BUILD/ferry-demo" --socket "$rt/ferryd.sock" 2>&1 | tee "$OUT/demo.txt"
@@ -63,3 +85,5 @@ for v in $variants; do
   tail -n 1 "$rt/ferryd.log"; [ $first = 1 ] && cp "$rt/ferryd.log" "$OUT/ferryd.log"
   first=0
 done
+[ -n "$thp_was" ] && echo "$thp_was" >$thp 2>/dev/null
+echo "shmem_enabled put back: $(cat $thp 2>/dev/null)"

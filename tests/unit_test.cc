@@ -108,6 +108,21 @@ class PoolTest : public ::testing::Test {
   std::unique_ptr<daemon::PinnedPool> pool_;
 };
 
+// The pool starts on a 2 MiB boundary and asks for huge pages; how many it got depends on the
+// kernel's shmem_enabled setting, and is counted from /proc/self/smaps.
+TEST_F(PoolTest, StartsOnAHugePageBoundaryAndCountsTheHugePagesItGot) {
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(pool_->base()) % (2u << 20), 0u);
+  EXPECT_LE(pool_->huge_page_bytes(), pool_->size());
+  EXPECT_EQ(pool_->huge_page_bytes() % (2u << 20), 0u);
+  const std::string setting = daemon::ShmemHugePageSetting();
+  EXPECT_TRUE(setting == "never" || setting == "advise" || setting == "always" || setting == "within_size" ||
+              setting == "deny" || setting == "force" || setting == "unknown")
+      << setting;
+  if (setting == "never" || setting == "deny") EXPECT_EQ(pool_->huge_page_bytes(), 0u);
+  std::vector<std::byte> small(4096);
+  EXPECT_EQ(daemon::MappedHugePageBytes(small.data(), small.size()), 0u) << "no shared-memory huge page there";
+}
+
 TEST_F(PoolTest, SessionsNeverShareASlab) {
   daemon::SessionArena a(*pool_, 1, pool_->size());
   daemon::SessionArena b(*pool_, 2, pool_->size());

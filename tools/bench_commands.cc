@@ -41,7 +41,7 @@ options:
   --blocks N         in-step: the math cut into N column blocks (default 6) ...
   --ratio R          ... each R of the one before (default 0.5)
   --cut W,W,...      or these column widths, in order (they must add up to N)
-  --compute-streams L  in-step: the blocks take turns on L compute streams (default 1), so a
+  --compute-streams L  in-step: the blocks take turns on L compute streams (default 2), so a
                      narrow block fills the multiprocessors the one before leaves idle
   --report FILE      write the run report (JSON) to FILE
   --sign-key KEY     sign the report (needs --report): FILE.minisig, minisign format

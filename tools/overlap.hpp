@@ -100,7 +100,7 @@ struct Options {
   int pieces = 6;        // in-step: the math cut into this many column blocks...
   double ratio = 0.5;    // ... each this fraction of the one before
   std::vector<int> cut;  // or these column widths (summing to n), in order
-  int lanes = 1;         // in-step: compute streams the blocks take turns on (StepEngine::SetLanes)
+  int lanes = 2;         // in-step: compute streams the blocks take turns on (StepEngine::SetLanes)
   bool quiet = false;    // no progress bar
 };
 
