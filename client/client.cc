@@ -426,12 +426,9 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
 
   // Waits without burning a core for long copies and without a wake-up's delay for short ones:
   // a copy of n bytes cannot complete before n / kFastestBus after it was submitted, so sleep
-  // through most of that, spin across the moment it may land (until it would land at half that
-  // rate, plus spin_ns_), and only then block on the doorbell. Half: both directions at once ran
-  // at 48 GB/s a direction on the H200, past a window that ended at 51 GB/s, and the doorbell's
-  // wake-up in a VM cost 4.5% of their bandwidth. spin_through (the staged path's workers, whose
-  // chunks queue behind each other's) spins until done, for 20 ms at most.
-  Status Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueued, bool spin_through = false) {
+  // through most of that, spin across the moment it may land (up to a quarter past it, plus
+  // spin_ns_), and only then block on the doorbell.
+  Status Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueued) {
     constexpr uint64_t kFastestBusBytesPerUs = 64'000;  // above PCIe Gen5 x16
     constexpr uint64_t kWakeAheadNs = 100'000;          // covers the kernel's default timer slack
     const uint64_t start = MonotonicNanos();
@@ -442,10 +439,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     // this thread sleeps. Spinning through it took the in-step exposed time of the overlap
     // workload on the H200 from 0.18 to 0.15 ms (a doorbell wake-up costs tens of us).
     const uint64_t spin = until_enqueued ? std::max<uint64_t>(spin_ns_, kEnqueueSpinNs) : spin_ns_;
-    // Past 20 ms even a worker blocks on the doorbell, which is also what notices a dead ferryd.
-    constexpr uint64_t kSpinThroughNs = 20'000'000;
-    const uint64_t spin_until =
-        spin_through ? start + kSpinThroughNs : std::max(start, t.submit_ns + 2 * earliest) + spin;
+    const uint64_t spin_until = std::max(start, t.submit_ns + earliest + earliest / 4) + spin;
     for (bool first = true;; first = false) {
       // Spinning threads look at the ring without the lock, and take it only when completions
       // arrived: many threads waiting at once (the staged path) must not starve submitters.
@@ -866,7 +860,7 @@ Status Client::CopyStaged(Direction direction, void* host, const DeviceRegion& d
     auto retire = [&]() -> Status {
       InFlight p = std::move(window.front());
       window.pop_front();
-      Status st = p.t.core_->Wait(*p.t.s_, 60'000'000'000ull, /*until_enqueued=*/false, /*spin_through=*/true);
+      Status st = p.t.Wait(std::chrono::seconds(60));
       if (st.ok() && direction == Direction::kDeviceToHost) detail::StagedCopy(h + p.off, p.buf.data(), p.len);
       stager_->Release(std::move(p.buf));
       return st;
