@@ -68,14 +68,14 @@ void StreamingCopy(void* dst, const void* src, size_t n) {
 }
 
 void StagedCopy(void* dst, const void* src, size_t n) {
-  static const bool plain = [] {
-    const char* v = std::getenv("FERRY_STAGED_MEMCPY");
-    return v != nullptr && v[0] == '1';
+  static const bool streaming = [] {
+    const char* v = std::getenv("FERRY_STAGED_COPY");
+    return v != nullptr && std::strcmp(v, "streaming") == 0;
   }();
-  if (plain) {
-    std::memcpy(dst, src, n);
-  } else {
+  if (streaming) {
     StreamingCopy(dst, src, n);
+  } else {
+    std::memcpy(dst, src, n);
   }
 }
 

@@ -68,7 +68,7 @@ if [ -z "${SKIP_STAGED:-}" ]; then
   for v in ${STAGED_VARIANTS:-"stream,0" "memcpy,0" "stream,12" "stream,16" "memcpy,12"}; do
     IFS=, read -r how threads <<<"$v"
     args=(); [ "$threads" != 0 ] && args+=(--staged-threads "$threads")
-    envs=(); [ "$how" = memcpy ] && envs+=(FERRY_STAGED_MEMCPY=1)
+    envs=(); [ "$how" = stream ] && envs+=(FERRY_STAGED_COPY=streaming)
     echo "== staged, $how, threads $threads (0: the policy's)"
     env "${envs[@]}" $bench --only staged --quick --max-size $((256 << 20)) "${args[@]}" 2>/dev/null |
       grep -E "^  [0-9]+ [MG]iB|FAIL|PASS"
