@@ -3,8 +3,8 @@
 // A staged byte crosses host memory several times: the client reads it, writes it into a pool
 // buffer, and the copy engine reads it again (the other way round for device to host). A plain
 // memcpy below glibc's non-temporal threshold (several MiB, from the cache size) also reads
-// every destination line before writing it and fills the cache with data nobody reads back;
-// streaming stores skip both. Thread-safe; no state.
+// every destination line before writing it; streaming stores skip that and the cache. Which
+// wins depends on the host's cache (see StagedCopy). Thread-safe; no state.
 #pragma once
 
 #include <cstddef>
