@@ -9,6 +9,7 @@
 // --daemon-pid, ferryd's CPU use at idle. Every size's data is checked once byte for byte.
 #include <cuda_runtime_api.h>
 #include <sched.h>
+#include <sys/mman.h>
 
 #include <cinttypes>
 #include <cstdio>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "bench_util.hpp"
+#include "client/streaming_copy.hpp"
 #include "ferry/client.hpp"
 
 namespace {
@@ -35,6 +37,7 @@ using ferry::bench::Summarize;
 using ferry::bench::Summary;
 
 constexpr const char* kUsage = R"(usage: ferry-bench transfer [options]
+       ferry-bench host-copy [--threads N,N,...]
 
 Runs the same host<->device copies in this process (cudaMemcpyAsync from cudaMallocHost memory)
 and through ferryd (its pinned pool, its copy streams), and prints them side by side.
@@ -657,6 +660,80 @@ void TransferBench::Report(bool json) const {
   for (const Check& c : checks) std::printf("  %-4s %-52s %s\n", c.pass ? "PASS" : "FAIL", c.what.c_str(), c.figures.c_str());
 }
 
+constexpr const char* kHostCopyUsage = R"(usage: ferry-bench host-copy [--threads N,N,...]
+
+How fast this host copies memory, which bounds Client::CopyStaged: each of N threads copies
+256 MiB of touched pageable memory in 2 MiB chunks into a ring of 8 shared-memory chunks (what
+a staging worker does), with plain memcpy and with streaming stores (FERRY_STAGED_COPY);
+best of 5 passes, summed over the threads. No GPU needed.
+
+options:
+  --threads N,N,...  thread counts to try (default 1,4,8,12,16)
+  -h, --help         this help
+)";
+
+int HostCopy(int argc, char** argv) {
+  std::vector<int> counts{1, 4, 8, 12, 16};
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::fputs(kHostCopyUsage, stdout);
+      return 0;
+    } else if (a == "--threads" && i + 1 < argc) {
+      counts.clear();
+      std::string list = std::string(argv[++i]) + ",";
+      for (size_t b = 0, e; (e = list.find(',', b)) != std::string::npos; b = e + 1) {
+        const int n = std::atoi(list.substr(b, e - b).c_str());
+        if (n < 1 || n > 256) {
+          std::fprintf(stderr, "ferry-bench host-copy: --threads takes counts from 1 to 256\n");
+          return 64;
+        }
+        counts.push_back(n);
+      }
+    } else {
+      std::fprintf(stderr, "ferry-bench host-copy: unknown option '%s' (try --help)\n", a.c_str());
+      return 64;
+    }
+  }
+  constexpr size_t kChunk = 2 << 20, kPerThread = 256ull << 20, kRing = 8;
+  for (int threads : counts) {
+    for (bool streaming : {false, true}) {
+      std::vector<double> gbps(static_cast<size_t>(threads));
+      std::vector<std::thread> ts;
+      for (int t = 0; t < threads; ++t) {
+        ts.emplace_back([&, t] {
+          std::vector<std::byte> src(kPerThread, std::byte(t + 1));
+          void* ring = ::mmap(nullptr, kRing * kChunk, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+          if (ring == MAP_FAILED) return;
+          auto* dst = static_cast<std::byte*>(ring);
+          std::memset(dst, 0, kRing * kChunk);
+          double best = 0;
+          for (int rep = 0; rep < 5; ++rep) {
+            const double t0 = NowSeconds();
+            for (size_t off = 0; off < kPerThread; off += kChunk) {
+              std::byte* d = dst + (off / kChunk % kRing) * kChunk;
+              if (streaming) {
+                ferry::detail::StreamingCopy(d, src.data() + off, kChunk);
+              } else {
+                std::memcpy(d, src.data() + off, kChunk);
+              }
+            }
+            best = std::max(best, static_cast<double>(kPerThread) / (NowSeconds() - t0) / 1e9);
+          }
+          gbps[static_cast<size_t>(t)] = best;
+          ::munmap(ring, kRing * kChunk);
+        });
+      }
+      for (auto& t : ts) t.join();
+      double sum = 0;
+      for (double g : gbps) sum += g;
+      std::printf("%-9s %3d threads: %6.1f GB/s copied (%.1f a thread)\n", streaming ? "streaming" : "memcpy", threads, sum,
+                  sum / threads);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -665,6 +742,7 @@ int main(int argc, char** argv) {
     return argc < 2 ? 64 : 0;
   }
   if (std::string(argv[1]) == "transfer") return TransferBench().Run(argc, argv);
+  if (std::string(argv[1]) == "host-copy") return HostCopy(argc, argv);
   std::fprintf(stderr, "ferry-bench: unknown command '%s' (try --help)\n", argv[1]);
   return 64;
 }
