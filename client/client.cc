@@ -4,19 +4,18 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
-#include <deque>
-#include <optional>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
-#include <atomic>
-#include <condition_variable>
-#include <functional>
-#include <vector>
-#include <algorithm>
 #include <unordered_map>
 #include <vector>
 

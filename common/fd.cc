@@ -63,7 +63,8 @@ Result<Mapping> MapSideBySide(const int* fds, size_t count, size_t each) {
   if (raw == MAP_FAILED) return ErrnoStatus("mmap(reserve)", errno);
   const uintptr_t start = reinterpret_cast<uintptr_t>(raw), aligned = (start + kAlign - 1) / kAlign * kAlign;
   if (aligned > start) ::munmap(raw, aligned - start);
-  if (aligned + total < start + total + kAlign) ::munmap(reinterpret_cast<void*>(aligned + total), start + kAlign - aligned);
+  if (aligned + total < start + total + kAlign)
+    ::munmap(reinterpret_cast<void*>(aligned + total), start + kAlign - aligned);
   void* base = reinterpret_cast<void*>(aligned);
   Mapping reserved(base, total);
   for (size_t i = 0; i < count; ++i) {

@@ -1,5 +1,7 @@
 #include "daemon/metrics.hpp"
 
+#include <elf.h>
+#include <link.h>
 #include <prometheus/collectable.h>
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
@@ -7,9 +9,6 @@
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
-
-#include <elf.h>
-#include <link.h>
 #include <pthread.h>
 
 #include <algorithm>
@@ -46,8 +45,10 @@ std::vector<TlsUser> TlsUsers() {
       [](dl_phdr_info* info, size_t, void* out) {
         for (int i = 0; i < info->dlpi_phnum; ++i) {
           if (info->dlpi_phdr[i].p_type != PT_TLS || info->dlpi_phdr[i].p_memsz == 0) continue;
-          std::string name = info->dlpi_name != nullptr && info->dlpi_name[0] != '\0' ? info->dlpi_name : "the executable";
-          static_cast<std::vector<TlsUser>*>(out)->push_back({name.substr(name.rfind('/') + 1), info->dlpi_phdr[i].p_memsz});
+          std::string name =
+              info->dlpi_name != nullptr && info->dlpi_name[0] != '\0' ? info->dlpi_name : "the executable";
+          static_cast<std::vector<TlsUser>*>(out)->push_back(
+              {name.substr(name.rfind('/') + 1), info->dlpi_phdr[i].p_memsz});
         }
         return 0;
       },
@@ -62,7 +63,9 @@ Status CivetwebThreadsCanStart() {
   ::pthread_attr_init(&attr);
   int e = ::pthread_attr_setstacksize(&attr, kCivetwebThreadStackBytes);
   pthread_t t;
-  if (e == 0) e = ::pthread_create(&t, &attr, [](void*) -> void* { return nullptr; }, nullptr);
+  if (e == 0)
+    e = ::pthread_create(
+        &t, &attr, [](void*) -> void* { return nullptr; }, nullptr);
   ::pthread_attr_destroy(&attr);
   if (e == 0) {
     ::pthread_join(t, nullptr);

@@ -147,8 +147,8 @@ class Server::Impl {
     FERRY_RETURN_IF_ERROR(backend_->RegisterPool(pool_->base(), pool_->size(), pool_->slab_bytes()).WithContext("pool registration"));
     uint64_t t2 = MonotonicNanos();
     FERRY_LOG(kInfo) << "pool: " << (pool_->size() >> 20) << " MiB in " << pool_->slab_count() << " slabs of "
-                     << (pool_->slab_bytes() >> 10) << " KiB; created in " << (t1 - t0) / 1000000 << " ms, registered in "
-                     << (t2 - t1) / 1000000 << " ms; " << (pool_->huge_page_bytes() >> 20)
+                     << (pool_->slab_bytes() >> 10) << " KiB; created in " << (t1 - t0) / 1000000
+                     << " ms, registered in " << (t2 - t1) / 1000000 << " ms; " << (pool_->huge_page_bytes() >> 20)
                      << " MiB on huge pages (transparent_hugepage/shmem_enabled: " << ShmemHugePageSetting() << ")";
     counters_.pool_free_bytes = pool_->free_bytes();
 

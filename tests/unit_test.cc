@@ -2,9 +2,8 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <unistd.h>
-
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <regex>
 
@@ -301,7 +300,8 @@ TEST(StreamingCopy, EveryByteArrivesAtAwkwardSizesAndAlignmentsAndNothingElseIsW
         ASSERT_EQ(std::memcmp(dst.data() + kGuard + dst_off, src.data() + kGuard + src_off, n), 0)
             << n << " bytes, source +" << src_off << ", destination +" << dst_off;
         for (size_t i = 0; i < kGuard + dst_off; ++i) ASSERT_EQ(dst[i], std::byte{0xA5}) << "written before the range";
-        for (size_t i = kGuard + dst_off + n; i < dst.size(); ++i) ASSERT_EQ(dst[i], std::byte{0xA5}) << "written after it";
+        for (size_t i = kGuard + dst_off + n; i < dst.size(); ++i)
+          ASSERT_EQ(dst[i], std::byte{0xA5}) << "written after it";
       }
     }
   }

@@ -170,7 +170,8 @@ int TransferBench::Run(int argc, char** argv) {
       for (size_t b = 0, e; (e = list.find(',', b)) != std::string::npos; b = e + 1) {
         const std::string one = list.substr(b, e - b);
         if (one != "bandwidth" && one != "both" && one != "latency" && one != "many" && one != "staged") {
-          std::fprintf(stderr, "ferry-bench: --only takes bandwidth, both, latency, many, staged (not '%s')\n", one.c_str());
+          std::fprintf(stderr, "ferry-bench: --only takes bandwidth, both, latency, many, staged (not '%s')\n",
+                       one.c_str());
           return 64;
         }
         sections_.insert(one);
@@ -199,8 +200,8 @@ int TransferBench::Run(int argc, char** argv) {
   for (size_t n = 1 << 20; n <= max_size_; n *= 4) staged_sizes_.push_back(n);
   if (!Runs("staged")) staged_sizes_.clear();
   if (!Runs("bandwidth")) sizes_.clear();
-  progress_ = std::make_unique<ferry::bench::Progress>(sizes_.size() * 2 + Runs("both") + 2 * Runs("latency") + Runs("many") +
-                                                       staged_sizes_.size() + (daemon_pid_ > 0));
+  progress_ = std::make_unique<ferry::bench::Progress>(sizes_.size() * 2 + Runs("both") + 2 * Runs("latency") +
+                                                       Runs("many") + staged_sizes_.size() + (daemon_pid_ > 0));
   if (int rc = Bandwidth()) return rc;
   if (Runs("both")) {
     if (int rc = Bidirectional()) return rc;
@@ -598,54 +599,62 @@ void TransferBench::Report(bool json) const {
               "beyond Tukey's fences, 1.5 IQR past the quartiles: a warm-up, a page fault or a noisy neighbour)\n\n",
               device_name_.c_str());
   if (Runs("bandwidth")) {
-  std::printf("%-8s %-4s %-5s  %-26s %-4s %-26s %-4s %7s   %s\n", "size", "dir", "reps", "in-process GB/s", "out", "through ferryd GB/s",
-              "out", "ratio", "engine alone (device events)");
-  for (size_t n : sizes_) {
-    for (const char* d : {"h2d", "d2h"}) {
-      Summary in = Gbps("bandwidth", n, d, "in-process"), fe = Gbps("bandwidth", n, d, "ferry"),
-              ev = Gbps("bandwidth", n, d, "in-process-events");
-      std::printf("%-8s %-4s %-5zu  %7.2f [%6.2f, %6.2f]   %-4zu %7.2f [%6.2f, %6.2f]   %-4zu %6.1f%%   %7.2f\n", HumanBytes(n).c_str(), d,
-                  in.n, in.median, in.min, in.max, in.outliers, fe.median, fe.min, fe.max, fe.outliers, 100 * fe.median / in.median,
-                  ev.median);
+    std::printf("%-8s %-4s %-5s  %-26s %-4s %-26s %-4s %7s   %s\n", "size", "dir", "reps", "in-process GB/s", "out",
+                "through ferryd GB/s", "out", "ratio", "engine alone (device events)");
+    for (size_t n : sizes_) {
+      for (const char* d : {"h2d", "d2h"}) {
+        Summary in = Gbps("bandwidth", n, d, "in-process"), fe = Gbps("bandwidth", n, d, "ferry"),
+                ev = Gbps("bandwidth", n, d, "in-process-events");
+        std::printf("%-8s %-4s %-5zu  %7.2f [%6.2f, %6.2f]   %-4zu %7.2f [%6.2f, %6.2f]   %-4zu %6.1f%%   %7.2f\n",
+                    HumanBytes(n).c_str(), d, in.n, in.median, in.min, in.max, in.outliers, fe.median, fe.min, fe.max,
+                    fe.outliers, 100 * fe.median / in.median, ev.median);
+      }
     }
-  }
-  std::printf("(host clock from submit to completion seen, what a caller waits; the last column is the copy engine's own\n"
-              "time from device events: small copies are dominated by launch and synchronization, not the bus)\n");
+    std::printf(
+        "(host clock from submit to completion seen, what a caller waits; the last column is the copy engine's own\n"
+        "time from device events: small copies are dominated by launch and synchronization, not the bus)\n");
   }
   if (Runs("both")) {
-  Summary bi = Gbps("bidirectional", bidir_n, "both", "in-process", 2), bf = Gbps("bidirectional", bidir_n, "both", "ferry", 2);
-  std::printf("%-8s %-4s %-5zu  %7.2f [%6.2f, %6.2f]   %7.2f [%6.2f, %6.2f]   %6.1f%%   (both ways at once, aggregate)\n",
-              HumanBytes(bidir_n).c_str(), "both", bi.n, bi.median, bi.min, bi.max, bf.median, bf.min, bf.max,
-              100 * bf.median / bi.median);
-  if (pool_registered_) {
-    Summary bp = Gbps("bidirectional", bidir_n, "both", "in-process-pool-memory", 2);
-    std::printf("%-8s %-4s %-5zu  %7.2f [%6.2f, %6.2f]   (both ways in-process, from ferry's pool memory instead of "
-                "cudaMallocHost: %.1f%%)\n",
-                HumanBytes(bidir_n).c_str(), "both", bp.n, bp.median, bp.min, bp.max, 100 * bp.median / bi.median);
-  }
+    Summary bi = Gbps("bidirectional", bidir_n, "both", "in-process", 2),
+            bf = Gbps("bidirectional", bidir_n, "both", "ferry", 2);
+    std::printf(
+        "%-8s %-4s %-5zu  %7.2f [%6.2f, %6.2f]   %7.2f [%6.2f, %6.2f]   %6.1f%%   (both ways at once, aggregate)\n",
+        HumanBytes(bidir_n).c_str(), "both", bi.n, bi.median, bi.min, bi.max, bf.median, bf.min, bf.max,
+        100 * bf.median / bi.median);
+    if (pool_registered_) {
+      Summary bp = Gbps("bidirectional", bidir_n, "both", "in-process-pool-memory", 2);
+      std::printf(
+          "%-8s %-4s %-5zu  %7.2f [%6.2f, %6.2f]   (both ways in-process, from ferry's pool memory instead of "
+          "cudaMallocHost: %.1f%%)\n",
+          HumanBytes(bidir_n).c_str(), "both", bp.n, bp.median, bp.min, bp.max, 100 * bp.median / bi.median);
+    }
   }
   if (Runs("latency")) {
-  std::printf("\n4 KiB round trip (us)   %-34s %-34s\n", "in-process submit+sync", "through ferryd (latency class)");
-  for (const char* d : {"h2d", "d2h"}) {
-    Summary in = Micros("latency", d, "in-process"), fe = Micros("latency", d, "ferry");
-    std::printf("  %-20s  p50 %6.2f p99 %6.2f [%5.2f, %7.1f]   p50 %6.2f p99 %6.2f [%5.2f, %7.1f]\n", d, in.median, in.p99,
-                in.min, in.max, fe.median, fe.p99, fe.min, fe.max);
-  }
-  for (const char* d : {"h2d", "d2h"}) {
-    Summary in = Micros("latency-mixed", d, "in-process"), fe = Micros("latency-mixed", d, "ferry");
-    std::printf("  %-20s  p50 %6.2f p99 %6.2f [%5.2f, %7.1f]   p50 %6.2f p99 %6.2f [%5.2f, %7.1f]\n",
-                (std::string(d) + " alternating").c_str(), in.median, in.p99, in.min, in.max, fe.median, fe.p99, fe.min,
-                fe.max);
-  }
+    std::printf("\n4 KiB round trip (us)   %-34s %-34s\n", "in-process submit+sync", "through ferryd (latency class)");
+    for (const char* d : {"h2d", "d2h"}) {
+      Summary in = Micros("latency", d, "in-process"), fe = Micros("latency", d, "ferry");
+      std::printf("  %-20s  p50 %6.2f p99 %6.2f [%5.2f, %7.1f]   p50 %6.2f p99 %6.2f [%5.2f, %7.1f]\n", d, in.median,
+                  in.p99, in.min, in.max, fe.median, fe.p99, fe.min, fe.max);
+    }
+    for (const char* d : {"h2d", "d2h"}) {
+      Summary in = Micros("latency-mixed", d, "in-process"), fe = Micros("latency-mixed", d, "ferry");
+      std::printf("  %-20s  p50 %6.2f p99 %6.2f [%5.2f, %7.1f]   p50 %6.2f p99 %6.2f [%5.2f, %7.1f]\n",
+                  (std::string(d) + " alternating").c_str(), in.median, in.p99, in.min, in.max, fe.median, fe.p99,
+                  fe.min, fe.max);
+    }
   }
   if (Runs("many")) {
-  Summary m1 = Gbps("many", 1024 * (64 << 10), "h2d", "in-process"),
-          m2 = Gbps("many", 1024 * (64 << 10), "h2d", "in-process-batch"), m3 = Gbps("many", 1024 * (64 << 10), "h2d", "ferry");
-  std::printf("\n1024 x 64 KiB h2d (GB/s)  in-process one stream %.2f [%.2f, %.2f]   in-process cudaMemcpyBatchAsync %.2f "
-              "[%.2f, %.2f]   through ferryd %.2f [%.2f, %.2f]\n",
-              m1.median, m1.min, m1.max, m2.median, m2.min, m2.max, m3.median, m3.min, m3.max);
+    Summary m1 = Gbps("many", 1024 * (64 << 10), "h2d", "in-process"),
+            m2 = Gbps("many", 1024 * (64 << 10), "h2d", "in-process-batch"),
+            m3 = Gbps("many", 1024 * (64 << 10), "h2d", "ferry");
+    std::printf(
+        "\n1024 x 64 KiB h2d (GB/s)  in-process one stream %.2f [%.2f, %.2f]   in-process cudaMemcpyBatchAsync %.2f "
+        "[%.2f, %.2f]   through ferryd %.2f [%.2f, %.2f]\n",
+        m1.median, m1.min, m1.max, m2.median, m2.min, m2.max, m3.median, m3.min, m3.max);
   }
-  if (Runs("staged")) std::printf("\npageable host memory (GB/s)  %-26s %-26s %-26s (outliers)\n", "cudaMemcpy", "pin, copy, unpin", "ferry CopyStaged");
+  if (Runs("staged"))
+    std::printf("\npageable host memory (GB/s)  %-26s %-26s %-26s (outliers)\n", "cudaMemcpy", "pin, copy, unpin",
+                "ferry CopyStaged");
   for (size_t n : staged_sizes_) {
     for (const char* d : {"h2d", "d2h"}) {
       Summary a = Gbps("staged", n, d, "pageable-cudaMemcpy"), b = Gbps("staged", n, d, "pin-then-copy"),
@@ -727,8 +736,8 @@ int HostCopy(int argc, char** argv) {
       for (auto& t : ts) t.join();
       double sum = 0;
       for (double g : gbps) sum += g;
-      std::printf("%-9s %3d threads: %6.1f GB/s copied (%.1f a thread)\n", streaming ? "streaming" : "memcpy", threads, sum,
-                  sum / threads);
+      std::printf("%-9s %3d threads: %6.1f GB/s copied (%.1f a thread)\n", streaming ? "streaming" : "memcpy", threads,
+                  sum, sum / threads);
     }
   }
   return 0;

@@ -125,10 +125,10 @@ class CudaStepEngine : public StepEngine {
   Status Gemm(int buf, int col0, int col1, int lane) override {
     if (lane < 0 || lane >= lanes()) return InvalidArgument("no compute lane " + std::to_string(lane));
     const float one = 1, zero = 0;
-    return CublasStatus(cublasSgemm(lane == 0 ? blas_ : lane_blas_[lane - 1], CUBLAS_OP_N, CUBLAS_OP_N, n_, col1 - col0, n_,
-                                    &one, a_, n_, b_ + static_cast<size_t>(col0) * n_, n_, &zero,
-                                    c_[buf] + static_cast<size_t>(col0) * n_, n_),
-                        "cublasSgemm");
+    return CublasStatus(
+        cublasSgemm(lane == 0 ? blas_ : lane_blas_[lane - 1], CUBLAS_OP_N, CUBLAS_OP_N, n_, col1 - col0, n_, &one, a_,
+                    n_, b_ + static_cast<size_t>(col0) * n_, n_, &zero, c_[buf] + static_cast<size_t>(col0) * n_, n_),
+        "cublasSgemm");
   }
 
   // Lane 0 is the step stream; each other lane has a stream and a cuBLAS handle of its own (a
@@ -154,7 +154,8 @@ class CudaStepEngine : public StepEngine {
   Status ForkLanes() override {
     if (active_lanes_ == 1) return Status::Ok();
     FERRY_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_, stream_));
-    for (int l = 1; l < active_lanes_; ++l) FERRY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lane_streams_[l - 1], fork_, 0));
+    for (int l = 1; l < active_lanes_; ++l)
+      FERRY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lane_streams_[l - 1], fork_, 0));
     return Status::Ok();
   }
   Status JoinLanes() override {
