@@ -117,7 +117,9 @@ TEST_F(PoolTest, StartsOnAHugePageBoundaryAndCountsTheHugePagesItGot) {
   EXPECT_TRUE(setting == "never" || setting == "advise" || setting == "always" || setting == "within_size" ||
               setting == "deny" || setting == "force" || setting == "unknown")
       << setting;
-  if (setting == "never" || setting == "deny") EXPECT_EQ(pool_->huge_page_bytes(), 0u);
+  if (setting == "never" || setting == "deny") {
+    EXPECT_EQ(pool_->huge_page_bytes(), 0u);
+  }
   std::vector<std::byte> small(4096);
   EXPECT_EQ(daemon::MappedHugePageBytes(small.data(), small.size()), 0u) << "no shared-memory huge page there";
 }
