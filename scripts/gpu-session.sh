@@ -4,12 +4,7 @@
 # Expects a build made elsewhere in $BUILD (default build-dev) with its libraries bundled in
 # $BUILD/devlibs. Absolute paths baked into the build point at $FERRY_BUILT_AT.
 set -uo pipefail
-BUILD=${BUILD:-build-dev}
-OUT=${OUT:-/tmp/ferry-out}
-mkdir -p "$OUT"
-built_at=${FERRY_BUILT_AT:-/work/main}
-if [ ! -e "$built_at" ]; then mkdir -p "$(dirname "$built_at")" && ln -s "$PWD" "$built_at"; fi
-export LD_LIBRARY_PATH=$PWD/$BUILD/devlibs:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/gpu-env.sh"
 lscpu | grep -E "^(NUMA|Model name|CPU\(s\))" ; nvidia-smi topo -m 2>/dev/null | head -3
 nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv | tee "$OUT/gpu.txt"
 

@@ -7,12 +7,7 @@
 # Each part can be skipped: SKIP_TESTS, SKIP_TRANSFER, SKIP_STAGED, SKIP_OVERLAP. FERRYD_B names a
 # second ferryd binary: the transfer variants run against both, the other parts against it.
 set -uo pipefail
-BUILD=${BUILD:-build-dev}
-OUT=${OUT:-/tmp/ferry-out}
-mkdir -p "$OUT"
-built_at=${FERRY_BUILT_AT:-/work/main}
-if [ ! -e "$built_at" ]; then mkdir -p "$(dirname "$built_at")" && ln -s "$PWD" "$built_at"; fi
-export LD_LIBRARY_PATH=$PWD/$BUILD/devlibs:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/gpu-env.sh"
 nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader
 
 if [ -z "${SKIP_TESTS:-}" ]; then
