@@ -331,33 +331,29 @@ int TransferBench::Bandwidth() {
 int TransferBench::Bidirectional() {
   const size_t n = std::min<size_t>(256ull << 20, max_size_ / 2);
   const int reps = quick_ ? 10 : 30;
-  for (int rep = -2; rep < reps; ++rep) {
-    double t0 = NowSeconds();
-    CUDA_OR_DIE(cudaMemcpyAsync(dev_, pinned_, n, cudaMemcpyHostToDevice, s_[0]));
-    CUDA_OR_DIE(cudaMemcpyAsync(pinned_ + n, static_cast<std::byte*>(dev_) + n, n, cudaMemcpyDeviceToHost, s_[1]));
+  // In-process, both at once: host[0, n) to the device's first n bytes, its next n to host[n, 2n).
+  auto in_process = [&](std::byte* host, const char* path, int rep) -> int {
+    const double t0 = NowSeconds();
+    CUDA_OR_DIE(cudaMemcpyAsync(dev_, host, n, cudaMemcpyHostToDevice, s_[0]));
+    CUDA_OR_DIE(cudaMemcpyAsync(host + n, static_cast<std::byte*>(dev_) + n, n, cudaMemcpyDeviceToHost, s_[1]));
     CUDA_OR_DIE(cudaStreamSynchronize(s_[0]));
     CUDA_OR_DIE(cudaStreamSynchronize(s_[1]));
-    double t1 = NowSeconds();
-    if (rep >= 0) Add("bidirectional", n, "both", "in-process", rep, t1 - t0);
+    if (rep >= 0) Add("bidirectional", n, "both", path, rep, NowSeconds() - t0);
+    return 0;
+  };
+  for (int rep = -2; rep < reps; ++rep) {
+    if (int rc = in_process(pinned_, "in-process", rep)) return rc;
     if (pool_registered_) {
-      std::byte* pool = pool_buf_->data();
-      t0 = NowSeconds();
-      CUDA_OR_DIE(cudaMemcpyAsync(dev_, pool, n, cudaMemcpyHostToDevice, s_[0]));
-      CUDA_OR_DIE(cudaMemcpyAsync(pool + n, static_cast<std::byte*>(dev_) + n, n, cudaMemcpyDeviceToHost, s_[1]));
-      CUDA_OR_DIE(cudaStreamSynchronize(s_[0]));
-      CUDA_OR_DIE(cudaStreamSynchronize(s_[1]));
-      t1 = NowSeconds();
-      if (rep >= 0) Add("bidirectional", n, "both", "in-process-pool-memory", rep, t1 - t0);
+      if (int rc = in_process(pool_buf_->data(), "in-process-pool-memory", rep)) return rc;
     }
-    t0 = NowSeconds();
+    const double t0 = NowSeconds();
     auto up = client_->Copy(ferry::Direction::kHostToDevice, *pool_buf_, 0, *region_, 0, n);
     auto down = client_->Copy(ferry::Direction::kDeviceToHost, *pool_buf_, n, *region_, n, n);
     FERRY_OR_DIE(up.status());
     FERRY_OR_DIE(down.status());
     FERRY_OR_DIE(up->Wait(10s));
     FERRY_OR_DIE(down->Wait(10s));
-    t1 = NowSeconds();
-    if (rep >= 0) Add("bidirectional", n, "both", "ferry", rep, t1 - t0);
+    if (rep >= 0) Add("bidirectional", n, "both", "ferry", rep, NowSeconds() - t0);
   }
   progress_->Step("both directions at once");
   return 0;
