@@ -23,13 +23,9 @@ echo "shmem_enabled: $thp_was"
 if [ -n "${THP_AB:-}" ]; then
   for setting in never advise; do
     echo $setting >$thp || echo "cannot set $thp"
-    rt=$(mktemp -d /tmp/ferry-thp-XXXXXX)
-    printf 'runtime_dir: %s\npool:\n  size: %s\n' "$rt" "${POOL:-2GiB}" >"$rt/ferryd.yaml"
-    "$BUILD/ferryd" --backend cuda --config "$rt/ferryd.yaml" >"$rt/ferryd.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 400); do [ -S "$rt/ferryd.sock" ] && break; sleep 0.05; done
-    echo "== shmem_enabled $setting: $(grep -o 'pool: .*' "$rt/ferryd.log")"
-    "$BUILD/ferry-bench" transfer --socket "$rt/ferryd.sock" --only both,many --max-size $((512 << 20)) 2>/dev/null |
+    echo "== shmem_enabled $setting"
+    start_ferryd
+    "$BUILD/ferry-bench" transfer --socket "$sock" --only both,many --max-size $((512 << 20)) 2>/dev/null |
       grep -E "both|1024 x|PASS|FAIL"
     kill -TERM $pid; wait $pid
   done
@@ -42,18 +38,14 @@ first=1
 for v in $variants; do
   name=${v%%:*}; body=${v#*:}; tag=${name//[@,]/-}
   envs=""; case $body in *:*) envs=${body#*:}; body=${body%%:*};; esac
-  rt=$(mktemp -d /tmp/ferry-bench-XXXXXX)
-  printf 'runtime_dir: %s\npool:\n  size: %s\n' "$rt" "${POOL:-2GiB}" >"$rt/ferryd.yaml"
-  [ -n "${RING:-}" ] && echo "ring_entries: $RING" >>"$rt/ferryd.yaml"
+  config=()
+  [ -n "${RING:-}" ] && config+=("ring_entries: $RING")
   # NAME may end in @CPU,CPU: ferryd's loop pinned to the first, the bench to the second.
   pin_daemon=""; pin_bench=""
-  case $name in *@*) cpus=${name#*@}; pin_daemon=${cpus%,*}; pin_bench=${cpus#*,}; echo "cpu: $pin_daemon" >>"$rt/ferryd.yaml";; esac
-  [ -n "$body" ] && echo "policy: $PWD/$body" >>"$rt/ferryd.yaml"
+  case $name in *@*) cpus=${name#*@}; pin_daemon=${cpus%,*}; pin_bench=${cpus#*,}; config+=("cpu: $pin_daemon");; esac
+  [ -n "$body" ] && config+=("policy: $PWD/$body")
   echo "== variant $name: $body $envs"
-  env $envs "$BUILD/ferryd" --backend cuda --config "$rt/ferryd.yaml" ${FERRYD_ARGS:-} >"$rt/ferryd.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 400); do [ -S "$rt/ferryd.sock" ] && break; sleep 0.05; done
-  grep -E "backend|cuda:|pool:" "$rt/ferryd.log"
+  FERRYD_ENV=$envs start_ferryd "${config[@]}"
   if [ $first = 1 ]; then
     echo "== demo"
     "$BUILD/ferry-demo" --socket "$rt/ferryd.sock" 2>&1 | tee "$OUT/demo.txt"

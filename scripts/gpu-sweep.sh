@@ -16,15 +16,9 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   echo "gpu tests rc=$?"; grep -E "tests passed|Failed|\*\*\*" "$OUT/gpu-tests.log"
 fi
 
-# Starts ferryd ($1: the binary) on a fresh runtime directory; sets rt, pid, sock, ctl, bench.
-start_ferryd() {
-  rt=$(mktemp -d /tmp/ferry-sweep-XXXXXX)
-  printf 'runtime_dir: %s\npool:\n  size: 2GiB\n' "$rt" >"$rt/ferryd.yaml"
-  "$1" --backend "${FERRYD_BACKEND:-cuda}" --config "$rt/ferryd.yaml" >"$rt/ferryd.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 400); do [ -S "$rt/ferryd.sock" ] && break; sleep 0.05; done
-  head -n 3 "$rt/ferryd.log"
-  sock=$rt/ferryd.sock
+# start_ferryd (gpu-env.sh) with ferryd binary $1, and the commands aimed at it: ctl, bench.
+start() {
+  FERRYD=$1 start_ferryd
   ctl="$BUILD/ferryctl --socket $sock"
   bench="$BUILD/ferry-bench transfer --socket $sock"
 }
@@ -41,7 +35,7 @@ variant() {
 # Transfers under policy variants: LABEL FERRYD VARIANT...
 transfer_sweep() {
   local label=$1 bin=$2; shift 2
-  start_ferryd "$bin"
+  start "$bin"
   for v in "$@"; do
     IFS=, read -r name streams chunk window <<<"$v"
     $ctl policy apply "$(variant "$name" "$streams" "$chunk" "$window")" >/dev/null || echo "apply $name failed"
@@ -56,7 +50,7 @@ if [ -z "${SKIP_TRANSFER:-}" ]; then
   # FERRYD_B: another ferryd binary (say, a scheduler change) under the same variants.
   [ -n "${FERRYD_B:-}" ] && transfer_sweep B "$FERRYD_B" ${TRANSFER_VARIANTS_B:-"default,2,64MiB,128MiB" "s4,4,64MiB,128MiB"}
 fi
-start_ferryd "${FERRYD_B:-$BUILD/ferryd}"
+start "${FERRYD_B:-$BUILD/ferryd}"
 
 
 if [ -z "${SKIP_STAGED:-}" ]; then
