@@ -117,7 +117,10 @@ struct HostBackendOptions {
 };
 Result<std::unique_ptr<Backend>> CreateHostBackend(const HostBackendOptions& options);
 // NotSupported when ferry was built without the CUDA toolkit; Unavailable when no GPU answers.
-Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, uint32_t streams_per_direction);
+// trace_engine: log each copy group's timeline on the engines (a diagnostic; costs two timing
+// events a stream and a log line per group).
+Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, uint32_t streams_per_direction,
+                                                   bool trace_engine = false);
 // Picks per config.backend; `auto` takes cuda when a GPU answers, else host (and says why).
 Result<std::unique_ptr<Backend>> CreateBackend(const DaemonConfig& config, std::string* why);
 
@@ -126,6 +129,11 @@ class FaultInjectingBackend : public Backend {
  public:
   explicit FaultInjectingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
   void FailNextSubmits(int n) { fail_submits_ = n; }
+  // The next `ok` submits go through, then `n` fail.
+  void FailSubmitsAfter(int ok, int n) {
+    pass_submits_ = ok;
+    fail_submits_ = n;
+  }
   void FailNextCompletions(int n) { fail_completions_ = n; }
   void FailNextOpenRegion(int n) { fail_open_ = n; }
 
@@ -149,6 +157,7 @@ class FaultInjectingBackend : public Backend {
   }
   Result<bool> EventHappened(SharedEvent& e) override { return inner_->EventHappened(e); }
   Result<FenceId> Submit(const CopyPlan& plan) override {
+    if (pass_submits_.load() > 0 && pass_submits_.fetch_sub(1) > 0) return inner_->Submit(plan);
     if (fail_submits_.load() > 0 && fail_submits_.fetch_sub(1) > 0) {
       return DeviceError("injected: copy engine refused the copy");
     }
@@ -167,6 +176,7 @@ class FaultInjectingBackend : public Backend {
  private:
   std::unique_ptr<Backend> inner_;
   // Set by a test thread, consumed by the event loop.
+  std::atomic<int> pass_submits_{0};
   std::atomic<int> fail_submits_{0};
   std::atomic<int> fail_completions_{0};
   std::atomic<int> fail_open_{0};

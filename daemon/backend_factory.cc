@@ -8,13 +8,14 @@ Result<std::unique_ptr<Backend>> CreateBackend(const DaemonConfig& config, std::
   const uint32_t streams = kStreamsPerDirection;
   switch (config.backend) {
     case BackendChoice::kHost:
-      *why = "backend: host (as configured)";
+      *why = std::string("backend: host (as configured)") +
+             (config.trace_engine ? "; --trace-engine ignored: the host backend has no copy engines" : "");
       return CreateHostBackend({streams});
     case BackendChoice::kCuda:
       *why = "backend: cuda (as configured)";
-      return CreateCudaBackend(config.device, streams);
+      return CreateCudaBackend(config.device, streams, config.trace_engine);
     case BackendChoice::kAuto: {
-      auto cuda = CreateCudaBackend(config.device, streams);
+      auto cuda = CreateCudaBackend(config.device, streams, config.trace_engine);
       if (cuda.ok()) {
         *why = "backend: cuda (auto: a GPU answered)";
         return cuda;

@@ -29,6 +29,7 @@ struct DaemonConfig {
   std::string snapshot_dir;       // signed snapshots go here; empty: none
   std::string snapshot_key;       // the secret key (ferryctl keygen), mode 0600
   uint64_t snapshot_interval_ms = 60000;
+  bool trace_engine = false;  // log each copy group's timeline on the copy engines (cuda)
 
   std::string SocketPath() const { return runtime_dir + "/" + socket_name; }
 };

@@ -2,6 +2,8 @@
 // (stream 0 at the highest priority, for latency-class copies), device memory opened from CUDA
 // IPC handles (once per handle, shared by refcount), interprocess events for GPU-side ordering,
 // and fences as events polled with cudaEventQuery (no CPU thread blocks on the GPU).
+// With the engine trace on, each stream's share of a group is bracketed by timing events and its
+// timeline logged when it is seen done (see CopySpan).
 #include <dlfcn.h>
 #include <cuda_runtime_api.h>
 
@@ -58,7 +60,7 @@ class CudaEvent : public SharedEvent {
 
 class CudaBackend : public Backend {
  public:
-  CudaBackend(int device, uint32_t streams) : device_(device), streams_per_dir_(streams) {}
+  CudaBackend(int device, uint32_t streams, bool trace) : device_(device), streams_per_dir_(streams), trace_(trace) {}
 
   Status Init() {
     FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
@@ -84,16 +86,56 @@ class CudaBackend : public Backend {
         streams_[d].push_back(s);
       }
     }
+    if (trace_) FERRY_RETURN_IF_ERROR(StartTrace());
+    return Status::Ok();
+  }
+
+  // Time zero of the trace: an event on an idle stream. Its host time is pinned down by
+  // recording probe events and polling them: each one's GPU time lies between the host clock
+  // before its record and after it was first seen done; the narrowest such window wins.
+  Status StartTrace() {
+    FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreate(&trace_origin_));
+    cudaEvent_t probe;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreate(&probe));
+    cudaStream_t s = streams_[0][0];
+    Status st = CudaStatus(cudaEventRecord(trace_origin_, s), "trace origin");
+    if (st.ok()) st = CudaStatus(cudaEventSynchronize(trace_origin_), "trace origin");
+    uint64_t best_window = UINT64_MAX;
+    for (int i = 0; i < 20 && st.ok(); ++i) {
+      const uint64_t before = MonotonicNanos();
+      st = CudaStatus(cudaEventRecord(probe, s), "trace probe");
+      cudaError_t q = cudaErrorNotReady;
+      while (st.ok() && (q = cudaEventQuery(probe)) == cudaErrorNotReady) {
+      }
+      const uint64_t after = MonotonicNanos();
+      float ms = 0;
+      if (st.ok()) st = CudaStatus(q, "trace probe");
+      if (st.ok()) st = CudaStatus(cudaEventElapsedTime(&ms, trace_origin_, probe), "trace probe");
+      if (st.ok() && after - before < best_window) {
+        best_window = after - before;
+        trace_origin_ns_ = before + (after - before) / 2 - static_cast<uint64_t>(static_cast<double>(ms) * 1e6);
+      }
+    }
+    cudaEventDestroy(probe);
+    FERRY_RETURN_IF_ERROR(st);
+    FERRY_LOG(kInfo) << "engine trace on: each copy group's issue, engine start and end, and when ferryd saw it "
+                        "done are logged, in microseconds from time zero, "
+                     << trace_origin_ns_ << " ns on CLOCK_MONOTONIC (GPU and host clocks lined up to within "
+                     << (best_window + 999) / 2000 << " us)";
     return Status::Ok();
   }
 
   ~CudaBackend() override {
     cudaSetDevice(device_);
     cudaDeviceSynchronize();
-    for (auto& g : pending_) for (cudaEvent_t e : g.events) free_events_.push_back(e);
+    for (auto& g : pending_) {
+      for (cudaEvent_t e : g.events) free_events_.push_back(e);
+      for (const CopySpan& sp : g.spans) free_events_.push_back(sp.start);
+    }
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     for (auto& d : streams_) for (cudaStream_t s : d) cudaStreamDestroy(s);
     for (void* p : registered_) cudaHostUnregister(p);
+    if (trace_origin_ != nullptr) cudaEventDestroy(trace_origin_);
   }
 
   wire::BackendKind kind() const override { return wire::BackendKind::kCuda; }
@@ -282,7 +324,7 @@ class CudaBackend : public Backend {
       const uint64_t mask = std::exchange(staging.staged_mask, 0);
       // The latency streams carry nothing else, so when no earlier latency group is still out,
       // "the stream is idle" is this group's fence and the event record can be saved.
-      const bool query_stream = &staging == &groups_[0] && streams_per_dir_ > 1 && latency_out_ == 0 &&
+      const bool query_stream = &staging == &groups_[0] && streams_per_dir_ > 1 && latency_out_ == 0 && !trace_ &&
                                 !std::exchange(staging.needs_events, false);
       staging.needs_events = false;
       g.by_stream_query = query_stream;
@@ -293,7 +335,9 @@ class CudaBackend : public Backend {
         for (uint32_t s = 0; s < streams_per_dir_; ++s) {
           if (!(mask & (uint64_t{1} << (d * 32 + s)))) continue;
           StagedCopies& st = staged_[d][s];
-          Status issued = Issue(st, kind, streams_[d][s]);
+          Status issued;
+          if (trace_) issued = TraceStart(g, d, s, st);
+          if (issued.ok()) issued = Issue(st, kind, streams_[d][s]);
           st.dsts.clear();
           st.srcs.clear();
           st.sizes.clear();
@@ -340,6 +384,7 @@ class CudaBackend : public Backend {
         ++it;
         continue;
       }
+      if (trace_) TraceDone(*it);
       for (cudaEvent_t e : it->events) free_events_.push_back(e);
       for (FenceId f : it->fences) done.push_back({f, st});
       if (it->bulk) pending_bulk_bytes_ -= it->bytes;
@@ -350,9 +395,20 @@ class CudaBackend : public Backend {
   int completion_fd() const override { return -1; }
 
  private:
+  // With the trace on: one stream's share of a group, from an event recorded before its copies
+  // to its fence event (events[fence]).
+  struct CopySpan {
+    int direction;
+    uint32_t stream;
+    uint64_t bytes;
+    uint64_t issued_ns;
+    cudaEvent_t start;
+    size_t fence;
+  };
   struct Group {  // fences that complete together, once every event has
     std::vector<FenceId> fences;
     std::vector<cudaEvent_t> events;
+    std::vector<CopySpan> spans;  // trace only
     std::vector<cudaStream_t> streams;
     Status status;
     bool by_stream_query = false;  // no events: done when its streams are idle
@@ -371,6 +427,40 @@ class CudaBackend : public Backend {
     std::vector<size_t> sizes;
     std::vector<bool> batchable;
   };
+
+  Status TraceStart(Group& g, int d, uint32_t s, const StagedCopies& st) {
+    FERRY_ASSIGN_OR_RETURN(cudaEvent_t start, TakeEvent());
+    FERRY_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(start, streams_[d][s]), "trace event"));
+    uint64_t bytes = 0;
+    for (size_t n : st.sizes) bytes += n;
+    g.spans.push_back(CopySpan{d, s, bytes, MonotonicNanos(), start, g.events.size()});
+    return Status::Ok();
+  }
+
+  // One log line a stream: when ferryd issued the copies, when the stream reached them and when
+  // they were done on the GPU (a stream's copies may queue behind another stream's on the same
+  // copy engine, so that span is not a transfer rate), and when ferryd saw them done; in
+  // microseconds from the trace's time zero.
+  void TraceDone(Group& g) {
+    const double seen = static_cast<double>(MonotonicNanos() - trace_origin_ns_) / 1e3;
+    for (const CopySpan& sp : g.spans) {
+      free_events_.push_back(sp.start);
+      if (!g.status.ok()) continue;
+      float start_ms = -1, end_ms = -1;
+      if (sp.fence < g.events.size()) {
+        cudaEventElapsedTime(&start_ms, trace_origin_, sp.start);
+        cudaEventElapsedTime(&end_ms, trace_origin_, g.events[sp.fence]);
+      }
+      char line[256];
+      std::snprintf(
+          line, sizeof line,
+          "engine trace: %s stream %u, %llu bytes: issued %.1f, on the engine %.1f to %.1f, seen done %.1f us",
+          sp.direction == 0 ? "h2d" : "d2h", sp.stream, static_cast<unsigned long long>(sp.bytes),
+          static_cast<double>(sp.issued_ns - trace_origin_ns_) / 1e3, start_ms * 1e3, end_ms * 1e3, seen);
+      FERRY_LOG(kInfo) << line;
+    }
+    cudaGetLastError();
+  }
 
   // Large pieces go one call each; the small ones of a stream go as one batch.
   static Status Issue(StagedCopies& st, cudaMemcpyKind kind, cudaStream_t stream) {
@@ -402,12 +492,15 @@ class CudaBackend : public Backend {
       return e;
     }
     cudaEvent_t e;
-    FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, trace_ ? cudaEventDefault : cudaEventDisableTiming));
     return e;
   }
 
   int device_;
   uint32_t streams_per_dir_;
+  const bool trace_;
+  cudaEvent_t trace_origin_ = nullptr;
+  uint64_t trace_origin_ns_ = 0;
   std::string describe_;
   DeviceInfo info_;
   std::vector<cudaStream_t> streams_[2];
@@ -430,7 +523,7 @@ CudaRegion::~CudaRegion() { owner_->ReleaseRegion(key_); }
 
 }  // namespace
 
-Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, uint32_t streams_per_direction) {
+Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, uint32_t streams_per_direction, bool trace_engine) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
@@ -439,7 +532,7 @@ Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, uint32_t streams_
   }
   if (device >= count) return Unavailable("device " + std::to_string(device) + " asked, " + std::to_string(count) + " present");
   if (streams_per_direction == 0 || streams_per_direction > 31) return InvalidArgument("1 to 31 streams per direction");
-  auto b = std::make_unique<CudaBackend>(device, streams_per_direction);
+  auto b = std::make_unique<CudaBackend>(device, streams_per_direction, trace_engine);
   FERRY_RETURN_IF_ERROR(b->Init());
   return std::unique_ptr<Backend>(std::move(b));
 }

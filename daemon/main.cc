@@ -49,6 +49,8 @@ options:
   --metrics-address A  override metrics.address: host:port for /metrics (port 0: any free
                        port, logged); "" turns the exporter off
   --log-level LEVEL    debug | info | warning | error (default info)
+  --trace-engine       log when each copy was issued, ran on the copy engine and was seen done
+                       (cuda backend; a diagnostic for where a copy's time goes)
   --check-config       validate the config, print what it sets, and exit
   --version            print the version and exit
   -h, --help           this help
@@ -61,7 +63,7 @@ int main(int argc, char** argv) {
   std::string config_path;
   std::string runtime_dir, backend, pool_size, slab_size, policy;
   std::optional<std::string> metrics_address;
-  bool check_only = false;
+  bool check_only = false, trace_engine = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&](const char* flag) -> std::string {
@@ -93,6 +95,8 @@ int main(int argc, char** argv) {
       policy = value("--policy");
     } else if (a == "--check-config") {
       check_only = true;
+    } else if (a == "--trace-engine") {
+      trace_engine = true;
     } else if (a == "--log-level") {
       std::string l = value("--log-level");
       if (l == "debug") SetLogLevel(LogLevel::kDebug);
@@ -119,6 +123,7 @@ int main(int argc, char** argv) {
     config = *c;
   }
   if (!runtime_dir.empty()) config.runtime_dir = runtime_dir;
+  config.trace_engine = config.trace_engine || trace_engine;
   if (!policy.empty()) config.policy_path = policy;
   if (metrics_address) config.metrics_address = *metrics_address;
   if (!backend.empty()) {

@@ -99,9 +99,8 @@ Result<std::shared_ptr<const Policy>> FromYaml(const YAML::Node& root, const std
     FERRY_RETURN_IF_ERROR(CheckKeys(file, st, {"chunk_size", "threads", "buffers"}));
     if (auto n = st["chunk_size"]) { FERRY_ASSIGN_OR_RETURN(p->staging_chunk_bytes, GetSize(file, n, 64 << 10, 256ull << 20)); }
     if (auto n = st["threads"]) { FERRY_ASSIGN_OR_RETURN(p->staging_threads, GetInt(file, n, 1, 64)); }
-    if (auto n = st["buffers"]) { FERRY_ASSIGN_OR_RETURN(p->staging_buffers, GetInt(file, n, 1, 256)); }
-    if (p->staging_buffers < p->staging_threads) {
-      return ErrorAt(file, st, "staging.buffers must be at least staging.threads (each thread fills one at a time)");
+    if (auto n = st["buffers"]) {
+      FERRY_ASSIGN_OR_RETURN(p->staging_buffers, GetInt(file, n, 1, 256));
     }
   }
   if (auto cl = root["classes"]) {

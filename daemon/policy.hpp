@@ -50,8 +50,9 @@ struct Policy {
   uint32_t max_copies_in_flight = 0;              // 0: unlimited (serial: 1)
   uint64_t latency_max_bytes = 1ull << 20;        // larger "latency" copies are scheduled as bulk
   uint64_t batch_threshold_bytes = 1ull << 20;    // pieces up to this size are batched per stream
-  // Staging pageable memory (Client::CopyStaged): the client library copies chunks of this
-  // size into this many pool buffers with this many threads while ferryd DMAs the staged ones.
+  // Staging pageable memory (Client::CopyStaged): the client library's threads copy each chunk
+  // (at most this size) into one of this many pool buffers together while ferryd DMAs the
+  // chunks already staged.
   uint64_t staging_chunk_bytes = 8ull << 20;
   uint32_t staging_threads = 8;
   uint32_t staging_buffers = 16;

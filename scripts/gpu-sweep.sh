@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Quick A/B sweeps on a lent GPU machine (see ../shared/device/README.md), against one ferryd:
 #   transfers: both ways, 1024 x 64 KiB and 4 KiB latency under policy variants (bulk streams);
-#   staged:    pageable copies with streaming stores vs plain memcpy, and thread counts;
+#   staged:    pageable copies with streaming stores vs plain memcpy, thread counts and chunk sizes;
 #   overlap:   the seed workload's in-step blocks on 1..3 compute streams, for several cuts.
 # Expects a build in $BUILD (default build-dev) with its libraries bundled in $BUILD/devlibs.
 # Each part can be skipped: SKIP_TESTS, SKIP_TRANSFER, SKIP_STAGED, SKIP_OVERLAP. FERRYD_B names a
@@ -54,11 +54,13 @@ start "${FERRYD_B:-$BUILD/ferryd}"
 
 
 if [ -z "${SKIP_STAGED:-}" ]; then
-  for v in ${STAGED_VARIANTS:-"stream,0" "memcpy,0" "stream,12" "stream,16" "memcpy,12"}; do
-    IFS=, read -r how threads <<<"$v"
+  # HOW,THREADS[,CHUNK]: memcpy or stream(ing stores); 0 or no chunk: the policy's.
+  for v in ${STAGED_VARIANTS:-"memcpy,0" "stream,0" "memcpy,12" "memcpy,0,1048576" "memcpy,0,4194304"}; do
+    IFS=, read -r how threads chunk <<<"$v"
     args=(); [ "$threads" != 0 ] && args+=(--staged-threads "$threads")
+    [ "${chunk:-0}" != 0 ] && args+=(--staged-chunk "$chunk")
     envs=(); [ "$how" = stream ] && envs+=(FERRY_STAGED_COPY=streaming)
-    echo "== staged, $how, threads $threads (0: the policy's)"
+    echo "== staged, $how, threads $threads, chunk ${chunk:-0} (0: the policy's)"
     env "${envs[@]}" $bench --only staged --quick --max-size $((256 << 20)) "${args[@]}" 2>/dev/null |
       grep -E "^  [0-9]+ [MG]iB|FAIL|PASS"
   done

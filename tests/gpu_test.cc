@@ -32,9 +32,19 @@ class GpuDaemon : public ::testing::Test {
     ASSERT_CUDA(cudaSetDevice(0));
     dir_ = testing::MakeTempDir("gpu");
     socket_ = dir_ + "/ferryd.sock";
-    daemon_ = std::make_unique<Child>(std::vector<std::string>{FERRY_DAEMON_PATH, "--metrics-address", "127.0.0.1:0", "--backend", "cuda", "--runtime-dir",
-                                                               dir_, "--pool-size", "1GiB", "--log-level", "debug"},
-                                      dir_ + "/ferryd.log");
+    std::vector<std::string> args{FERRY_DAEMON_PATH,
+                                  "--metrics-address",
+                                  "127.0.0.1:0",
+                                  "--backend",
+                                  "cuda",
+                                  "--runtime-dir",
+                                  dir_,
+                                  "--pool-size",
+                                  "1GiB",
+                                  "--log-level",
+                                  "debug"};
+    for (const std::string& a : ExtraDaemonArgs()) args.push_back(a);
+    daemon_ = std::make_unique<Child>(args, dir_ + "/ferryd.log");
     ASSERT_TRUE(testing::DaemonHarness::Eventually([&] { return fs::exists(socket_); }, 30000)) << daemon_->Output();
     ConnectOptions o;
     o.socket_path = socket_;
@@ -55,6 +65,8 @@ class GpuDaemon : public ::testing::Test {
     }
     if (!dir_.empty()) fs::remove_all(dir_);
   }
+
+  virtual std::vector<std::string> ExtraDaemonArgs() const { return {}; }
 
   // Reads the whole device allocation back with the CUDA runtime, independent of ferry.
   std::vector<std::byte> ReadBack(const void* dev, size_t n) {
@@ -257,6 +269,55 @@ TEST_F(GpuDaemon, AClientKilledMidCopyIsClosedOutAndTheDaemonStaysUp) {
   int st = worker->Wait(60s);
   ASSERT_TRUE(WIFEXITED(st)) << worker->Output();
   EXPECT_EQ(WEXITSTATUS(st), 0) << worker->Output();
+}
+
+// ferryd --trace-engine: the copies still land, and each stream's share of a copy is logged
+// with a timeline that holds together (issued before the engine ran it, seen done after).
+class TracedGpuDaemon : public GpuDaemon {
+ protected:
+  std::vector<std::string> ExtraDaemonArgs() const override { return {"--trace-engine"}; }
+};
+
+TEST_F(TracedGpuDaemon, EachCopysTimeOnTheEnginesIsLoggedAndTheBytesStillLand) {
+  constexpr size_t kBytes = (64 << 20) + 4093;
+  const uint64_t seed = testing::RandomSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(kBytes));
+  void* dev = nullptr;
+  ASSERT_CUDA(cudaMalloc(&dev, kBytes));
+  ASSERT_CUDA(cudaMemset(dev, 0xA5, kBytes));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  {
+    ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev, kBytes));
+    FillRandom(host.data(), kBytes, seed);
+    ASSERT_OK_AND_ASSIGN(Transfer up, client_->Copy(Direction::kHostToDevice, host, 0, region, 0, kBytes));
+    ASSERT_OK(up.Wait(10s));
+    std::vector<std::byte> back = ReadBack(dev, kBytes);
+    EXPECT_EQ(FirstDifference(back.data(), host.data(), kBytes), -1);
+    testing::Poison(host.data(), kBytes);
+    ASSERT_OK_AND_ASSIGN(Transfer down, client_->Copy(Direction::kDeviceToHost, host, 0, region, 0, kBytes));
+    ASSERT_OK(down.Wait(10s));
+    EXPECT_EQ(FirstDifference(host.data(), back.data(), kBytes), -1);
+  }
+  cudaFree(dev);
+
+  const std::regex line(
+      R"(engine trace: (h2d|d2h) stream (\d+), (\d+) bytes: issued ([0-9.]+), on the engine ([0-9.]+) to ([0-9.]+), seen done ([0-9.]+) us)");
+  uint64_t bytes[2] = {0, 0};
+  const std::string log = daemon_->Output();
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator(); ++it) {
+    const std::smatch& m = *it;
+    SCOPED_TRACE(m.str());
+    const double issued = std::stod(m[4]), start = std::stod(m[5]), end = std::stod(m[6]), seen = std::stod(m[7]);
+    bytes[m[1] == "h2d" ? 0 : 1] += std::stoull(m[3]);
+    // The GPU's clock and the host's are lined up once, at the trace's start, to within a few
+    // microseconds (logged): allow 10 us of slack between them.
+    EXPECT_LE(issued, start + 10);
+    EXPECT_LE(start, end);
+    EXPECT_LE(end, seen + 10);
+  }
+  EXPECT_EQ(bytes[0], kBytes) << log;
+  EXPECT_EQ(bytes[1], kBytes) << log;
 }
 
 }  // namespace

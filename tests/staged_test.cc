@@ -89,6 +89,67 @@ TEST(Staged, ThePolicySetsChunksAndThreadsAndClientsStageAtOnce) {
   EXPECT_EQ(ok.load(), 3);
 }
 
+TEST(Staged, OneOrTwoBuffersAreEnoughAndTwoThreadsOfOneClientTakeTurns) {
+  // Four threads stage each chunk together; with one or two pool buffers every chunk waits for
+  // the one before it to land (host to device) or to be copied out (device to host).
+  for (int buffers : {1, 2}) {
+    SCOPED_TRACE("buffers " + std::to_string(buffers));
+    auto policy = daemon::ParsePolicy(
+        "staging: {chunk_size: 64KiB, threads: 4, buffers: " + std::to_string(buffers) + "}\n", "t.yaml");
+    ASSERT_TRUE(policy.ok()) << policy.status().ToString();
+    DaemonHarness d(DaemonHarness::SmallConfig(), nullptr, *policy);
+    ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
+    constexpr size_t kBytes = (3 << 20) + 777;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 2; ++t) {
+      threads.emplace_back([&, t] {
+        Device dev = NewDevice(*client, kBytes);
+        std::vector<std::byte> src(kBytes), back(kBytes);
+        const uint64_t seed = testing::RandomSeed() + t;
+        SCOPED_TRACE("seed " + std::to_string(seed));
+        for (int rep = 0; rep < 3; ++rep) {
+          FillRandom(src.data(), kBytes, seed + rep);
+          Poison(static_cast<std::byte*>(dev.dev.data()), kBytes);
+          Poison(back.data(), kBytes);
+          ASSERT_OK(client->CopyStaged(Direction::kHostToDevice, src.data(), dev.region, 0, kBytes));
+          ASSERT_EQ(FirstDifference(static_cast<std::byte*>(dev.dev.data()), src.data(), kBytes), -1);
+          ASSERT_OK(client->CopyStaged(Direction::kDeviceToHost, back.data(), dev.region, 0, kBytes));
+          ASSERT_EQ(FirstDifference(back.data(), src.data(), kBytes), -1);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+}
+
+TEST(Staged, ACopyThatFailsOnTheDeviceMidwayEndsWithTheErrorAndTheNextCopyWorks) {
+  auto inner = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
+  ASSERT_TRUE(inner.ok());
+  auto faulty = std::make_unique<daemon::FaultInjectingBackend>(std::move(*inner));
+  auto* fault = faulty.get();
+  DaemonHarness d(DaemonHarness::SmallConfig(), std::move(faulty));
+  ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
+  constexpr size_t kBytes = 4 << 20;
+  Device dev = NewDevice(*client, kBytes);
+  std::vector<std::byte> src(kBytes), back(kBytes);
+  FillRandom(src.data(), kBytes, testing::RandomSeed());
+  const StagedCopyOptions opts{.chunk_bytes = 256 << 10, .threads = 4};
+  for (Direction dir : {Direction::kHostToDevice, Direction::kDeviceToHost}) {
+    SCOPED_TRACE(dir == Direction::kHostToDevice ? "host to device" : "device to host");
+    fault->FailSubmitsAfter(10, 1);  // the eleventh of sixteen chunks: past the eight sent ahead
+    std::byte* host = dir == Direction::kHostToDevice ? src.data() : back.data();
+    EXPECT_EQ(client->CopyStaged(dir, host, dev.region, 0, kBytes, opts).code(), Code::kDevice);
+  }
+  auto* dv = static_cast<std::byte*>(dev.dev.data());
+  Poison(dv, kBytes);
+  Poison(back.data(), kBytes);
+  ASSERT_OK(client->CopyStaged(Direction::kHostToDevice, src.data(), dev.region, 0, kBytes, opts));
+  ASSERT_EQ(FirstDifference(dv, src.data(), kBytes), -1);
+  ASSERT_OK(client->CopyStaged(Direction::kDeviceToHost, back.data(), dev.region, 0, kBytes, opts));
+  ASSERT_EQ(FirstDifference(back.data(), src.data(), kBytes), -1);
+  EXPECT_EQ(d.counters().evictions.load(), 0u);
+}
+
 TEST(Staged, BadArgumentsAreClearErrors) {
   DaemonHarness d;
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());

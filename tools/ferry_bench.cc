@@ -54,6 +54,8 @@ options:
                      (staged: the pageable-memory section: cudaMemcpy, pin-then-copy, ferry staged)
   --staged-chunk B   CopyStaged chunk size (default: the policy's, fitted to the copy)
   --staged-threads N CopyStaged threads (default: the policy's)
+  --timeline         print each both-ways copy's submit and done times (CLOCK_MONOTONIC ns) on
+                     stderr, to line up with the log of a ferryd run with --trace-engine
   -h, --help         this help
 )";
 
@@ -124,7 +126,7 @@ class TransferBench {
   size_t max_size_ = 1ull << 30;
   int daemon_pid_ = -1;
   std::string csv_;
-  bool json_ = false, quick_ = false;
+  bool json_ = false, quick_ = false, timeline_ = false;
   std::set<std::string> sections_{"bandwidth", "both", "latency", "many", "staged"};
   bool Runs(const char* section) const { return sections_.count(section) != 0; }
   ferry::StagedCopyOptions staged_opts_;
@@ -182,6 +184,8 @@ int TransferBench::Run(int argc, char** argv) {
       staged_opts_.threads = std::stoi(value());
     } else if (a == "--quick") {
       quick_ = true;
+    } else if (a == "--timeline") {
+      timeline_ = true;
     } else if (a == "--cpu") {
       cpu_set_t set;
       CPU_ZERO(&set);
@@ -348,12 +352,22 @@ int TransferBench::Bidirectional() {
     }
     const double t0 = NowSeconds();
     auto up = client_->Copy(ferry::Direction::kHostToDevice, *pool_buf_, 0, *region_, 0, n);
+    const double t_up = NowSeconds();
     auto down = client_->Copy(ferry::Direction::kDeviceToHost, *pool_buf_, n, *region_, n, n);
+    const double t_down = NowSeconds();
     FERRY_OR_DIE(up.status());
     FERRY_OR_DIE(down.status());
     FERRY_OR_DIE(up->Wait(10s));
+    const double t_up_done = NowSeconds();
     FERRY_OR_DIE(down->Wait(10s));
-    if (rep >= 0) Add("bidirectional", n, "both", "ferry", rep, NowSeconds() - t0);
+    const double t_end = NowSeconds();
+    if (rep >= 0) Add("bidirectional", n, "both", "ferry", rep, t_end - t0);
+    if (timeline_) {
+      std::fprintf(
+          stderr,
+          "timeline both rep %d: start %.0f, up submitted %.0f, down submitted %.0f, up done %.0f, down done %.0f ns\n",
+          rep, t0 * 1e9, t_up * 1e9, t_down * 1e9, t_up_done * 1e9, t_end * 1e9);
+    }
   }
   progress_->Step("both directions at once");
   return 0;
