@@ -425,8 +425,11 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
 
   // Waits without burning a core for long copies and without a wake-up's delay for short ones:
   // a copy of n bytes cannot complete before n / kFastestBus after it was submitted, so sleep
-  // through most of that, spin across the moment it may land (up to a quarter past it, plus
-  // spin_ns_), and only then block on the doorbell.
+  // through most of that, spin across the moment it may land (until it would have taken twice
+  // that, plus spin_ns_), and only then block on the doorbell. Twice: both directions at once run
+  // at ~50 GB/s each on the H200, past a quarter's slack, and the doorbell's wake-up then cost
+  // every such copy tens of microseconds (ferryd --trace-engine showed ~100 us between a
+  // both-ways pair's engine time and what the client saw). cudaStreamSynchronize spins all along.
   Status Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueued) {
     constexpr uint64_t kFastestBusBytesPerUs = 64'000;  // above PCIe Gen5 x16
     constexpr uint64_t kWakeAheadNs = 100'000;          // covers the kernel's default timer slack
@@ -438,7 +441,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     // this thread sleeps. Spinning through it took the in-step exposed time of the overlap
     // workload on the H200 from 0.18 to 0.15 ms (a doorbell wake-up costs tens of us).
     const uint64_t spin = until_enqueued ? std::max<uint64_t>(spin_ns_, kEnqueueSpinNs) : spin_ns_;
-    const uint64_t spin_until = std::max(start, t.submit_ns + earliest + earliest / 4) + spin;
+    const uint64_t spin_until = std::max(start, t.submit_ns + 2 * earliest) + spin;
     for (bool first = true;; first = false) {
       // Spinning threads look at the ring without the lock, and take it only when completions
       // arrived: many threads waiting at once (the staged path) must not starve submitters.

@@ -10,14 +10,16 @@ set -uo pipefail
 sections=${SECTIONS:-both}
 modes="trace"; [ "${PLAIN:-1}" != 0 ] && modes="trace plain"
 for mode in $modes; do
-  if [ $mode = trace ]; then FERRYD_ARGS=--trace-engine start_ferryd; else FERRYD_ARGS= start_ferryd; fi
-  tag=$mode-${sections//,/-}
-  echo "== ferryd $mode, ferry-bench --only $sections ${BENCH_ARGS:-}"
+  args=(); [ -n "${FERRYD_CONFIG:-}" ] && args=("$FERRYD_CONFIG")
+  if [ $mode = trace ]; then FERRYD_ARGS=--trace-engine start_ferryd "${args[@]}"; else FERRYD_ARGS= start_ferryd "${args[@]}"; fi
+  suffix=${sections//,/-}${LABEL:+-$LABEL}
+  tag=$mode-$suffix
+  echo "== ferryd $mode ${FERRYD_CONFIG:-}, ferry-bench --only $sections ${BENCH_ARGS:-}"
   "$BUILD/ferry-bench" transfer --socket "$sock" --only "$sections" --csv "$OUT/$tag.csv" --timeline \
     ${BENCH_ARGS:-} 2>"$OUT/$tag.timeline" | grep -E "both|^  (h2d|d2h) |1024 x|MiB .*(h2d|d2h)|PASS|FAIL"
   kill -TERM $pid; wait $pid
   if [ $mode = trace ]; then
-    cp "$rt/ferryd.log" "$OUT/ferryd-trace-${sections//,/-}.log"
-    echo "$(grep -c "engine trace:" "$OUT/ferryd-trace-${sections//,/-}.log") engine trace lines"
+    cp "$rt/ferryd.log" "$OUT/ferryd-trace-$suffix.log"
+    echo "$(grep -c "engine trace:" "$OUT/ferryd-trace-$suffix.log") engine trace lines"
   fi
 done

@@ -244,6 +244,21 @@ TEST(Ferryd, SighupReloadsThePolicyFile) {
   fs::remove_all(dir);
 }
 
+TEST(Ferryd, AskedToTraceTheEnginesOnTheHostBackendItSaysItCannotAndServes) {
+  std::string dir = testing::MakeTempDir("trace");
+  Child d({FERRY_DAEMON_PATH, "--metrics-address", "", "--backend", "host", "--runtime-dir", dir, "--pool-size",
+           "16MiB", "--slab-size", "1MiB", "--trace-engine"},
+          dir + "/ferryd.log");
+  ASSERT_TRUE(testing::DaemonHarness::Eventually([&] { return fs::exists(dir + "/ferryd.sock"); }, 10000))
+      << d.Output();
+  EXPECT_NE(d.Output().find("--trace-engine ignored: the host backend has no copy engines"), std::string::npos)
+      << d.Output();
+  d.Signal(SIGTERM);
+  int st = d.Wait();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << d.Output();
+  fs::remove_all(dir);
+}
+
 TEST(Ferryd, ABadConfigIsRefusedWithItsLineAndColumn) {
   std::string dir = testing::MakeTempDir("cfg");
   {
