@@ -17,19 +17,9 @@
 #include <thread>
 #include <vector>
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::_Exit(1);                                                                          \
-    }                                                                                         \
-  } while (0)
+#include "tools/probes/probe_util.hpp"
 
 static constexpr size_t kN = 256ull << 20;
-static double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 struct Streams {
   cudaStream_t s[2][2];
@@ -69,14 +59,13 @@ static std::byte* Registered() {
 }
 
 int main(int argc, char** argv) {
-  if (argc == 2 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
-    std::puts(
-        "usage: probe-bidir\n\nBoth directions at once, 256 MiB each way: in this process vs in a second process on "
-        "device\nmemory opened by CUDA IPC (as ferryd does), with host memory from cudaMallocHost "
-        "or\nmmap+cudaHostRegister, whole copies or 64 MiB pieces over two streams a direction.\nRun with no "
-        "arguments: it runs the baselines and starts itself again as the second process.");
+  if (AskedForHelp(
+          argc, argv,
+          "usage: probe-bidir\n\nBoth directions at once, 256 MiB each way: in this process vs in a second process on "
+          "device\nmemory opened by CUDA IPC (as ferryd does), with host memory from cudaMallocHost "
+          "or\nmmap+cudaHostRegister, whole copies or 64 MiB pieces over two streams a direction.\nRun with no "
+          "arguments: it runs the baselines and starts itself again as the second process."))
     return 0;
-  }
   const int reps = 30;
   if (argc == 3 && std::strcmp(argv[1], "user") == 0) {
     cudaIpcMemHandle_t h;

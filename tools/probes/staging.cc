@@ -14,18 +14,8 @@
 #include <thread>
 #include <vector>
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::_Exit(1);                                                                          \
-    }                                                                                         \
-  } while (0)
+#include "tools/probes/probe_util.hpp"
 
-static double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 static constexpr int kSlots = 16;
 
 struct Rig {
@@ -115,14 +105,13 @@ static double Run(Rig& r, size_t bytes, int threads, int mode, int dir) {
 }
 
 int main(int argc, char** argv) {
-  if (argc == 2 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
-    std::puts(
-        "usage: probe-staging\n\nThe staged path's ceiling on this host, in one process, no ferryd: T threads memcpy "
-        "chunks of\npageable memory into a ring of 16 pinned buffers and cudaMemcpyAsync each one host to device\nas "
-        "soon as it is staged (and the mirror image device to host). Beside it: the memcpy alone\ninto the same ring "
-        "and the DMA alone from it.");
+  if (AskedForHelp(
+          argc, argv,
+          "usage: probe-staging\n\nThe staged path's ceiling on this host, in one process, no ferryd: T threads memcpy "
+          "chunks of\npageable memory into a ring of 16 pinned buffers and cudaMemcpyAsync each one host to device\nas "
+          "soon as it is staged (and the mirror image device to host). Beside it: the memcpy alone\ninto the same ring "
+          "and the DMA alone from it."))
     return 0;
-  }
   CK(cudaSetDevice(0));
   Rig r;
   r.max_bytes = 256ull << 20;
