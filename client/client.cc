@@ -10,7 +10,6 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -32,6 +31,17 @@ inline void CpuRelax() {
 #else
   std::this_thread::yield();
 #endif
+}
+
+// Spins until `done()` or `ns` have passed; says whether `done()` came true.
+template <typename Done>
+bool SpinFor(uint64_t ns, Done done) {
+  const uint64_t until = MonotonicNanos() + ns;
+  while (!done()) {
+    if (MonotonicNanos() >= until) return false;
+    CpuRelax();
+  }
+  return true;
 }
 
 struct SlabMapping {
@@ -725,8 +735,7 @@ class Stager {
     }
     cv_.notify_all();
     task();
-    const uint64_t spin_until = MonotonicNanos() + kSpinNs;
-    while (running_.load(std::memory_order_acquire) != 0 && MonotonicNanos() < spin_until) CpuRelax();
+    SpinFor(kSpinNs, [&] { return running_.load(std::memory_order_acquire) == 0; });
     std::unique_lock<std::mutex> l(mu_);
     done_cv_.wait(l, [&] { return running_.load(std::memory_order_acquire) == 0; });
     task_ = nullptr;
@@ -759,11 +768,9 @@ class Stager {
  private:
   void Work(uint64_t seen) {
     for (;;) {
-      const uint64_t spin_until = MonotonicNanos() + kSpinNs;
-      while (generation_.load(std::memory_order_acquire) == seen && !stop_.load(std::memory_order_relaxed) &&
-             MonotonicNanos() < spin_until) {
-        CpuRelax();
-      }
+      SpinFor(kSpinNs, [&] {
+        return generation_.load(std::memory_order_acquire) != seen || stop_.load(std::memory_order_relaxed);
+      });
       const std::function<void()>* task;
       {
         std::unique_lock<std::mutex> l(mu_);
@@ -1036,9 +1043,9 @@ Status Client::CopyStaged(Direction direction, void* host, const DeviceRegion& d
   const uint64_t chunks = (bytes + chunk - 1) / chunk;
 
   auto turn = stager_->Exclusive();
-  FERRY_ASSIGN_OR_RETURN(std::vector<HostBuffer> bufs, stager_->TakeBuffers(*this, std::min<uint64_t>(chunk, bytes),
-                                                                            std::min<uint64_t>(buffers, chunks)));
-  detail::StagedPipeline pipeline(direction, static_cast<std::byte*>(host), bytes, chunk, slice, std::move(bufs),
+  auto bufs = stager_->TakeBuffers(*this, std::min<uint64_t>(chunk, bytes), std::min<uint64_t>(buffers, chunks));
+  if (!bufs.ok()) return bufs.status().WithContext("staging buffer");
+  detail::StagedPipeline pipeline(direction, static_cast<std::byte*>(host), bytes, chunk, slice, std::move(*bufs),
                                   [&](const HostBuffer& buf, uint64_t offset, uint64_t len) {
                                     return Copy(direction, buf, 0, device, device_offset + offset, len,
                                                 {.priority = options.priority});
