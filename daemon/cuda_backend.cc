@@ -430,7 +430,10 @@ class CudaBackend : public Backend {
 
   Status TraceStart(Group& g, int d, uint32_t s, const StagedCopies& st) {
     FERRY_ASSIGN_OR_RETURN(cudaEvent_t start, TakeEvent());
-    FERRY_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(start, streams_[d][s]), "trace event"));
+    if (Status st = CudaStatus(cudaEventRecord(start, streams_[d][s]), "trace event"); !st.ok()) {
+      free_events_.push_back(start);
+      return st;
+    }
     uint64_t bytes = 0;
     for (size_t n : st.sizes) bytes += n;
     g.spans.push_back(CopySpan{d, s, bytes, MonotonicNanos(), start, g.events.size()});
