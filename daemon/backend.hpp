@@ -58,6 +58,7 @@ struct CopyPlan {
   Direction direction = Direction::kHostToDevice;
   SharedEvent* signal = nullptr;  // optional: recorded once every piece is done
   std::vector<CopyPiece> pieces;
+  uint64_t accepted_ns = 0;  // when ferryd read the request off the ring (for --trace-engine)
 };
 
 using FenceId = uint64_t;

@@ -9,8 +9,9 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
   DaemonConfig c;
   if (root.IsNull()) return c;
   FERRY_RETURN_IF_ERROR(yamlutil::CheckKeys(
-      file, root, {"runtime_dir", "socket", "allowed_group", "backend", "device", "pool", "session_quota",
-                   "max_sessions", "ring_entries", "spin_us", "cpu", "policy", "metrics", "snapshots"}));
+      file, root,
+      {"runtime_dir", "socket", "allowed_group", "backend", "device", "pool", "session_quota", "max_sessions",
+       "ring_entries", "spin_us", "spin_max_us", "cpu", "policy", "metrics", "snapshots"}));
   using namespace yamlutil;
   if (auto n = root["runtime_dir"]) { FERRY_ASSIGN_OR_RETURN(c.runtime_dir, GetString(file, n)); }
   if (auto n = root["socket"]) { FERRY_ASSIGN_OR_RETURN(c.socket_name, GetString(file, n)); }
@@ -32,6 +33,9 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
   if (auto n = root["max_sessions"]) { FERRY_ASSIGN_OR_RETURN(c.max_sessions, GetInt(file, n, 1, 4096)); }
   if (auto n = root["ring_entries"]) { FERRY_ASSIGN_OR_RETURN(c.ring_entries, GetInt(file, n, 8, 65536)); }
   if (auto n = root["spin_us"]) { FERRY_ASSIGN_OR_RETURN(c.spin_us, GetInt(file, n, 0, 1000000)); }
+  if (auto n = root["spin_max_us"]) {
+    FERRY_ASSIGN_OR_RETURN(c.spin_max_us, GetInt(file, n, 0, 1000000));
+  }
   if (auto n = root["cpu"]) { FERRY_ASSIGN_OR_RETURN(c.cpu, GetInt(file, n, -1, 4095)); }
   if (auto n = root["policy"]) { FERRY_ASSIGN_OR_RETURN(c.policy_path, GetString(file, n)); }
   if (auto m = root["metrics"]) {
@@ -66,6 +70,10 @@ Status ValidateConfig(const DaemonConfig& c) {
   if (c.pool_bytes / c.slab_bytes > 65536) return InvalidArgument("pool.size / pool.slab must be at most 65536 slabs");
   if ((c.ring_entries & (c.ring_entries - 1)) != 0) return InvalidArgument("ring_entries must be a power of two");
   if (c.session_quota_bytes > c.pool_bytes) return InvalidArgument("session_quota is larger than the pool");
+  if (c.spin_max_us != 0 && c.spin_max_us < c.spin_us) {
+    return InvalidArgument("spin_max_us (" + std::to_string(c.spin_max_us) + ") must be 0 or at least spin_us (" +
+                           std::to_string(c.spin_us) + ")");
+  }
   return Status::Ok();
 }
 

@@ -23,7 +23,8 @@ struct DaemonConfig {
   uint32_t max_sessions = 64;
   uint32_t ring_entries = 256;       // submission ring; the completion ring is twice that
   int cpu = -1;                      // pin the event loop to this CPU (one near the GPU); -1: no pinning
-  uint32_t spin_us = 200;            // busy-poll this long after the last activity, then sleep
+  uint32_t spin_us = 200;            // busy-poll at least this long after the last activity, then sleep
+  uint32_t spin_max_us = 20000;      // ... or up to this long when requests keep coming (PollWindow); 0: spin_us
   std::string policy_path;           // scheduling policy (policies/*.yaml); empty: built-in default
   std::string metrics_address = "127.0.0.1:9477";  // empty: no exporter
   std::string snapshot_dir;       // signed snapshots go here; empty: none

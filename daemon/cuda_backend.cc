@@ -267,7 +267,10 @@ class CudaBackend : public Backend {
     const int cls = plan.pieces[0].stream == 0 ? 0 : 1;
     if (plan.signal != nullptr) FlushGroups(true);  // order against what came before
     const bool h2d = plan.direction == Direction::kHostToDevice;
-    if (groups_[cls].fences.empty()) groups_[cls].staged_ns = MonotonicNanos();
+    if (groups_[cls].fences.empty()) {
+      groups_[cls].staged_ns = MonotonicNanos();
+      groups_[cls].accepted_ns = plan.accepted_ns;
+    }
     for (const CopyPiece& p : plan.pieces) {
       groups_[cls].bytes += p.length;
       groups_[cls].pieces++;
@@ -315,6 +318,7 @@ class CudaBackend : public Backend {
       }
       Group g;
       g.bytes = staging.bytes;
+      g.accepted_ns = staging.accepted_ns;
       if (bulk) pending_bulk_bytes_ += g.bytes;
       staging.bytes = 0;
       staging.pieces = 0;
@@ -419,6 +423,7 @@ class CudaBackend : public Backend {
     uint32_t pieces = 0;           // while staging
     bool all_batchable = true;     // while staging
     uint64_t staged_ns = 0;        // while staging: when the first piece came
+    uint64_t accepted_ns = 0;      // when ferryd read the first piece's request (trace)
     uint64_t staged_mask = 0;  // while staging: bit d * 32 + s for each stream with staged pieces
   };
   struct StagedCopies {
@@ -457,8 +462,10 @@ class CudaBackend : public Backend {
       char line[256];
       std::snprintf(
           line, sizeof line,
-          "engine trace: %s stream %u, %llu bytes: issued %.1f, on the engine %.1f to %.1f, seen done %.1f us",
+          "engine trace: %s stream %u, %llu bytes: accepted %.1f, issued %.1f, on the engine %.1f to %.1f, seen "
+          "done %.1f us",
           sp.direction == 0 ? "h2d" : "d2h", sp.stream, static_cast<unsigned long long>(sp.bytes),
+          (static_cast<double>(g.accepted_ns) - static_cast<double>(trace_origin_ns_)) / 1e3,
           static_cast<double>(sp.issued_ns - trace_origin_ns_) / 1e3, start_ms * 1e3, end_ms * 1e3, seen);
       FERRY_LOG(kInfo) << line;
     }

@@ -108,6 +108,17 @@ MetricFamily GaugeFamily(std::string name, std::string help, std::vector<std::pa
   return f;
 }
 
+MetricFamily CounterFamily(std::string name, std::string help, double value) {
+  MetricFamily f;
+  f.name = std::move(name);
+  f.help = std::move(help);
+  f.type = MetricType::Counter;
+  ClientMetric m;
+  m.counter.value = value;
+  f.metric.push_back(std::move(m));
+  return f;
+}
+
 // Reads the server's live counters at scrape time, so gauges are never stale.
 class LiveGauges : public prometheus::Collectable {
  public:
@@ -140,14 +151,16 @@ class LiveGauges : public prometheus::Collectable {
     out.push_back(GaugeFamily("ferry_achieved_bandwidth_bytes_per_second",
                               "Bytes copied per second over the last second, by direction.",
                               {{{"direction", "h2d"}, bw_h2d_.load()}, {{"direction", "d2h"}, bw_d2h_.load()}}));
-    MetricFamily ev;
-    ev.name = "ferry_evictions_total";
-    ev.help = "Clients evicted for breaking the protocol or not keeping up.";
-    ev.type = MetricType::Counter;
-    ClientMetric m;
-    m.counter.value = double(c.evictions.load());
-    ev.metric.push_back(m);
-    out.push_back(ev);
+    out.push_back(GaugeFamily("ferry_poll_window_seconds",
+                              "How long ferryd polls after its last activity before it sleeps (adapts to the "
+                              "gaps between requests, spin_us to spin_max_us).",
+                              {{none, double(c.poll_window_ns.load()) * 1e-9}}));
+    out.push_back(CounterFamily("ferry_evictions_total", "Clients evicted for breaking the protocol or not keeping up.",
+                                double(c.evictions.load())));
+    out.push_back(CounterFamily("ferry_sleeps_total",
+                                "Times ferryd's event loop went to sleep; the request that wakes it waits for the "
+                                "wake-up.",
+                                double(c.sleeps.load())));
     return out;
   }
 

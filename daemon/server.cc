@@ -24,6 +24,7 @@
 #include "common/notify.hpp"
 #include "common/yaml_util.hpp"
 #include "daemon/pinned_pool.hpp"
+#include "daemon/poll_window.hpp"
 
 namespace ferry::daemon {
 namespace {
@@ -252,7 +253,8 @@ class Server::Impl {
       if (::sched_setaffinity(0, sizeof set, &set) != 0) return ErrnoStatus("pinning to cpu " + std::to_string(config_.cpu), errno);
       FERRY_LOG(kInfo) << "event loop pinned to cpu " << config_.cpu;
     }
-    const uint64_t spin_ns = static_cast<uint64_t>(config_.spin_us) * 1000;
+    PollWindow window(static_cast<uint64_t>(config_.spin_us) * 1000, static_cast<uint64_t>(config_.spin_max_us) * 1000);
+    counters_.poll_window_ns = window.ns();
     uint64_t last_activity = MonotonicNanos();
     epoll_event evs[64];
     // systemd: ready now that the pool is registered and the socket listens; the watchdog is
@@ -275,7 +277,7 @@ class Server::Impl {
       const bool must_poll = (!fences_.empty() && backend_->completion_fd() < 0) || !held_.empty();
       int timeout = 0;
       bool slept = false;
-      if (!must_poll && MonotonicNanos() - last_activity > spin_ns) {
+      if (!must_poll && MonotonicNanos() - last_activity > window.ns()) {
         SetSleeping(true);
         std::atomic_thread_fence(std::memory_order_seq_cst);
         if (AnySubmissionPending()) {
@@ -283,6 +285,7 @@ class Server::Impl {
         } else {
           timeout = watchdog_ns != 0 ? static_cast<int>(watchdog_ns / 2'000'000) : -1;
           slept = true;
+          counters_.sleeps++;
         }
       }
       // While spinning, look at the sockets only now and then: an epoll_wait per turn would
@@ -296,7 +299,11 @@ class Server::Impl {
       if (n < 0 && errno != EINTR) return ErrnoStatus("epoll_wait", errno);
       bool work = n > 0;
       for (int i = 0; i < n; ++i) HandleEvent(evs[i]);
-      work |= PollSubmissions();
+      if (PollSubmissions()) {
+        window.OnQuietGap(MonotonicNanos() - last_activity);
+        counters_.poll_window_ns = window.ns();
+        work = true;
+      }
       work |= PollBackend();
       work |= ReleaseHeld();
       work |= DispatchBulk();
@@ -874,6 +881,7 @@ class Server::Impl {
   void DispatchNext(Session& s, Copy& c) {
     CopyPlan plan;
     plan.direction = c.direction;
+    plan.accepted_ns = c.accepted_ns;
     const bool whole = c.WholeAtOnce();
     const size_t end = whole ? c.pieces.size() : c.next + 1;
     uint64_t bytes = 0;

@@ -29,6 +29,8 @@ struct ServerCounters {
   std::atomic<uint64_t> queued_bytes{0};     // bytes accepted, waiting for the engines
   std::atomic<uint64_t> policy_switches{0};
   std::atomic<uint64_t> policy_failures{0};
+  std::atomic<uint64_t> sleeps{0};          // times the event loop went to sleep (each wake-up delays a request)
+  std::atomic<uint64_t> poll_window_ns{0};  // it polls this long after its last activity (PollWindow)
 };
 
 // What a finished copy looked like, for metrics. Called on the event-loop thread.

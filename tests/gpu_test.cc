@@ -272,7 +272,7 @@ TEST_F(GpuDaemon, AClientKilledMidCopyIsClosedOutAndTheDaemonStaysUp) {
 }
 
 // ferryd --trace-engine: the copies still land, and each stream's share of a copy is logged
-// with a timeline that holds together (issued before the engine ran it, seen done after).
+// with a timeline that holds together (accepted, then issued before the engine ran it, seen done after).
 class TracedGpuDaemon : public GpuDaemon {
  protected:
   std::vector<std::string> ExtraDaemonArgs() const override { return {"--trace-engine"}; }
@@ -302,16 +302,18 @@ TEST_F(TracedGpuDaemon, EachCopysTimeOnTheEnginesIsLoggedAndTheBytesStillLand) {
   cudaFree(dev);
 
   const std::regex line(
-      R"(engine trace: (h2d|d2h) stream (\d+), (\d+) bytes: issued ([0-9.]+), on the engine ([0-9.]+) to ([0-9.]+), seen done ([0-9.]+) us)");
+      R"(engine trace: (h2d|d2h) stream (\d+), (\d+) bytes: accepted ([0-9.]+), issued ([0-9.]+), on the engine ([0-9.]+) to ([0-9.]+), seen done ([0-9.]+) us)");
   uint64_t bytes[2] = {0, 0};
   const std::string log = daemon_->Output();
   for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator(); ++it) {
     const std::smatch& m = *it;
     SCOPED_TRACE(m.str());
-    const double issued = std::stod(m[4]), start = std::stod(m[5]), end = std::stod(m[6]), seen = std::stod(m[7]);
+    const double accepted = std::stod(m[4]), issued = std::stod(m[5]), start = std::stod(m[6]), end = std::stod(m[7]),
+                 seen = std::stod(m[8]);
     bytes[m[1] == "h2d" ? 0 : 1] += std::stoull(m[3]);
     // The GPU's clock and the host's are lined up once, at the trace's start, to within a few
     // microseconds (logged): allow 10 us of slack between them.
+    EXPECT_LE(accepted, issued);  // both on the host's clock
     EXPECT_LE(issued, start + 10);
     EXPECT_LE(start, end);
     EXPECT_LE(end, seen + 10);

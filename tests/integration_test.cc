@@ -98,6 +98,65 @@ TEST(Daemon, ManySmallCopiesInFlightAllComplete) {
   EXPECT_EQ(FirstDifference(static_cast<std::byte*>(dev.data()), src.data(), src.size()), -1);
 }
 
+// Copies 4 KiB of fresh random data to the device every `period`, `reps` times, checking every
+// byte; returns how many times ferryd went to sleep meanwhile (each wake-up delays a request).
+uint64_t SleepsWhileCopyingEvery(DaemonHarness& d, Client& client, std::chrono::microseconds period, int reps) {
+  constexpr size_t kBytes = 4096;
+  auto src = client.AllocateHost(kBytes);
+  auto dev = client.AllocateDevice(kBytes);
+  EXPECT_TRUE(src.ok() && dev.ok());
+  if (!src.ok() || !dev.ok()) return 0;
+  auto region = client.RegisterDevice(dev->data(), dev->size());
+  EXPECT_TRUE(region.ok()) << region.status().ToString();
+  if (!region.ok()) return 0;
+  auto* device = static_cast<std::byte*>(dev->data());
+  const uint64_t before = d.counters().sleeps.load();
+  for (int i = 0; i < reps; ++i) {
+    std::this_thread::sleep_for(period);
+    FillRandom(src->data(), kBytes, testing::RandomSeed());
+    Poison(device, kBytes);
+    auto t = client.Copy(Direction::kHostToDevice, *src, 0, *region, 0, kBytes);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    if (!t.ok()) return 0;
+    const Status waited = t->Wait(10s);
+    EXPECT_TRUE(waited.ok()) << waited.ToString();
+    EXPECT_EQ(FirstDifference(device, src->data(), kBytes), -1) << "copy " << i;
+  }
+  return d.counters().sleeps.load() - before;
+}
+
+// A request that finds ferryd asleep waits for it to wake (~100 us on the H200's VM). So while a
+// client keeps copying every few milliseconds ferryd stays awake, and once it goes quiet ferryd
+// sleeps; with spin_max_us 0 it sleeps in every gap longer than spin_us.
+TEST(Daemon, StaysAwakeForAClientThatCopiesEveryFewMillisecondsAndSleepsOnceItStops) {
+  auto config = DaemonHarness::SmallConfig();
+  config.spin_us = 50;
+  config.spin_max_us = 100'000;
+  DaemonHarness d(config);
+  ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
+  SleepsWhileCopyingEvery(d, *client, 3ms, 3);  // it learns the gap
+  const uint64_t sleeps = SleepsWhileCopyingEvery(d, *client, 3ms, 30);
+  EXPECT_LE(sleeps, 5u) << "ferryd slept in " << sleeps << " of 30 gaps of 3 ms";
+  const uint64_t window = d.counters().poll_window_ns.load();
+  EXPECT_GE(window, 6'000'000u) << "twice the 3 ms gap, at least";
+  EXPECT_LE(window, 100'000'000u) << "never past spin_max_us";
+
+  const uint64_t before = d.counters().sleeps.load();
+  EXPECT_TRUE(DaemonHarness::Eventually([&] { return d.counters().sleeps.load() > before; }, 1000))
+      << "ferryd never went to sleep after the client stopped";
+}
+
+TEST(Daemon, WithSpinMaxZeroItSleepsInEveryGapLongerThanSpinUs) {
+  auto config = DaemonHarness::SmallConfig();
+  config.spin_us = 50;
+  config.spin_max_us = 0;
+  DaemonHarness d(config);
+  ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
+  const uint64_t sleeps = SleepsWhileCopyingEvery(d, *client, 3ms, 30);
+  EXPECT_GE(sleeps, 30u) << "one sleep a 3 ms gap at least";
+  EXPECT_EQ(d.counters().poll_window_ns.load(), 50'000u);
+}
+
 TEST(Daemon, ClientSideChecksRejectCopiesOutsideTheirBuffers) {
   DaemonHarness d;
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());

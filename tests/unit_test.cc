@@ -13,6 +13,7 @@
 #include "common/yaml_util.hpp"
 #include "daemon/config.hpp"
 #include "daemon/pinned_pool.hpp"
+#include "daemon/poll_window.hpp"
 #include "test_util.hpp"
 
 namespace ferry {
@@ -60,6 +61,12 @@ TEST(Config, ShippedFileIsValid) {
   auto c = daemon::LoadConfig(FERRY_SOURCE_DIR "/config/ferryd.yaml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->backend, daemon::BackendChoice::kAuto);
+  // The file says its values are the defaults.
+  const daemon::DaemonConfig defaults;
+  EXPECT_EQ(c->spin_us, defaults.spin_us);
+  EXPECT_EQ(c->spin_max_us, defaults.spin_max_us);
+  EXPECT_EQ(c->pool_bytes, defaults.pool_bytes);
+  EXPECT_EQ(c->ring_entries, defaults.ring_entries);
 }
 
 struct BadConfig {
@@ -86,6 +93,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadConfig{"ring_entries: 100\n", "ring_entries must be a power of two"},
                       BadConfig{"max_sessions: 0\n", "bad.yaml:1:15: value 0 out of range [1, 4096]"},
                       BadConfig{"runtime_dir: relative/dir\n", "absolute path"},
+                      BadConfig{"spin_us: 500\nspin_max_us: 100\n",
+                                "spin_max_us (100) must be 0 or at least spin_us (500)"},
                       BadConfig{"pool: [1, 2\n", "bad.yaml:"},
                       BadConfig{"a: {b: {c: {d: {e: {f: {g: {h: {i: 1}}}}}}}}\n", "nested deeper"}),
     [](const ::testing::TestParamInfo<BadConfig>& info) { return "case" + std::to_string(info.index); });
@@ -95,6 +104,40 @@ TEST(Config, HugeFileIsRejected) {
   auto c = ParseConfig(big, "huge.yaml");
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("the limit is"), std::string::npos);
+}
+
+// ferryd polls after its last activity for a window that follows the gaps between requests.
+TEST(PollWindow, StretchesToBridgeTheGapsClientsLeaveAndShrinksWhenTheyGoQuiet) {
+  constexpr uint64_t kUs = 1000, kMs = 1000 * kUs;
+  daemon::PollWindow w(200 * kUs, 20 * kMs);
+  EXPECT_EQ(w.ns(), 200 * kUs) << "before any gap: spin_us";
+
+  w.OnQuietGap(50 * kUs);  // inside a burst: polling bridged it anyway
+  EXPECT_EQ(w.ns(), 200 * kUs);
+
+  w.OnQuietGap(3 * kMs);  // a client copying every 3 ms: poll twice that
+  EXPECT_EQ(w.ns(), 6 * kMs);
+  w.OnQuietGap(1 * kMs);  // the longest recent gap decides
+  EXPECT_EQ(w.ns(), 6 * kMs);
+  w.OnQuietGap(15 * kMs);  // twice 15 ms is past the cap
+  EXPECT_EQ(w.ns(), 20 * kMs);
+
+  // A gap longer than the cap means the client went quiet: it counts as nothing, and once the
+  // bridgeable gaps have aged out, ferryd is back to spin_us.
+  for (size_t i = 0; i + 1 < daemon::PollWindow::kRemembered; ++i) {
+    w.OnQuietGap(1000 * kMs);
+    EXPECT_EQ(w.ns(), 20 * kMs) << "the 15 ms gap is still remembered after " << i + 1 << " quiet ones";
+  }
+  w.OnQuietGap(1000 * kMs);
+  EXPECT_EQ(w.ns(), 200 * kUs);
+}
+
+TEST(PollWindow, WithNoMaximumItIsAlwaysSpinUs) {
+  daemon::PollWindow w(200'000, 0);
+  for (uint64_t gap : {100'000ull, 3'000'000ull, 50'000'000ull}) {
+    w.OnQuietGap(gap);
+    EXPECT_EQ(w.ns(), 200'000u);
+  }
 }
 
 class PoolTest : public ::testing::Test {
