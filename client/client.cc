@@ -955,7 +955,7 @@ class StagedPipeline {
           return st;
         }));
     if (failed_.load(std::memory_order_relaxed)) return Status::Ok();
-    StagedCopy(s.buf->data() + in_chunk, host, len);
+    StagedCopyIn(s.buf->data() + in_chunk, host, len);
     if (s.left.fetch_sub(len, std::memory_order_acq_rel) == len) return Send(s, j);
     return Status::Ok();
   }
@@ -967,7 +967,7 @@ class StagedPipeline {
         s, [&] { return s.landed.load(std::memory_order_acquire) == jj; },
         [&] { return s.sent.load(std::memory_order_acquire) == jj; }, [&] { return LandedLocked(s); }));
     if (failed_.load(std::memory_order_relaxed)) return Status::Ok();
-    StagedCopy(host, s.buf->data() + in_chunk, len);
+    StagedCopyOut(host, s.buf->data() + in_chunk, len);
     if (s.left.fetch_sub(len, std::memory_order_acq_rel) == len) {
       const uint64_t next = j + slots_.size();
       if (next < chunks_ && !failed_.load(std::memory_order_relaxed)) {

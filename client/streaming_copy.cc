@@ -67,15 +67,33 @@ void StreamingCopy(void* dst, const void* src, size_t n) {
   std::memcpy(dst, src, n);
 }
 
-void StagedCopy(void* dst, const void* src, size_t n) {
-  static const bool streaming = [] {
-    const char* v = std::getenv("FERRY_STAGED_COPY");
-    return v != nullptr && std::strcmp(v, "streaming") == 0;
-  }();
-  if (streaming) {
-    StreamingCopy(dst, src, n);
+StagedCopyMode StagedCopyModeFrom(const char* value) {
+  if (value == nullptr) return {};
+  if (std::strcmp(value, "streaming") == 0) return {.streaming_in = true, .streaming_out = true};
+  if (std::strcmp(value, "streaming-out") == 0) return {.streaming_in = false, .streaming_out = true};
+  return {};
+}
+
+namespace {
+const StagedCopyMode& ModeFromEnvironment() {
+  static const StagedCopyMode mode = StagedCopyModeFrom(std::getenv("FERRY_STAGED_COPY"));
+  return mode;
+}
+}  // namespace
+
+void StagedCopyIn(void* pool_dst, const void* src, size_t n) {
+  if (ModeFromEnvironment().streaming_in) {
+    StreamingCopy(pool_dst, src, n);
   } else {
-    std::memcpy(dst, src, n);
+    std::memcpy(pool_dst, src, n);
+  }
+}
+
+void StagedCopyOut(void* dst, const void* pool_src, size_t n) {
+  if (ModeFromEnvironment().streaming_out) {
+    StreamingCopy(dst, pool_src, n);
+  } else {
+    std::memcpy(dst, pool_src, n);
   }
 }
 

@@ -15,10 +15,18 @@ namespace ferry::detail {
 // streaming stores (not x86-64) and for small copies.
 void StreamingCopy(void* dst, const void* src, size_t n);
 
-// Which copy the staged path uses: memcpy, or StreamingCopy with FERRY_STAGED_COPY=streaming.
-// Streaming stores copied 28-35% faster on a 2-core development machine, but on the H200's host
-// (300 MiB of L3, where the staging buffers stay cached for the copy engine to read) they were
-// no faster with 8 threads (58.1 vs 58.4 GB/s) and slower with 12 and 16 (72.7 vs 85.8 GB/s).
-void StagedCopy(void* dst, const void* src, size_t n);
+// How the staged path copies, by direction, from FERRY_STAGED_COPY: "memcpy" both ways,
+// "streaming" both ways, or "streaming-out": streaming stores only when copying out of a pool
+// buffer into the caller's memory (device to host). Unset or unknown: memcpy.
+struct StagedCopyMode {
+  bool streaming_in = false;   // into a pool buffer (host to device)
+  bool streaming_out = false;  // out of a pool buffer (device to host)
+};
+StagedCopyMode StagedCopyModeFrom(const char* value);
+
+// The staged path's copies, into a pool buffer and out of one, as FERRY_STAGED_COPY says (read
+// once per process).
+void StagedCopyIn(void* pool_dst, const void* src, size_t n);
+void StagedCopyOut(void* dst, const void* pool_src, size_t n);
 
 }  // namespace ferry::detail

@@ -332,6 +332,19 @@ TEST(Signing, RecordIdsLookLikeTheirFormatAndFollowTheContent) {
 
 // The staged path's copy: every byte lands, at sizes around the streaming threshold and the
 // vector widths, from and to every misalignment, and nothing outside the range is touched.
+TEST(StreamingCopy, TheStagedPathsCopyIsChosenByDirectionFromTheEnvironment) {
+  using detail::StagedCopyModeFrom;
+  EXPECT_FALSE(StagedCopyModeFrom(nullptr).streaming_in);
+  EXPECT_FALSE(StagedCopyModeFrom(nullptr).streaming_out);
+  EXPECT_FALSE(StagedCopyModeFrom("memcpy").streaming_in);
+  EXPECT_FALSE(StagedCopyModeFrom("memcpy").streaming_out);
+  EXPECT_TRUE(StagedCopyModeFrom("streaming").streaming_in);
+  EXPECT_TRUE(StagedCopyModeFrom("streaming").streaming_out);
+  EXPECT_FALSE(StagedCopyModeFrom("streaming-out").streaming_in);
+  EXPECT_TRUE(StagedCopyModeFrom("streaming-out").streaming_out);
+  EXPECT_FALSE(StagedCopyModeFrom("fast please").streaming_out) << "unknown: memcpy";
+}
+
 TEST(StreamingCopy, EveryByteArrivesAtAwkwardSizesAndAlignmentsAndNothingElseIsWritten) {
   constexpr size_t kGuard = 256;
   std::vector<std::byte> src((1 << 20) + 4 * kGuard), dst(src.size());
