@@ -68,10 +68,11 @@ void StreamingCopy(void* dst, const void* src, size_t n) {
 }
 
 StagedCopyMode StagedCopyModeFrom(const char* value) {
-  if (value == nullptr) return {};
-  if (std::strcmp(value, "streaming") == 0) return {.streaming_in = true, .streaming_out = true};
+  constexpr StagedCopyMode kStreaming{.streaming_in = true, .streaming_out = true};
+  if (value == nullptr) return kStreaming;
+  if (std::strcmp(value, "memcpy") == 0) return {.streaming_in = false, .streaming_out = false};
   if (std::strcmp(value, "streaming-out") == 0) return {.streaming_in = false, .streaming_out = true};
-  return {};
+  return kStreaming;
 }
 
 namespace {

@@ -334,15 +334,15 @@ TEST(Signing, RecordIdsLookLikeTheirFormatAndFollowTheContent) {
 // vector widths, from and to every misalignment, and nothing outside the range is touched.
 TEST(StreamingCopy, TheStagedPathsCopyIsChosenByDirectionFromTheEnvironment) {
   using detail::StagedCopyModeFrom;
-  EXPECT_FALSE(StagedCopyModeFrom(nullptr).streaming_in);
-  EXPECT_FALSE(StagedCopyModeFrom(nullptr).streaming_out);
+  EXPECT_TRUE(StagedCopyModeFrom(nullptr).streaming_in) << "unset: streaming both ways";
+  EXPECT_TRUE(StagedCopyModeFrom(nullptr).streaming_out);
   EXPECT_FALSE(StagedCopyModeFrom("memcpy").streaming_in);
   EXPECT_FALSE(StagedCopyModeFrom("memcpy").streaming_out);
   EXPECT_TRUE(StagedCopyModeFrom("streaming").streaming_in);
   EXPECT_TRUE(StagedCopyModeFrom("streaming").streaming_out);
   EXPECT_FALSE(StagedCopyModeFrom("streaming-out").streaming_in);
   EXPECT_TRUE(StagedCopyModeFrom("streaming-out").streaming_out);
-  EXPECT_FALSE(StagedCopyModeFrom("fast please").streaming_out) << "unknown: memcpy";
+  EXPECT_TRUE(StagedCopyModeFrom("fast please").streaming_in) << "unknown: the default";
 }
 
 TEST(StreamingCopy, EveryByteArrivesAtAwkwardSizesAndAlignmentsAndNothingElseIsWritten) {
