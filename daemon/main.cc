@@ -49,8 +49,8 @@ options:
   --metrics-address A  override metrics.address: host:port for /metrics (port 0: any free
                        port, logged); "" turns the exporter off
   --log-level LEVEL    debug | info | warning | error (default info)
-  --trace-engine       log when each copy was issued, ran on the copy engine and was seen done
-                       (cuda backend; a diagnostic for where a copy's time goes)
+  --trace-engine       log when each copy was read off the ring, issued, run on the copy engine
+                       and seen done (cuda backend; a diagnostic for where a copy's time goes)
   --check-config       validate the config, print what it sets, and exit
   --version            print the version and exit
   -h, --help           this help
@@ -163,6 +163,12 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(config.pool_bytes), static_cast<unsigned long long>(config.slab_bytes),
                 config.ring_entries, config.policy_path.empty() ? "built-in default" : config.policy_path.c_str(),
                 running->Hash().c_str());
+    if (config.spin_max_us == 0) {
+      std::printf("polls %u us after its last activity, then sleeps\n", config.spin_us);
+    } else {
+      std::printf("polls %u to %u us after its last activity (twice the recent gaps between requests), then sleeps\n",
+                  config.spin_us, config.spin_max_us);
+    }
     return 0;
   }
 

@@ -275,6 +275,7 @@ TEST(Ferryd, ABadConfigIsRefusedWithItsLineAndColumn) {
   st = good.Wait();
   ASSERT_TRUE(WIFEXITED(st));
   EXPECT_EQ(WEXITSTATUS(st), 0) << good.Output();
+  EXPECT_NE(good.Output().find("polls 200 to 20000 us after its last activity"), std::string::npos) << good.Output();
   fs::remove_all(dir);
 }
 
