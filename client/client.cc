@@ -1,6 +1,7 @@
 #include "ferry/client.hpp"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -42,6 +43,14 @@ bool SpinFor(uint64_t ns, Done done) {
     CpuRelax();
   }
   return true;
+}
+
+// The CPUs this process may run on (its affinity mask; cgroup CPU quotas are not counted).
+uint32_t UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<uint32_t>(std::max(1, CPU_COUNT(&set)));
 }
 
 struct SlabMapping {
@@ -1025,7 +1034,8 @@ Status Client::CopyStaged(Direction direction, void* host, const DeviceRegion& d
       FERRY_RETURN_IF_ERROR(FromWire(reply.status));
       return reply;
     }));
-    if (threads <= 0) threads = static_cast<int>(r.threads);
+    // The policy's threads, but no more than this process may run at once: more only queue.
+    if (threads <= 0) threads = static_cast<int>(std::min<uint32_t>(r.threads, detail::UsableCpus()));
     if (chunk == 0) {
       // The policy's chunk, but small enough that a copy has a few dozen: the DMA starts after
       // the first chunk is staged and the last chunk's DMA comes after all host copies, so
