@@ -1,6 +1,7 @@
 #include "ferry/client.hpp"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -736,7 +737,12 @@ class Stager {
       std::lock_guard<std::mutex> l(mu_);
       // A new worker starts from the generation before this run's, so it takes part in it.
       const uint64_t before = generation_.load(std::memory_order_relaxed);
-      while (static_cast<int>(threads_.size()) < n - 1) threads_.emplace_back([this, before] { Work(before); });
+      while (static_cast<int>(threads_.size()) < n - 1) {
+        threads_.emplace_back([this, before] {
+          ::pthread_setname_np(::pthread_self(), "ferry-stage");  // for top -H and the tests
+          Work(before);
+        });
+      }
       task_ = &task;
       running_.store(n - 1, std::memory_order_relaxed);
       tickets_ = n - 1;

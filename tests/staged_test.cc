@@ -1,7 +1,11 @@
 // The staged path: pageable host memory to and from the device through pool buffers, with
 // client threads copying chunks while ferryd moves the staged ones. Every byte checked.
 #include <gtest/gtest.h>
+#include <sched.h>
 
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -176,6 +180,60 @@ TEST(Staged, WhenThePoolCannotHoldAStagingBufferTheCopyFailsCleanly) {
 
   ASSERT_OK(client->CopyStaged(Direction::kHostToDevice, buf.data(), dev.region, 0, 1 << 20,
                                {.chunk_bytes = 256 << 10, .threads = 2}));
+}
+
+// The staged path's copy workers in this process now (they are named ferry-stage).
+size_t StagingWorkers() {
+  size_t n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    n += name == "ferry-stage";
+  }
+  return n;
+}
+
+// The policy asks for 8 copy threads; a client allowed one CPU copies on its own thread alone
+// (more would only queue for it), and with its CPUs back it starts workers.
+TEST(Staged, AClientUsesNoMoreCopyThreadsThanItHasCpus) {
+  auto policy = daemon::ParsePolicy("staging: {chunk_size: 1MiB, threads: 8, buffers: 4}\n", "t.yaml");
+  ASSERT_TRUE(policy.ok()) << policy.status().ToString();
+  DaemonHarness d(DaemonHarness::SmallConfig(), nullptr, *policy);
+  ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
+  constexpr size_t kBytes = 8 << 20;
+  Device dev = NewDevice(*client, kBytes);
+  std::vector<std::byte> src(kBytes), back(kBytes);
+  FillRandom(src.data(), kBytes, testing::RandomSeed());
+
+  cpu_set_t all, one;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof all, &all), 0);
+  CPU_ZERO(&one);
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &all)) {
+      CPU_SET(c, &one);
+      break;
+    }
+  }
+  ASSERT_EQ(::sched_setaffinity(0, sizeof one, &one), 0);
+  ASSERT_EQ(StagingWorkers(), 0u);
+  Poison(back.data(), kBytes);
+  const Status up = client->CopyStaged(Direction::kHostToDevice, src.data(), dev.region, 0, kBytes);
+  const Status down = client->CopyStaged(Direction::kDeviceToHost, back.data(), dev.region, 0, kBytes);
+  const size_t alone = StagingWorkers();
+  ASSERT_EQ(::sched_setaffinity(0, sizeof all, &all), 0);
+  ASSERT_OK(up);
+  ASSERT_OK(down);
+  EXPECT_EQ(FirstDifference(back.data(), src.data(), kBytes), -1);
+  EXPECT_EQ(alone, 0u) << "no copy workers on one CPU";
+
+  if (CPU_COUNT(&all) < 2) GTEST_SKIP() << "one CPU: no second half to the story";
+  Poison(back.data(), kBytes);
+  ASSERT_OK(client->CopyStaged(Direction::kHostToDevice, src.data(), dev.region, 0, kBytes));
+  ASSERT_OK(client->CopyStaged(Direction::kDeviceToHost, back.data(), dev.region, 0, kBytes));
+  EXPECT_EQ(FirstDifference(back.data(), src.data(), kBytes), -1);
+  const size_t expected_workers = std::min<size_t>(8, static_cast<size_t>(CPU_COUNT(&all))) - 1;
+  EXPECT_EQ(StagingWorkers(), expected_workers);
 }
 
 }  // namespace
