@@ -80,22 +80,22 @@ const StagedCopyMode& ModeFromEnvironment() {
   static const StagedCopyMode mode = StagedCopyModeFrom(std::getenv("FERRY_STAGED_COPY"));
   return mode;
 }
+
+void CopyWith(bool streaming, void* dst, const void* src, size_t n) {
+  if (streaming) {
+    StreamingCopy(dst, src, n);
+  } else {
+    std::memcpy(dst, src, n);
+  }
+}
 }  // namespace
 
 void StagedCopyIn(void* pool_dst, const void* src, size_t n) {
-  if (ModeFromEnvironment().streaming_in) {
-    StreamingCopy(pool_dst, src, n);
-  } else {
-    std::memcpy(pool_dst, src, n);
-  }
+  CopyWith(ModeFromEnvironment().streaming_in, pool_dst, src, n);
 }
 
 void StagedCopyOut(void* dst, const void* pool_src, size_t n) {
-  if (ModeFromEnvironment().streaming_out) {
-    StreamingCopy(dst, pool_src, n);
-  } else {
-    std::memcpy(dst, pool_src, n);
-  }
+  CopyWith(ModeFromEnvironment().streaming_out, dst, pool_src, n);
 }
 
 }  // namespace ferry::detail
