@@ -11,7 +11,7 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
   FERRY_RETURN_IF_ERROR(yamlutil::CheckKeys(
       file, root,
       {"runtime_dir", "socket", "allowed_group", "backend", "device", "pool", "session_quota", "max_sessions",
-       "ring_entries", "spin_us", "spin_max_us", "cpu", "policy", "metrics", "snapshots"}));
+       "ring_entries", "spin_us", "spin_max_us", "cpu", "policy", "metrics", "snapshots", "limits"}));
   using namespace yamlutil;
   if (auto n = root["runtime_dir"]) { FERRY_ASSIGN_OR_RETURN(c.runtime_dir, GetString(file, n)); }
   if (auto n = root["socket"]) { FERRY_ASSIGN_OR_RETURN(c.socket_name, GetString(file, n)); }
@@ -31,6 +31,24 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
   }
   if (auto n = root["session_quota"]) { FERRY_ASSIGN_OR_RETURN(c.session_quota_bytes, GetSize(file, n, 0, 1ull << 40)); }
   if (auto n = root["max_sessions"]) { FERRY_ASSIGN_OR_RETURN(c.max_sessions, GetInt(file, n, 1, 4096)); }
+  if (auto l = root["limits"]) {
+    FERRY_RETURN_IF_ERROR(CheckKeys(file, l,
+                                    {"sessions_per_uid", "pool_per_uid", "regions_per_session", "regions_per_uid",
+                                     "events_per_session", "pending_connections", "pending_connections_per_uid",
+                                     "hello_timeout_ms", "outbound_messages"}));
+    Limits& lim = c.limits;
+    if (auto n = l["sessions_per_uid"]) { FERRY_ASSIGN_OR_RETURN(lim.sessions_per_uid, GetInt(file, n, 1, 4096)); }
+    if (auto n = l["pool_per_uid"]) { FERRY_ASSIGN_OR_RETURN(lim.pool_bytes_per_uid, GetSize(file, n, 0, 1ull << 40)); }
+    if (auto n = l["regions_per_session"]) { FERRY_ASSIGN_OR_RETURN(lim.regions_per_session, GetInt(file, n, 1, 65536)); }
+    if (auto n = l["regions_per_uid"]) { FERRY_ASSIGN_OR_RETURN(lim.regions_per_uid, GetInt(file, n, 1, 1 << 20)); }
+    if (auto n = l["events_per_session"]) { FERRY_ASSIGN_OR_RETURN(lim.events_per_session, GetInt(file, n, 1, 65536)); }
+    if (auto n = l["pending_connections"]) { FERRY_ASSIGN_OR_RETURN(lim.pending_connections, GetInt(file, n, 1, 4096)); }
+    if (auto n = l["pending_connections_per_uid"]) {
+      FERRY_ASSIGN_OR_RETURN(lim.pending_connections_per_uid, GetInt(file, n, 1, 4096));
+    }
+    if (auto n = l["hello_timeout_ms"]) { FERRY_ASSIGN_OR_RETURN(lim.hello_timeout_ms, GetInt(file, n, 10, 600000)); }
+    if (auto n = l["outbound_messages"]) { FERRY_ASSIGN_OR_RETURN(lim.outbound_messages, GetInt(file, n, 4, 65536)); }
+  }
   if (auto n = root["ring_entries"]) { FERRY_ASSIGN_OR_RETURN(c.ring_entries, GetInt(file, n, 8, 65536)); }
   if (auto n = root["spin_us"]) { FERRY_ASSIGN_OR_RETURN(c.spin_us, GetInt(file, n, 0, 1000000)); }
   if (auto n = root["spin_max_us"]) {
@@ -70,6 +88,13 @@ Status ValidateConfig(const DaemonConfig& c) {
   if (c.pool_bytes / c.slab_bytes > 65536) return InvalidArgument("pool.size / pool.slab must be at most 65536 slabs");
   if ((c.ring_entries & (c.ring_entries - 1)) != 0) return InvalidArgument("ring_entries must be a power of two");
   if (c.session_quota_bytes > c.pool_bytes) return InvalidArgument("session_quota is larger than the pool");
+  if (c.limits.pool_bytes_per_uid > c.pool_bytes) return InvalidArgument("limits.pool_per_uid is larger than the pool");
+  if (c.limits.regions_per_session > c.limits.regions_per_uid) {
+    return InvalidArgument("limits.regions_per_session is larger than limits.regions_per_uid");
+  }
+  if (c.limits.pending_connections_per_uid > c.limits.pending_connections) {
+    return InvalidArgument("limits.pending_connections_per_uid is larger than limits.pending_connections");
+  }
   if (c.spin_max_us != 0 && c.spin_max_us < c.spin_us) {
     return InvalidArgument("spin_max_us (" + std::to_string(c.spin_max_us) + ") must be 0 or at least spin_us (" +
                            std::to_string(c.spin_us) + ")");

@@ -11,6 +11,20 @@ namespace ferry::daemon {
 
 enum class BackendChoice { kAuto, kCuda, kHost };
 
+// What one client, and one user, may take of ferryd (config key `limits`). Every limit refuses
+// the request that would pass it with a clear error; none evicts a well-behaved client.
+struct Limits {
+  uint32_t sessions_per_uid = 16;           // sessions of one uid at once
+  uint64_t pool_bytes_per_uid = 0;          // pool bytes one uid holds, slabs awaiting reclaim included; 0: the pool
+  uint32_t regions_per_session = 4096;      // device regions registered by one session
+  uint32_t regions_per_uid = 16384;         // ... by all sessions of one uid
+  uint32_t events_per_session = 4096;       // interprocess events registered by one session
+  uint32_t pending_connections = 64;        // connections that have not said hello yet, all users
+  uint32_t pending_connections_per_uid = 8; // ... of one uid
+  uint32_t hello_timeout_ms = 5000;         // a connection that has not said hello by then is closed
+  uint32_t outbound_messages = 64;          // replies queued for a client that does not read; more evicts it
+};
+
 struct DaemonConfig {
   std::string runtime_dir = "/run/ferry";
   std::string socket_name = "ferryd.sock";
@@ -21,6 +35,7 @@ struct DaemonConfig {
   uint64_t slab_bytes = 8ull << 20;
   uint64_t session_quota_bytes = 0;  // 0: the whole pool
   uint32_t max_sessions = 64;
+  Limits limits;
   uint32_t ring_entries = 256;       // submission ring; the completion ring is twice that
   int cpu = -1;                      // pin the event loop to this CPU (one near the GPU); -1: no pinning
   uint32_t spin_us = 200;            // busy-poll at least this long after the last activity, then sleep

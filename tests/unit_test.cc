@@ -67,6 +67,17 @@ TEST(Config, ShippedFileIsValid) {
   EXPECT_EQ(c->spin_max_us, defaults.spin_max_us);
   EXPECT_EQ(c->pool_bytes, defaults.pool_bytes);
   EXPECT_EQ(c->ring_entries, defaults.ring_entries);
+  const daemon::Limits& l = c->limits;
+  const daemon::Limits& d = defaults.limits;
+  EXPECT_EQ(l.sessions_per_uid, d.sessions_per_uid);
+  EXPECT_EQ(l.pool_bytes_per_uid, d.pool_bytes_per_uid);
+  EXPECT_EQ(l.regions_per_session, d.regions_per_session);
+  EXPECT_EQ(l.regions_per_uid, d.regions_per_uid);
+  EXPECT_EQ(l.events_per_session, d.events_per_session);
+  EXPECT_EQ(l.pending_connections, d.pending_connections);
+  EXPECT_EQ(l.pending_connections_per_uid, d.pending_connections_per_uid);
+  EXPECT_EQ(l.hello_timeout_ms, d.hello_timeout_ms);
+  EXPECT_EQ(l.outbound_messages, d.outbound_messages);
 }
 
 struct BadConfig {
