@@ -3,14 +3,14 @@
 # (coverage-guided, with ASan and UBSan) and runs each for RUNS executions (default 1,000,000),
 # each input limited to 1 s (a slower one is reported as a hang and fails the run), starting
 # from the shipped YAML files and the seed corpora under tests/fuzz/seeds/.
-#   usage: scripts/fuzz-long.sh [RUNS] [TARGET...]      (targets: yaml control ring; default all)
+#   usage: scripts/fuzz-long.sh [RUNS] [TARGET...]      (targets: yaml control ring session; default all)
 # Prints one line per target with the executions libFuzzer reports; exits 1 on any crash or hang.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-1000000}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(yaml control ring)
+[ ${#targets[@]} -gt 0 ] || targets=(yaml control ring session)
 build=${FERRY_BUILD_DIR:-build-fuzz}
 CC=clang CXX=clang++ FERRY_BUILD_DIR=$build FERRY_BUILD_TYPE=RelWithDebInfo bash scripts/build.sh \
   -DFERRY_CUDA=OFF -DFERRY_FUZZ_LIBFUZZER=ON >/dev/null
