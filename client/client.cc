@@ -89,6 +89,7 @@ struct TransferState {
   uint32_t direction = 0;  // 0 h2d, 1 d2h
   bool enqueued = false;
   bool done = false;
+  bool wait_reported = false;  // ferryd believes one wait report per copy: the first
   Status status;
   uint64_t submit_ns = 0, complete_ns = 0;
   std::shared_ptr<EventState> event;             // completion event, when stream-waitable
@@ -368,7 +369,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
 
   // Records probe events around the stream's wait; a failure only loses the measurement.
   // Caller holds ring_mu_.
-  Status MeasuredStreamWaitLocked(const TransferState& t, void* stream) {
+  Status MeasuredStreamWaitLocked(TransferState& t, void* stream) {
+    if (t.wait_reported) return device_->StreamWaitEvent(stream, t.event->ev.event);
     StallProbe p;
     if (!free_probes_.empty()) {
       p = free_probes_.back();
@@ -386,6 +388,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     const bool measured = p.start && device_->RecordEvent(p.start, stream).ok();
     FERRY_RETURN_IF_ERROR(device_->StreamWaitEvent(stream, t.event->ev.event));
     if (measured && device_->RecordEvent(p.end, stream).ok()) {
+      t.wait_reported = true;
       p.tag = t.tag;
       p.direction = t.direction;
       stall_probes_.push_back(p);
@@ -477,7 +480,10 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
         std::lock_guard<std::mutex> l(ring_mu_);
         ReapLocked();
         if (t.done) {
-          if (!until_enqueued) ReportWaitLocked(t.tag, t.direction, first ? 0 : MonotonicNanos() - start);
+          if (!until_enqueued && !t.wait_reported) {
+            t.wait_reported = true;
+            ReportWaitLocked(t.tag, t.direction, first ? 0 : MonotonicNanos() - start);
+          }
           return t.status;
         }
         if (until_enqueued && t.enqueued) return Status::Ok();

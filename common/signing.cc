@@ -155,6 +155,29 @@ Status LoadSecretKey(const std::string& path, SecretKey& out) {
   return result;
 }
 
+PublicKey PublicKeyOf(const SecretKey& sk) {
+  PublicKey pk;
+  pk.id = sk.id;
+  crypto_sign_ed25519_sk_to_pk(pk.key.data(), sk.key());
+  return pk;
+}
+
+Status CheckSecretKeyFile(const std::string& path) {
+  struct stat st{};
+  if (::lstat(path.c_str(), &st) != 0) return ErrnoStatus("stat " + path, errno);
+  if (!S_ISREG(st.st_mode)) {
+    return PermissionDenied(path + " is not a regular file (a symlink or other); put the secret key itself there, " +
+                            "owned by ferryd's user, mode 0600");
+  }
+  if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
+    return PermissionDenied(path + " is mode " + mode + ": others can read the secret key; chmod 600 " + path +
+                            " (and, since it was exposed, consider a new key: ferryctl keygen)");
+  }
+  return Status::Ok();
+}
+
 Result<std::string> Sign(const SecretKey& sk, std::string_view data, std::string_view trusted_comment,
                          std::string_view untrusted_comment) {
   if (!SodiumReady()) return Internal("libsodium failed to initialize");

@@ -47,6 +47,10 @@ Result<KeyId> GenerateKeyFiles(const std::string& dir, const std::string& name);
 Result<PublicKey> LoadPublicKey(const std::string& path);
 Result<PublicKey> ParsePublicKey(std::string_view text);
 Status LoadSecretKey(const std::string& path, SecretKey& out);
+PublicKey PublicKeyOf(const SecretKey& sk);  // to check one's own records
+// OK when `path` is a regular file (not a symlink) that only its owner can read; else why not
+// and what to do. A secret key is checked before each use, not only when loaded.
+Status CheckSecretKeyFile(const std::string& path);
 
 // A complete .minisig file for `data`. Comments must not contain newlines.
 Result<std::string> Sign(const SecretKey& sk, std::string_view data, std::string_view trusted_comment,

@@ -19,7 +19,7 @@
 namespace ferry::wire {
 
 inline constexpr uint32_t kMagic = 0x59525246;  // "FRRY" little-endian
-inline constexpr uint16_t kVersion = 1;
+inline constexpr uint16_t kVersion = 2;  // 2: a kReportWait names the copy it waited for
 inline constexpr size_t kMaxFdsPerMessage = 200;  // below the kernel's SCM_MAX_FD (253)
 inline constexpr size_t kNameBytes = 32;
 inline constexpr size_t kMessageBytes = 160;
@@ -213,8 +213,11 @@ enum class Opcode : uint16_t {
   kNop = 0,
   kHostToDevice = 1,
   kDeviceToHost = 2,
-  // The client was blocked `length` ns waiting for a copy (direction in device_offset: 0 h2d,
-  // 1 d2h): exposed copy time, for metrics. No completion is sent for it.
+  // The client was blocked `length` ns waiting for its copy `user_tag` (a copy of this session,
+  // submitted recently): exposed copy time, for metrics. Once per copy; a wait longer than the
+  // copy can have existed, or for a tag ferryd does not know, is refused and counted. The
+  // direction is the copy's (device_offset, 0 h2d / 1 d2h, is informative only). No completion
+  // is sent for it.
   kReportWait = 3,
 };
 enum class Priority : uint16_t { kBulk = 0, kLatency = 1 };

@@ -216,6 +216,10 @@ int main(int argc, char** argv) {
     so.driver = dev.driver;
     so.cuda_runtime = dev.runtime;
     so.cublas = dev.cublas;
+    if (daemon::MetricsExporter* m = metrics.get()) {
+      so.on_written = [m](uint64_t seq, const std::string& id, const std::string& chain) { m->OnSnapshotWritten(seq, id, chain); };
+      so.on_failure = [m](std::string_view reason) { m->OnSnapshotFailed(reason); };
+    }
     auto w = daemon::SnapshotWriter::Create(so);
     if (!w.ok()) {
       std::fprintf(stderr, "ferryd: %s\n", w.status().ToString().c_str());

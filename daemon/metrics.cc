@@ -245,9 +245,11 @@ class MetricsExporter::Impl {
       names = label_names[e.label];
     }
     const char* dir = e.direction == 0 ? "h2d" : "d2h";
-    if (e.kind == Event::kExposed) {
+    if (e.kind == Event::kExposed) {  // queued_seconds: ferryd's own time of the reported copy
       exposed->Add({{"direction", dir}, {"class", names.first}, {"policy", names.second}}, DurationBuckets())
           .Observe(e.seconds);
+      exposed_copy->Add({{"direction", dir}, {"class", names.first}, {"policy", names.second}}, DurationBuckets())
+          .Observe(e.queued_seconds);
       return;
     }
     copies->Add({{"direction", dir}, {"class", names.first}, {"policy", names.second}, {"result", e.ok ? "ok" : "failed"}})
@@ -266,6 +268,11 @@ class MetricsExporter::Impl {
   prometheus::Family<prometheus::Histogram>* duration = nullptr;
   prometheus::Family<prometheus::Histogram>* queue_wait = nullptr;
   prometheus::Family<prometheus::Histogram>* exposed = nullptr;
+  prometheus::Family<prometheus::Histogram>* exposed_copy = nullptr;
+  prometheus::Family<prometheus::Counter>* snapshot_failures = nullptr;
+  prometheus::Gauge* snapshot_sequence = nullptr;
+  prometheus::Family<prometheus::Gauge>* snapshot_info = nullptr;
+  prometheus::Gauge* snapshot_current = nullptr;  // guarded by policy_mu
   prometheus::Family<prometheus::Counter>* rejected = nullptr;
   prometheus::Family<prometheus::Counter>* reloads = nullptr;
   prometheus::Family<prometheus::Gauge>* policy_info = nullptr;
@@ -359,8 +366,32 @@ Result<std::unique_ptr<MetricsExporter>> MetricsExporter::Create(const std::stri
                           .Register(r);
   impl->exposed = &prometheus::BuildHistogram()
                        .Name("ferry_exposed_seconds")
-                       .Help("Exposed copy time: how long clients were blocked waiting for copies, as they report it.")
+                       .Help("Exposed copy time: how long clients were blocked waiting for copies. Reported by "
+                             "clients, bounded by ferryd's own copy times: one report per real copy of the "
+                             "session, no longer than the copy existed; refused reports are in "
+                             "ferry_rejected_total{reason=\"wait_report\"}.")
                        .Register(r);
+  impl->exposed_copy = &prometheus::BuildHistogram()
+                            .Name("ferry_exposed_copy_duration_seconds")
+                            .Help("Measured by ferryd: accepted to done of each copy behind an accepted "
+                                  "ferry_exposed_seconds report, to compare the clients' figures with.")
+                            .Register(r);
+  impl->snapshot_failures = &prometheus::BuildCounter()
+                                 .Name("ferry_snapshot_failures_total")
+                                 .Help("Signed snapshots not written, by reason (key_permissions: the secret key "
+                                       "is readable by others or not a regular file; write: signing or disk).")
+                                 .Register(r);
+  impl->snapshot_sequence = &prometheus::BuildGauge()
+                                 .Name("ferry_snapshot_latest_sequence")
+                                 .Help("Sequence number of the newest signed snapshot ferryd wrote (0: none yet); "
+                                       "give it to ferryctl verify --expect-latest.")
+                                 .Register(r)
+                                 .Add({});
+  impl->snapshot_info = &prometheus::BuildGauge()
+                             .Name("ferry_snapshot_latest_info")
+                             .Help("The newest signed snapshot's record id and chain id; always 1.")
+                             .Register(r);
+  for (const char* reason : {"key_permissions", "write"}) impl->snapshot_failures->Add({{"reason", reason}});
   impl->rejected = &prometheus::BuildCounter().Name("ferry_rejected_total").Help("Requests refused, by reason.").Register(r);
   impl->reloads = &prometheus::BuildCounter()
                        .Name("ferry_policy_reloads_total")
@@ -372,7 +403,7 @@ Result<std::unique_ptr<MetricsExporter>> MetricsExporter::Create(const std::stri
                            .Register(r);
   for (const char* d : {"h2d", "d2h"}) impl->bytes->Add({{"direction", d}});
   // Known label values start at 0, so "none yet" reads as 0 rather than as no data.
-  for (const char* reason : {"exhausted", "permission", "not_found", "protocol", "invalid"}) {
+  for (const char* reason : {"exhausted", "permission", "not_found", "protocol", "invalid", "wait_report"}) {
     impl->rejected->Add({{"reason", reason}});
   }
   impl->reloads->Add({{"result", "ok"}});
@@ -406,10 +437,9 @@ void MetricsExporter::OnCopyDone(const CopyRecord& r) {
   if (!impl_->events.Push(e)) impl_->dropped++;
 }
 
-void MetricsExporter::OnExposed(Direction direction, std::string_view client_class, std::string_view policy,
-                                double seconds) {
-  Event e{Event::kExposed, static_cast<uint8_t>(direction == Direction::kHostToDevice ? 0 : 1), true,
-          impl_->Intern(client_class, policy), 0, seconds, 0};
+void MetricsExporter::OnExposed(const ExposedRecord& r) {
+  Event e{Event::kExposed, static_cast<uint8_t>(r.direction == Direction::kHostToDevice ? 0 : 1), true,
+          impl_->Intern(r.client_class, r.policy), 0, r.seconds, r.copy_seconds};
   if (!impl_->events.Push(e)) impl_->dropped++;
 }
 
@@ -427,6 +457,18 @@ void MetricsExporter::OnPolicyRefused() { impl_->reloads->Add({{"result", "faile
 
 void MetricsExporter::OnRejected(std::string_view reason) {
   impl_->rejected->Add({{"reason", std::string(reason)}}).Increment();
+}
+
+void MetricsExporter::OnSnapshotWritten(uint64_t sequence, const std::string& record_id, const std::string& chain) {
+  std::lock_guard<std::mutex> l(impl_->policy_mu);
+  impl_->snapshot_sequence->Set(static_cast<double>(sequence));
+  if (impl_->snapshot_current != nullptr) impl_->snapshot_info->Remove(impl_->snapshot_current);
+  impl_->snapshot_current = &impl_->snapshot_info->Add({{"record_id", record_id}, {"chain", chain}});
+  impl_->snapshot_current->Set(1);
+}
+
+void MetricsExporter::OnSnapshotFailed(std::string_view reason) {
+  impl_->snapshot_failures->Add({{"reason", std::string(reason)}}).Increment();
 }
 
 }  // namespace ferry::daemon

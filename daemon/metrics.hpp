@@ -35,10 +35,15 @@ class MetricsExporter : public ServerObserver {
   int port() const;                   // the bound port
 
   void OnCopyDone(const CopyRecord& r) override;
-  void OnExposed(Direction direction, std::string_view client_class, std::string_view policy, double seconds) override;
+  void OnExposed(const ExposedRecord& r) override;
   void OnPolicy(const Policy& now) override;
   void OnPolicyRefused() override;
   void OnRejected(std::string_view reason) override;
+
+  // From the snapshot writer (any thread): the newest signed record, an outside anchor for
+  // ferryctl verify --expect-latest; and a snapshot not written (reason: a bounded set).
+  void OnSnapshotWritten(uint64_t sequence, const std::string& record_id, const std::string& chain);
+  void OnSnapshotFailed(std::string_view reason);
 
   class Impl;
 

@@ -78,6 +78,9 @@ struct Session {
   uint32_t sq_head = 0, cq_tail = 0;
   uint32_t in_flight = 0;
   std::deque<wire::CompletionEntry> backlog;
+  // When ferryd last saw the submission ring with nothing unread: every entry read later was
+  // written after this, so it bounds how long a client can have waited for that copy.
+  uint64_t sq_seen_empty_ns = 0;
 
   std::unique_ptr<SessionArena> arena;
   std::map<uint32_t, RegionState> regions;
@@ -92,6 +95,19 @@ struct Session {
   uint64_t deficit[2] = {0, 0};
   uint64_t bulk_out_bytes[2] = {0, 0};
   ClientClass klass;
+
+  // The session's recent copies, by user_tag, to check its wait reports (kReportWait) against:
+  // bounded (the oldest are forgotten first), each reportable once.
+  struct ReportableCopy {
+    uint64_t copy_id = 0;
+    uint64_t written_after_ns = 0;  // sq_seen_empty_ns when the copy was read off the ring
+    uint64_t accepted_ns = 0, done_ns = 0;
+    Direction direction = Direction::kHostToDevice;
+    bool reported = false;
+  };
+  static constexpr size_t kMaxReportableCopies = 4096;
+  std::unordered_map<uint64_t, ReportableCopy> reportable;
+  std::deque<std::pair<uint64_t, uint64_t>> reportable_order;  // (user_tag, copy_id), oldest first
 };
 
 // A client's copy, accepted and planned under the policy current at the time; dispatched
@@ -521,6 +537,7 @@ class Server::Impl {
     s.klass = policy_->ClassFor(s.name, s.peer.uid);
     if (!Watch(s.submit_efd.get(), SessionTag(s.id, kDoorbellKind)).ok()) return refuse(Internal("epoll"));
     s.hello_done = true;
+    s.sq_seen_empty_ns = MonotonicNanos();
     counters_.sessions++;
     counters_.sessions_total++;
     r.status = ToWire(Status::Ok());
@@ -688,9 +705,13 @@ class Server::Impl {
     for (auto& [id, sp] : sessions_) {
       Session& s = *sp;
       if (!s.hello_done || s.dead) continue;
+      const uint64_t scan_ns = MonotonicNanos();
       const uint32_t tail = s.hdr->sq_tail.value.load(std::memory_order_acquire);
       const uint32_t avail = tail - s.sq_head;
-      if (avail == 0) continue;
+      if (avail == 0) {
+        s.sq_seen_empty_ns = scan_ns;
+        continue;
+      }
       if (avail > s.sq_entries) {
         CountRejected(ProtocolError(""));
         Evict(s, "submission ring tail out of range", kWarningLevel);
@@ -707,6 +728,7 @@ class Server::Impl {
         HandleSubmission(s, e);
       }
       if (!s.dead) s.hdr->sq_head.value.store(s.sq_head, std::memory_order_release);
+      if (s.sq_head == tail) s.sq_seen_empty_ns = scan_ns;
       work |= take > 0;
     }
     return work;
@@ -741,18 +763,48 @@ class Server::Impl {
     Complete(s, tag, st, wire::CompletionKind::kCompleted, 0, 0);
   }
 
+  void RememberForReports(Session& s, const Copy& c) {
+    while (s.reportable_order.size() >= Session::kMaxReportableCopies) {
+      const auto [tag, id] = s.reportable_order.front();
+      s.reportable_order.pop_front();
+      if (auto it = s.reportable.find(tag); it != s.reportable.end() && it->second.copy_id == id) s.reportable.erase(it);
+    }
+    // A tag used again names the newer copy from now on.
+    s.reportable[c.user_tag] = {c.id, s.sq_seen_empty_ns, c.accepted_ns, 0, c.direction, false};
+    s.reportable_order.emplace_back(c.user_tag, c.id);
+  }
+
+  // Exposed copy time is the one figure ferryd cannot measure: the client says how long it was
+  // blocked on a copy. Believed only for a real copy of this session, once, and no longer than
+  // ferryd's clock allows: the time since the copy's entry can first have been on the ring.
+  void HandleWaitReport(Session& s, const wire::SubmissionEntry& e) {
+    auto refuse = [&](const std::string& why) {
+      counters_.rejected++;
+      counters_.wait_reports_refused++;
+      if (observer_ != nullptr) observer_->OnRejected("wait_report");
+      FERRY_LOG(kDebug) << "session " << s.id << ": refused a wait report for copy " << e.user_tag << ": " << why;
+    };
+    auto it = s.reportable.find(e.user_tag);
+    if (it == s.reportable.end()) return refuse("no recent copy of this session has that tag");
+    Session::ReportableCopy& c = it->second;
+    if (c.reported) return refuse("that copy's wait was reported already");
+    const uint64_t now = MonotonicNanos();
+    if (e.length > now - c.written_after_ns) {
+      return refuse(std::to_string(e.length) + " ns is longer than the copy can have existed (" +
+                    std::to_string(now - c.written_after_ns) + " ns)");
+    }
+    c.reported = true;
+    counters_.wait_reports_accepted++;
+    if (observer_ != nullptr) {
+      observer_->OnExposed({c.direction, s.klass.name, policy_->name, static_cast<double>(e.length) * 1e-9,
+                            static_cast<double>((c.done_ns != 0 ? c.done_ns : now) - c.accepted_ns) * 1e-9});
+    }
+  }
+
   void HandleSubmission(Session& s, const wire::SubmissionEntry& e) {
     const auto op = static_cast<wire::Opcode>(e.opcode);
     if (op == wire::Opcode::kNop) return Complete(s, e.user_tag, Status::Ok(), wire::CompletionKind::kCompleted, 0, 0);
-    if (op == wire::Opcode::kReportWait) {
-      // Statistics only, but still bounded: an hour of waiting, one of two directions.
-      if (e.device_offset > 1 || e.length > 3600ull * 1'000'000'000) return CountRejected(InvalidArgument("bad wait report"));
-      if (observer_ != nullptr) {
-        observer_->OnExposed(e.device_offset == 0 ? Direction::kHostToDevice : Direction::kDeviceToHost, s.klass.name,
-                             policy_->name, static_cast<double>(e.length) * 1e-9);
-      }
-      return;
-    }
+    if (op == wire::Opcode::kReportWait) return HandleWaitReport(s, e);
     if (op != wire::Opcode::kHostToDevice && op != wire::Opcode::kDeviceToHost) {
       return Reject(s, e.user_tag, InvalidArgument("unknown opcode " + std::to_string(e.opcode)));
     }
@@ -794,6 +846,7 @@ class Server::Impl {
     c->policy = policy_;
     c->latency = e.priority == static_cast<uint16_t>(wire::Priority::kLatency) && s.klass.latency_allowed &&
                  e.length <= policy_->latency_max_bytes && backend_->streams_per_direction() > 1;
+    RememberForReports(s, *c);
     PlanPieces(*c, e, rit->second.region->base());
     buf->in_flight++;
     rit->second.in_flight++;
@@ -1000,6 +1053,9 @@ class Server::Impl {
       auto rit = s.regions.find(c.region_id);
       if (rit != s.regions.end() && --rit->second.in_flight == 0 && rit->second.unregistering) s.regions.erase(rit);
       if (!s.dead) Complete(s, c.user_tag, c.status, wire::CompletionKind::kCompleted, c.bytes, now - c.accepted_ns);
+      if (auto rc = s.reportable.find(c.user_tag); rc != s.reportable.end() && rc->second.copy_id == c.id) {
+        rc->second.done_ns = now;
+      }
       if (observer_ != nullptr) {
         CopyRecord r{c.direction, c.latency, s.klass.name, c.policy->name, c.bytes,
                      (c.first_dispatch_ns ? c.first_dispatch_ns - c.accepted_ns : 0) * 1e-9,

@@ -23,6 +23,8 @@ struct ServerCounters {
   std::atomic<uint64_t> bytes_d2h{0};
   std::atomic<uint64_t> evictions{0};
   std::atomic<uint64_t> rejected{0};
+  std::atomic<uint64_t> wait_reports_accepted{0};  // exposed-time reports believed (OnExposed)
+  std::atomic<uint64_t> wait_reports_refused{0};   // ... and refused (also in rejected)
   std::atomic<uint64_t> pool_free_bytes{0};
   std::atomic<uint64_t> in_flight{0};        // copies accepted and not finished
   std::atomic<uint64_t> in_flight_bytes{0};  // bytes on the engines now
@@ -45,14 +47,24 @@ struct CopyRecord {
   bool ok;
 };
 
+// A client's report of how long it was blocked waiting for one of its copies (exposed copy
+// time), accepted because the copy is real, of that session, reported once, and the wait fits
+// in the time since the copy was submitted. `seconds` is the client's figure; the rest is
+// ferryd's own. Called on the event-loop thread.
+struct ExposedRecord {
+  Direction direction;  // the copy's, as ferryd accepted it
+  std::string_view client_class;
+  std::string_view policy;
+  double seconds;       // reported by the client
+  double copy_seconds;  // measured by ferryd: the copy's accepted to done (to now, if not done yet)
+};
+
 // Told about copies, exposed time and policy changes; the metrics exporter implements it.
 class ServerObserver {
  public:
   virtual ~ServerObserver() = default;
   virtual void OnCopyDone(const CopyRecord& r) = 0;
-  // A client reported how long it was blocked waiting for a copy: exposed copy time.
-  virtual void OnExposed(Direction direction, std::string_view client_class, std::string_view policy,
-                         double seconds) = 0;
+  virtual void OnExposed(const ExposedRecord& r) = 0;
   virtual void OnPolicy(const Policy& now) = 0;
   virtual void OnPolicyRefused() = 0;
   virtual void OnRejected(std::string_view reason) = 0;  // a bounded set: see RejectReason in server.cc

@@ -14,6 +14,7 @@
 
 #include "common/fd.hpp"
 #include "common/log.hpp"
+#include "common/yaml_util.hpp"
 
 namespace ferry::daemon {
 namespace {
@@ -75,6 +76,52 @@ std::string SnapshotName(uint64_t seq) {
   return b;
 }
 
+// The names in dir that are snapshot records, by sequence (numerically: names are padded to
+// six digits only, so seq 1000000 sorts before 999999 as text).
+Result<std::vector<uint64_t>> RecordSequences(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return ErrnoStatus("opendir " + dir, errno);
+  std::vector<uint64_t> seqs;
+  while (dirent* e = ::readdir(d)) {
+    unsigned long long n = 0;
+    char tail[8] = {0};
+    if (std::sscanf(e->d_name, "snapshot-%20llu.%5s", &n, tail) == 2 && std::string(tail) == "json" &&
+        std::string(e->d_name) == SnapshotName(n)) {
+      seqs.push_back(n);
+    }
+  }
+  ::closedir(d);
+  std::sort(seqs.begin(), seqs.end());
+  return seqs;
+}
+
+Result<std::string> ReadSmallFile(const std::string& path, size_t max) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.valid()) return ErrnoStatus("open " + path, errno);
+  return ReadWholeFd(fd.get(), max);
+}
+
+// Checks record `seq` in dir as ferryctl verify would, with ferryd's own key: its signature,
+// the record id and sequence it was signed with, and that it is a complete record of this key.
+// Returns its "prev_sha256" and "chain".
+Result<std::pair<std::string, std::string>> VerifyOwnRecord(const signing::PublicKey& pk, const std::string& dir,
+                                                             uint64_t seq, const std::string& body) {
+  FERRY_ASSIGN_OR_RETURN(std::string sig, ReadSmallFile(dir + "/" + SnapshotName(seq) + ".minisig", 4096));
+  FERRY_ASSIGN_OR_RETURN(std::string trusted, signing::Verify(pk, body, sig));
+  const std::string want = "ferry snapshot " + signing::RecordId(body) + " seq " + std::to_string(seq);
+  if (trusted != want) return InvalidArgument("signed as '" + trusted + "', not '" + want + "'");
+  auto root = yamlutil::LoadString(body, SnapshotName(seq));
+  if (!root.ok()) return root.status();
+  try {
+    const YAML::Node& r = *root;
+    if (r["seq"].as<uint64_t>() != seq) return InvalidArgument("its sequence differs from its name's");
+    if (r["key_id"].as<std::string>() != signing::KeyIdHex(pk.id)) return InvalidArgument("it names another key");
+    return std::make_pair(r["prev_sha256"].as<std::string>(), r["chain"] ? r["chain"].as<std::string>() : std::string());
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument(std::string("not a complete snapshot record: ") + e.what());
+  }
+}
+
 }  // namespace
 
 Result<std::unique_ptr<SnapshotWriter>> SnapshotWriter::Create(const SnapshotOptions& options) {
@@ -92,27 +139,51 @@ Result<std::unique_ptr<SnapshotWriter>> SnapshotWriter::Create(const SnapshotOpt
   return w;
 }
 
-// The chain continues where the last ferryd left it: the highest sequence in dir.
+Status SnapshotWriter::VerifyTail(uint64_t seq, std::string* body) {
+  const signing::PublicKey pk = signing::PublicKeyOf(key_);
+  FERRY_ASSIGN_OR_RETURN(*body, ReadSmallFile(opt_.dir + "/" + SnapshotName(seq), 1 << 20));
+  FERRY_ASSIGN_OR_RETURN(auto tail, VerifyOwnRecord(pk, opt_.dir, seq, *body));
+  chain_ = tail.second.empty() ? "continued-" + signing::RecordId(*body) : tail.second;
+  if (tail.first == std::string(64, '0') || seq <= 1) return Status::Ok();  // the head of its chain
+  // The link back, where the record before is still there (old ones may have been pruned).
+  auto prev_body = ReadSmallFile(opt_.dir + "/" + SnapshotName(seq - 1), 1 << 20);
+  if (!prev_body.ok()) return Status::Ok();
+  auto prev = VerifyOwnRecord(pk, opt_.dir, seq - 1, *prev_body);
+  if (!prev.ok()) return prev.status().WithContext(SnapshotName(seq - 1) + ", the record before it");
+  if (signing::Sha256Hex(*prev_body) != tail.first) {
+    return InvalidArgument("its previous-record hash is not " + SnapshotName(seq - 1) + "'s");
+  }
+  return Status::Ok();
+}
+
+// The chain continues where the last ferryd left it, if its newest record verifies; never from
+// a record that does not (a planted or damaged file): then a new chain starts above it.
 Status SnapshotWriter::Continue() {
   prev_hash_ = std::string(64, '0');
-  DIR* d = ::opendir(opt_.dir.c_str());
-  if (d == nullptr) return ErrnoStatus("opendir " + opt_.dir, errno);
-  uint64_t best = 0;
-  while (dirent* e = ::readdir(d)) {
-    unsigned long long n = 0;
-    char tail[8] = {0};
-    if (std::sscanf(e->d_name, "snapshot-%llu.%5s", &n, tail) == 2 && std::string(tail) == "json" &&
-        std::string(e->d_name).size() == SnapshotName(n).size()) {
-      best = std::max<uint64_t>(best, n);
-    }
+  FERRY_ASSIGN_OR_RETURN(std::vector<uint64_t> seqs, RecordSequences(opt_.dir));
+  if (seqs.empty()) {
+    seq_ = opt_.first_sequence - 1;
+    chain_ = signing::RecordId(opt_.host_id + " " + IsoTime(std::chrono::system_clock::now()) + " " +
+                               std::to_string(::getpid()));
+    return Status::Ok();
   }
-  ::closedir(d);
-  if (best == 0) return Status::Ok();
-  std::ifstream f(opt_.dir + "/" + SnapshotName(best), std::ios::binary);
-  std::string body((std::istreambuf_iterator<char>(f)), {});
+  const uint64_t best = seqs.back();
+  if (best >= (uint64_t{1} << 62)) {
+    return InvalidArgument(opt_.dir + "/" + SnapshotName(best) + ": a sequence this high is not ferryd's; move it away");
+  }
   seq_ = best;
+  std::string body;
+  if (Status st = VerifyTail(best, &body); !st.ok()) {
+    chain_broken_ = SnapshotName(best) + " does not verify with ferryd's own key: " + st.message();
+    chain_ = signing::RecordId(opt_.host_id + " " + chain_broken_ + " " + IsoTime(std::chrono::system_clock::now()));
+    FERRY_LOG(kWarning) << "snapshots: not continuing the chain in " << opt_.dir << ": " << chain_broken_
+                        << "; starting a new chain " << chain_ << " at sequence " << best + 1
+                        << " (its first record says why; the files there are left as they are)";
+    return Status::Ok();
+  }
   prev_hash_ = signing::Sha256Hex(body);
-  FERRY_LOG(kInfo) << "snapshots: continuing the chain in " << opt_.dir << " after sequence " << best;
+  FERRY_LOG(kInfo) << "snapshots: continuing the chain in " << opt_.dir << " after sequence " << best
+                   << " (verified with ferryd's key)";
   return Status::Ok();
 }
 
@@ -151,22 +222,40 @@ uint64_t SnapshotWriter::last_sequence() const {
   return seq_;
 }
 
+void SnapshotWriter::Samples::Add(double v, std::minstd_rand& rng) {
+  sum += v;
+  const uint64_t n = ++seen;
+  if (kept.size() < kMaxSamples) {
+    kept.push_back(static_cast<float>(v));
+  } else if (const uint64_t slot = rng() % n; slot < kMaxSamples) {
+    kept[slot] = static_cast<float>(v);
+  }
+}
+
 void SnapshotWriter::OnCopyDone(const CopyRecord& r) {
   std::lock_guard<std::mutex> l(mu_);
   window_.copies++;
   if (!r.ok) window_.failed++;
   if (r.ok) window_.bytes[r.direction == Direction::kHostToDevice ? 0 : 1] += r.bytes;
+  window_.copy.Add(r.seconds, rng_);
+  window_.queued.Add(r.queued_seconds, rng_);
 }
 
-void SnapshotWriter::OnExposed(Direction, std::string_view, std::string_view, double seconds) {
+void SnapshotWriter::OnExposed(const ExposedRecord& r) {
   std::lock_guard<std::mutex> l(mu_);
-  // Past the cap, keep a uniform sample (reservoir), so percentiles stay honest under load.
-  const uint64_t n = ++window_.exposed_seen;
-  if (window_.exposed.size() < kMaxSamples) {
-    window_.exposed.push_back(static_cast<float>(seconds));
-  } else if (const uint64_t slot = rng_() % n; slot < kMaxSamples) {
-    window_.exposed[slot] = static_cast<float>(seconds);
-  }
+  window_.exposed.Add(r.seconds, rng_);
+  window_.reported_copy_seconds += r.copy_seconds;
+}
+
+void SnapshotWriter::OnRejected(std::string_view reason) {
+  if (reason != "wait_report") return;
+  std::lock_guard<std::mutex> l(mu_);
+  window_.reports_refused++;
+}
+
+std::string SnapshotWriter::chain() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return chain_;
 }
 
 void SnapshotWriter::OnPolicy(const Policy& now) {
@@ -176,6 +265,12 @@ void SnapshotWriter::OnPolicy(const Policy& now) {
 }
 
 Status SnapshotWriter::WriteNow() {
+  // The key is checked before each signature: a key others can read may be someone else's by
+  // now, and what it signs proves nothing. The window is kept for the next try.
+  if (Status key = signing::CheckSecretKeyFile(opt_.key_path); !key.ok()) {
+    if (opt_.on_failure) opt_.on_failure("key_permissions");
+    return PermissionDenied("not signing snapshots: " + key.message());
+  }
   std::unique_lock<std::mutex> l(mu_);
   Window w = std::move(window_);
   window_ = Window{};
@@ -183,16 +278,18 @@ Status SnapshotWriter::WriteNow() {
   const auto end = std::chrono::system_clock::now();
   window_start_ = end;
   const uint64_t seq = seq_ + 1;
-  const std::string prev = prev_hash_, policy_name = policy_name_, policy_hash = policy_hash_;
+  const std::string prev = prev_hash_, policy_name = policy_name_, policy_hash = policy_hash_, chain = chain_,
+                    broken = chain_broken_;
   l.unlock();
 
   const double secs = std::max(1e-9, std::chrono::duration<double>(end - start).count());
-  const double p50 = Percentile(w.exposed, 0.50), p99 = Percentile(w.exposed, 0.99);
   std::ostringstream j;
   j << "{\n"
-    << "  \"format\": \"ferry-snapshot/1\",\n"
+    << "  \"format\": \"ferry-snapshot/2\",\n"
     << "  \"seq\": " << seq << ",\n"
-    << "  \"issued_at\": " << Json(IsoTime(end)) << ",\n"
+    << "  \"chain\": " << Json(chain) << ",\n";
+  if (!broken.empty()) j << "  \"previous_chain_broken\": " << Json(broken) << ",\n";
+  j << "  \"issued_at\": " << Json(IsoTime(end)) << ",\n"
     << "  \"window\": {\"start\": " << Json(IsoTime(start)) << ", \"end\": " << Json(IsoTime(end))
     << ", \"seconds\": " << Num(secs) << "},\n"
     << "  \"host_id\": " << Json(opt_.host_id) << ",\n"
@@ -202,25 +299,42 @@ Status SnapshotWriter::WriteNow() {
     << "  \"ferry_version\": " << Json(opt_.version) << ",\n"
     << "  \"key_id\": " << Json(signing::KeyIdHex(key_.id)) << ",\n"
     << "  \"policy\": {\"name\": " << Json(policy_name) << ", \"hash\": " << Json(policy_hash) << "},\n"
-    << "  \"metrics\": {\"copies\": " << w.copies << ", \"copies_failed\": " << w.failed
+    << "  \"measured_by_ferryd\": {\"copies\": " << w.copies << ", \"copies_failed\": " << w.failed
     << ", \"bytes_h2d\": " << w.bytes[0] << ", \"bytes_d2h\": " << w.bytes[1]
     << ", \"bandwidth_h2d_bytes_per_second\": " << Num(static_cast<double>(w.bytes[0]) / secs)
     << ", \"bandwidth_d2h_bytes_per_second\": " << Num(static_cast<double>(w.bytes[1]) / secs)
-    << ", \"exposed_waits\": " << w.exposed_seen << ", \"exposed_p50_seconds\": " << Num(p50)
-    << ", \"exposed_p99_seconds\": " << Num(p99) << "},\n"
+    << ", \"copy_p50_seconds\": " << Num(Percentile(w.copy.kept, 0.50))
+    << ", \"copy_p99_seconds\": " << Num(Percentile(w.copy.kept, 0.99))
+    << ", \"queued_p50_seconds\": " << Num(Percentile(w.queued.kept, 0.50))
+    << ", \"queued_p99_seconds\": " << Num(Percentile(w.queued.kept, 0.99)) << "},\n"
+    << "  \"reported_by_clients\": {\"exposed_reports_accepted\": " << w.exposed.seen
+    << ", \"exposed_reports_refused\": " << w.reports_refused
+    << ", \"exposed_p50_seconds\": " << Num(Percentile(w.exposed.kept, 0.50))
+    << ", \"exposed_p99_seconds\": " << Num(Percentile(w.exposed.kept, 0.99))
+    << ", \"exposed_seconds_sum\": " << Num(w.exposed.sum)
+    << ", \"reported_copies_seconds_sum_measured_by_ferryd\": " << Num(w.reported_copy_seconds) << "},\n"
     << "  \"prev_sha256\": " << Json(prev) << "\n"
     << "}\n";
   const std::string record = j.str();
   const std::string id = signing::RecordId(record);
-  FERRY_ASSIGN_OR_RETURN(std::string sig, signing::Sign(key_, record, "ferry snapshot " + id + " seq " + std::to_string(seq),
-                                                        "ferry snapshot " + std::to_string(seq) + " from " + opt_.host_id));
   const std::string path = opt_.dir + "/" + SnapshotName(seq);
-  // Signature first: a record is never on disk without its signature next to it.
-  FERRY_RETURN_IF_ERROR(WriteAtomically(path + ".minisig", sig));
-  FERRY_RETURN_IF_ERROR(WriteAtomically(path, record));
+  Status written = [&]() -> Status {
+    FERRY_ASSIGN_OR_RETURN(std::string sig, signing::Sign(key_, record, "ferry snapshot " + id + " seq " + std::to_string(seq),
+                                                          "ferry snapshot " + std::to_string(seq) + " from " + opt_.host_id));
+    // Signature first: a record is never on disk without its signature next to it.
+    FERRY_RETURN_IF_ERROR(WriteAtomically(path + ".minisig", sig));
+    return WriteAtomically(path, record);
+  }();
+  if (!written.ok()) {
+    if (opt_.on_failure) opt_.on_failure("write");
+    return written;
+  }
   l.lock();
   seq_ = seq;
   prev_hash_ = signing::Sha256Hex(record);
+  chain_broken_.clear();
+  l.unlock();
+  if (opt_.on_written) opt_.on_written(seq, id, chain);
   FERRY_LOG(kDebug) << "snapshot " << seq << " " << id << " written";
   return Status::Ok();
 }

@@ -1,11 +1,15 @@
 // Signed, hash-chained measurement snapshots. Every interval ferryd writes DIR/snapshot-NNNNNN.json
 // (what it measured in the window, on which machine, GPU, driver and policy, and the SHA-256 of
 // the snapshot before it) and DIR/snapshot-NNNNNN.json.minisig (minisign format, trusted comment
-// "ferry snapshot <record id> seq <n>"). A restart continues the chain found in DIR.
+// "ferry snapshot <record id> seq <n>"). A restart continues the chain found in DIR once its
+// newest record (and the link to the one before) verifies with ferryd's own key; otherwise it
+// starts a new chain after the highest sequence there, its first record naming why
+// ("previous_chain_broken"), and never rewrites a file that is there.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -24,6 +28,11 @@ struct SnapshotOptions {
   std::chrono::milliseconds interval{60000};
   std::string host_id;  // empty: /etc/machine-id
   std::string version, gpu_name, gpu_uuid, driver, cuda_runtime, cublas;
+  // Told (on the writer's thread) about each record written, and each one not written with a
+  // bounded reason ("key_permissions", "write"); the metrics exporter listens.
+  std::function<void(uint64_t seq, const std::string& record_id, const std::string& chain)> on_written;
+  std::function<void(std::string_view reason)> on_failure;
+  uint64_t first_sequence = 1;  // of a chain started in an empty dir (tests start high)
 };
 
 class SnapshotWriter : public ServerObserver {
@@ -35,10 +44,11 @@ class SnapshotWriter : public ServerObserver {
   uint64_t last_sequence() const;
 
   void OnCopyDone(const CopyRecord& r) override;
-  void OnExposed(Direction direction, std::string_view client_class, std::string_view policy, double seconds) override;
+  void OnExposed(const ExposedRecord& r) override;
   void OnPolicy(const Policy& now) override;
   void OnPolicyRefused() override {}
-  void OnRejected(std::string_view) override {}
+  void OnRejected(std::string_view reason) override;
+  std::string chain() const;
 
   // Writes one snapshot of the window so far now (the timer does this every interval).
   Status WriteNow();
@@ -46,10 +56,22 @@ class SnapshotWriter : public ServerObserver {
  private:
   SnapshotWriter() = default;
   Status Continue();  // finds the chain's end in dir
+  Status VerifyTail(uint64_t seq, std::string* body);  // the newest record and its link back
+  // Seconds; past kMaxSamples, a uniform sample (reservoir), so percentiles stay honest under load.
+  struct Samples {
+    std::vector<float> kept;
+    uint64_t seen = 0;
+    double sum = 0;
+    void Add(double v, std::minstd_rand& rng);
+  };
   struct Window {
+    // Measured by ferryd.
     uint64_t copies = 0, failed = 0, bytes[2] = {0, 0};
-    std::vector<float> exposed;  // seconds; capped, see kMaxSamples
-    uint64_t exposed_seen = 0;
+    Samples copy, queued;
+    // Reported by clients (exposed time), and ferryd's own time of the copies they reported.
+    Samples exposed;
+    double reported_copy_seconds = 0;
+    uint64_t reports_refused = 0;
   };
   static constexpr size_t kMaxSamples = 200000;
 
@@ -61,6 +83,8 @@ class SnapshotWriter : public ServerObserver {
   std::chrono::system_clock::time_point window_start_;
   uint64_t seq_ = 0;
   std::string prev_hash_;
+  std::string chain_;               // id of the chain being written
+  std::string chain_broken_;        // non-empty: the next record starts a new chain, and why
   bool stop_ = false;
   std::minstd_rand rng_{12345};
   std::condition_variable cv_;
@@ -77,8 +101,8 @@ class ObserverTee : public ServerObserver {
   void OnCopyDone(const CopyRecord& r) override {
     for (auto* o : all_) o->OnCopyDone(r);
   }
-  void OnExposed(Direction d, std::string_view c, std::string_view p, double s) override {
-    for (auto* o : all_) o->OnExposed(d, c, p, s);
+  void OnExposed(const ExposedRecord& r) override {
+    for (auto* o : all_) o->OnExposed(r);
   }
   void OnPolicy(const Policy& now) override {
     for (auto* o : all_) o->OnPolicy(now);

@@ -2,7 +2,8 @@
 #   need TOOL...            fail unless each tool is installed
 #   start_host_ferryd NAME FERRYD [YAML LINE...]
 #                           a scratch $dir, ferryd running there ($pid, socket $sock), both
-#                           cleaned up on exit
+#                           cleaned up on exit; metrics on $metrics_address if set (then
+#                           $metrics is the address it bound, IPV4:PORT)
 fail() { echo "FAIL: $*"; exit 1; }
 need() {
   for t in "$@"; do command -v "$t" >/dev/null || fail "$t is not installed (scripts/setup.sh installs it)"; done
@@ -13,7 +14,7 @@ start_host_ferryd() {
   dir=$(mktemp -d "/tmp/ferry-$name-XXXXXX")
   trap 'kill $pid 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT
   {
-    printf 'runtime_dir: %s/rt\nbackend: host\npool: {size: 64MiB, slab: 1MiB}\nmetrics: {address: ""}\n' "$dir"
+    printf 'runtime_dir: %s/rt\nbackend: host\npool: {size: 64MiB, slab: 1MiB}\nmetrics: {address: "%s"}\n' "$dir" "${metrics_address:-}"
     for line in "$@"; do printf '%s\n' "$line"; done
   } >"$dir/ferryd.yaml"
   "$bin" --config "$dir/ferryd.yaml" >"$dir/ferryd.log" 2>&1 &
@@ -21,4 +22,5 @@ start_host_ferryd() {
   for _ in $(seq 200); do [ -S "$dir/rt/ferryd.sock" ] && break; sleep 0.05; done
   sock=$dir/rt/ferryd.sock
   [ -S "$sock" ] || { cat "$dir/ferryd.log"; fail "ferryd did not start"; }
+  metrics=$(sed -n 's|.*metrics on http://\([0-9.]*:[0-9]*\)/metrics.*|\1|p' "$dir/ferryd.log")
 }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -291,6 +292,25 @@ class RawSession {
     }
     return std::nullopt;
   }
+  // A pool buffer of this session and a device region (a sealed memfd, as on the host backend).
+  Result<uint64_t> AllocBuffer(uint64_t size) {
+    wire::AllocBufferRequest req{size};
+    FERRY_RETURN_IF_ERROR(Send(sock_.get(), wire::MsgType::kAllocBuffer, ++seq_, req));
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, RecvMessage(sock_.get(), 5000));
+    FERRY_RETURN_IF_ERROR(FromWire(m.As<wire::AllocBufferReply>().status));
+    return m.As<wire::AllocBufferReply>().pool_offset;
+  }
+  Result<uint32_t> RegisterRegion(uint64_t size) {
+    FERRY_ASSIGN_OR_RETURN(UniqueFd mem, CreateSealedMemfd("raw-device", size));
+    wire::RegisterDeviceRequest req{};
+    req.kind = static_cast<uint32_t>(wire::DeviceHandleKind::kHostMemfd);
+    req.size = size;
+    const int fd = mem.get();
+    FERRY_RETURN_IF_ERROR(Send(sock_.get(), wire::MsgType::kRegisterDevice, ++seq_, req, &fd, 1));
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, RecvMessage(sock_.get(), 5000));
+    FERRY_RETURN_IF_ERROR(FromWire(m.As<wire::RegisterDeviceReply>().status));
+    return m.As<wire::RegisterDeviceReply>().region_id;
+  }
   bool DaemonHungUp() {
     auto m = RecvMessage(sock_.get(), 2000);
     return !m.ok() && m.status().code() == Code::kUnavailable;
@@ -301,7 +321,96 @@ class RawSession {
   UniqueFd sock_, submit_;
   Mapping ring_;
   wire::HelloReply reply_{};
+  uint32_t seq_ = 1;
 };
+
+// Records what reaches the metrics and snapshots.
+class RecordingObserver : public daemon::ServerObserver {
+ public:
+  void OnCopyDone(const daemon::CopyRecord&) override {}
+  void OnExposed(const daemon::ExposedRecord& r) override {
+    std::lock_guard<std::mutex> l(mu);
+    exposed.push_back(r.seconds);
+    copy_seconds.push_back(r.copy_seconds);
+  }
+  void OnPolicy(const daemon::Policy&) override {}
+  void OnPolicyRefused() override {}
+  void OnRejected(std::string_view reason) override {
+    std::lock_guard<std::mutex> l(mu);
+    if (reason == "wait_report") ++refused;
+  }
+  std::mutex mu;
+  std::vector<double> exposed, copy_seconds;
+  int refused = 0;
+};
+
+// A client reporting waits it never had (a forged exposed time of an hour, the 100,000-wait
+// attack): only a real copy of its own session, once, no longer than that copy has existed.
+TEST(Daemon, WaitReportsAreBelievedOnlyForARealCopyOnceAndNoLongerThanItExisted) {
+  RecordingObserver seen;
+  DaemonHarness d(DaemonHarness::SmallConfig(), nullptr, DaemonHarness::SmallChunks(), &seen);
+  RawSession raw;
+  ASSERT_OK(raw.Open(d.socket_path()));
+  ASSERT_OK_AND_ASSIGN(uint64_t pool_offset, raw.AllocBuffer(1 << 20));
+  ASSERT_OK_AND_ASSIGN(uint32_t region, raw.RegisterRegion(1 << 20));
+  wire::SubmissionEntry copy{};
+  copy.user_tag = 7;
+  copy.opcode = static_cast<uint16_t>(wire::Opcode::kHostToDevice);
+  copy.pool_offset = pool_offset;
+  copy.length = 64 << 10;
+  copy.region_id = region;
+  // Another session's real copy of tag 8: that tag means nothing in the raw session.
+  RawSession other;
+  ASSERT_OK(other.Open(d.socket_path()));
+  ASSERT_OK_AND_ASSIGN(uint64_t other_offset, other.AllocBuffer(1 << 20));
+  ASSERT_OK_AND_ASSIGN(uint32_t other_region, other.RegisterRegion(1 << 20));
+  wire::SubmissionEntry other_copy = copy;
+  other_copy.user_tag = 8;
+  other_copy.pool_offset = other_offset;
+  other_copy.region_id = other_region;
+  other.Push(other_copy);
+  auto other_done = other.Next();
+  ASSERT_TRUE(other_done.has_value());
+  ASSERT_EQ(other_done->status, 0);
+
+  auto report = [&](uint64_t tag, uint64_t ns) {
+    wire::SubmissionEntry e{};
+    e.opcode = static_cast<uint16_t>(wire::Opcode::kReportWait);
+    e.user_tag = tag;
+    e.length = ns;
+    // Reports have no completion: keep within the ring by waiting for ferryd to read them.
+    ASSERT_TRUE(DaemonHarness::Eventually(
+        [&] { return raw.header()->sq_tail.value.load() - raw.header()->sq_head.value.load() < 16; }));
+    raw.Push(e);
+  };
+  constexpr uint64_t kHour = 3600ull * 1'000'000'000;
+  for (uint64_t tag = 1000; tag < 1100; ++tag) report(tag, kHour);  // no copies at all
+  report(8, 1000);                                                  // the other session's copy
+  const uint64_t before_submit = MonotonicNanos();
+  raw.Push(copy);
+  auto done = raw.Next();
+  ASSERT_TRUE(done.has_value());
+  ASSERT_EQ(done->status, 0);
+  const uint64_t real_wait = MonotonicNanos() - before_submit;
+  report(7, kHour);      // longer than the copy has existed
+  report(7, real_wait / 2);  // the real one: believed
+  report(7, real_wait / 2);  // again: a duplicate
+  // A NOP after them: its completion says every report before it was read.
+  wire::SubmissionEntry nop{};
+  nop.user_tag = 99;
+  raw.Push(nop);
+  auto nop_done = raw.Next();
+  ASSERT_TRUE(nop_done.has_value());
+  EXPECT_EQ(nop_done->user_tag, 99u);
+
+  EXPECT_EQ(d.counters().wait_reports_accepted.load(), 1u);
+  EXPECT_EQ(d.counters().wait_reports_refused.load(), 103u);
+  std::lock_guard<std::mutex> l(seen.mu);
+  ASSERT_EQ(seen.exposed.size(), 1u);
+  EXPECT_NEAR(seen.exposed[0], static_cast<double>(real_wait / 2) * 1e-9, 1e-9);
+  EXPECT_GT(seen.copy_seconds[0], 0.0);  // ferryd's own time of that copy, beside the report
+  EXPECT_EQ(seen.refused, 103);
+}
 
 TEST(Daemon, RejectsSubmissionsThatPointOutsideTheSessionsOwnMemory) {
   DaemonHarness d;

@@ -7,12 +7,13 @@ set -uo pipefail
 ferryd=$1 ctl=$2 policies=$3
 . "$(dirname "$0")/host_ferryd.sh"
 need minisign python3
-start_host_ferryd overlap "$ferryd" "policy: $policies/latency-bulk.yaml"
+metrics_address=127.0.0.1:0 start_host_ferryd overlap "$ferryd" "policy: $policies/latency-bulk.yaml"
+[ -n "$metrics" ] || { cat "$dir/ferryd.log"; fail "no metrics address in ferryd's log"; }
 before=$("$ctl" --socket "$sock" policy show | sha256sum)
 "$ctl" keygen --dir "$dir" --name bench >/dev/null || fail "keygen"
 
 "$ctl" --socket "$sock" bench overlap --quick --n 128 --policies "$policies" --report "$dir/report.json" \
-  --sign-key "$dir/bench.key" --svg "$dir/plot.svg" >"$dir/out.txt" 2>"$dir/err.txt" ||
+  --sign-key "$dir/bench.key" --svg "$dir/plot.svg" --metrics "$metrics" >"$dir/out.txt" 2>"$dir/err.txt" ||
   { cat "$dir/out.txt" "$dir/err.txt"; fail "bench overlap failed"; }
 cat "$dir/out.txt"
 after=$("$ctl" --socket "$sock" policy show | sha256sum)
@@ -31,6 +32,12 @@ for m in ferry:
     assert len(m["policy_hash"]) == 16 and m["step_seconds"]["n"] > 0, m
     if m["strategy"] != "copy":
         assert "exposed_seconds" in m and m["step_seconds"]["median"] > 0, m
+    # The bench's own exposed time (host clock around its waits) and ferryd's metric of the
+    # clients' reports agree: |a - b| <= max(10% of the larger, 0.05 ms) per step.
+    e = m["exposed_per_step"]
+    a, b = e["bench_seconds"], e["ferryd_metric_seconds"]
+    assert e["ferryd_metric_reports"] > 0, m
+    assert abs(a - b) <= max(0.10 * max(a, b), 0.05e-3) and e["agree"], m
 assert r["compute_seconds"]["median"] > 0 and r["copy_seconds"] > 0
 for k in ("ferry_version", "engine", "daemon_backend", "environment", "workload"):
     assert k in r, k

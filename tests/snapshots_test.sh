@@ -77,6 +77,49 @@ reset; expect_fail "a replayed record" "replayed" "$dir/ferry.pub" "$t/snapshot-
 reset; rm "$t/snapshot-000003.json.minisig"
 expect_fail "a record without its signature" "no signature" "$dir/ferry.pub" "$t"
 
+# Deletions at either end: the first record is missing unless told where the chain starts; the
+# last is noticed against the newest record ferryd announced.
+last=$(ls "$dir"/snaps/snapshot-*.json | sed 's/.*snapshot-0*\([0-9]*\)\.json/\1/' | sort -n | tail -1)
+last_id=$(sed -n 's/^trusted comment: ferry snapshot \(FRY-[^ ]*\) seq .*/\1/p' "$(printf '%s/snaps/snapshot-%06d.json.minisig' "$dir" "$last")")
+[ -n "$last_id" ] || fail "no record id for the last record $last"
+"$ctl" verify --pub "$dir/ferry.pub" --expect-latest "$last:$last_id" "$dir/snaps" >/dev/null || fail "--expect-latest rejects the untouched chain"
+reset; rm "$(printf '%s/snapshot-%06d.json' "$t" "$last")"
+expect_fail "the last record deleted" "expected latest record" "$dir/ferry.pub" --expect-latest "$last:$last_id" "$t"
+expect_fail "the last record deleted (same sequence, other id)" "not the expected" "$dir/ferry.pub" --expect-latest "$((last - 1)):FRY-00000-00000-00000-00000" "$t"
+reset; rm "$t/snapshot-000001.json" "$t/snapshot-000001.json.minisig"
+expect_fail "the first record deleted" "not the head of its chain" "$dir/ferry.pub" "$t"
+"$ctl" verify --pub "$dir/ferry.pub" --from-seq 2 "$t" >/dev/null || fail "--from-seq 2 rejects a chain whose first record was removed on purpose"
+expect_fail "--from-seq that does not match" "as --from-seq says" "$dir/ferry.pub" --from-seq 1 "$t"
+
+# While ferryd runs: it announces its newest record, and a secret key made readable by others
+# stops the signing (an error that says what to do, a metric) but not the copies.
+sed -i 's/^metrics: .*/metrics: {address: "127.0.0.1:0"}/' "$dir/ferryd.yaml"
+"$ferryd" --config "$dir/ferryd.yaml" >"$dir/ferryd4.log" 2>&1 &
+pid=$!
+for _ in $(seq 200); do grep -q "metrics on http" "$dir/ferryd4.log" && break; sleep 0.05; done
+url=$(sed -n 's/.*metrics on \(http[^ ]*\).*/\1/p' "$dir/ferryd4.log")
+[ -n "$url" ] || { cat "$dir/ferryd4.log"; fail "no metrics address in the log"; }
+scrape() { python3 -c 'import sys,urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "$url"; }
+for _ in $(seq 100); do scrape | grep -q '^ferry_snapshot_latest_info{' && break; sleep 0.1; done
+m=$(scrape)
+seq_now=$(echo "$m" | sed -n 's/^ferry_snapshot_latest_sequence \([0-9]*\).*/\1/p')
+id_now=$(echo "$m" | sed -n 's/^ferry_snapshot_latest_info{.*record_id="\(FRY-[^"]*\)".*/\1/p')
+[ -n "$seq_now" ] && [ -n "$id_now" ] || { echo "$m" | grep snapshot; fail "no latest snapshot metrics"; }
+"$ctl" verify --pub "$dir/ferry.pub" --expect-latest "$seq_now:$id_now" "$dir/snaps" >/dev/null ||
+  fail "verify --expect-latest rejects the record ferryd announced ($seq_now:$id_now)"
+echo "ferryd announced record $seq_now $id_now; verify --expect-latest accepts it"
+chmod 644 "$dir/ferry.key"
+for _ in $(seq 100); do grep -q "others can read the secret key" "$dir/ferryd4.log" && break; sleep 0.1; done
+grep -q "others can read the secret key.*chmod 600" "$dir/ferryd4.log" || { cat "$dir/ferryd4.log"; fail "no error for the key made readable"; }
+scrape | grep -Eq '^ferry_snapshot_failures_total\{reason="key_permissions"\} [1-9]' || fail "key refusals not counted"
+"$client" roundtrip "$dir/rt/ferryd.sock" 1000000 5 || fail "copies stopped with the key refused"
+n_before=$(ls "$dir"/snaps/snapshot-*.json | wc -l)
+sleep 1
+[ "$(ls "$dir"/snaps/snapshot-*.json | wc -l)" = "$n_before" ] || fail "ferryd signed with a key others can read"
+chmod 600 "$dir/ferry.key"
+kill -TERM $pid; wait $pid
+echo "key readable by others: signing refused and counted, copies served"
+
 # A restart continues the chain.
 "$ferryd" --config "$dir/ferryd.yaml" >"$dir/ferryd2.log" 2>&1 &
 pid=$!
@@ -85,6 +128,21 @@ kill -TERM $pid; wait $pid
 "$ctl" verify --pub "$dir/ferry.pub" "$dir/snaps" >"$dir/ok2.txt" || { cat "$dir/ok2.txt"; fail "the chain broke across a restart"; }
 grep -q "continuing the chain" "$dir/ferryd2.log" || fail "restart did not continue the chain"
 tail -1 "$dir/ok2.txt"
+
+# A planted high-numbered file is not the chain's tail: ferryd says so and starts a new chain.
+echo '{"seq": 999999}' >"$dir/snaps/snapshot-999999.json"
+"$ferryd" --config "$dir/ferryd.yaml" >"$dir/ferryd5.log" 2>&1 &
+pid=$!
+sleep 1
+kill -TERM $pid; wait $pid
+grep -q "not continuing the chain.*snapshot-999999.json does not verify" "$dir/ferryd5.log" || { cat "$dir/ferryd5.log"; fail "no warning about the planted file"; }
+grep -q '"previous_chain_broken": "snapshot-999999.json' "$dir/snaps/snapshot-1000000.json" || fail "the new chain does not say why"
+grep -q "\"prev_sha256\": \"$(printf '0%.0s' $(seq 64))\"" "$dir/snaps/snapshot-1000000.json" || fail "the new chain continues the planted file"
+expect_fail "a planted record" "snapshot-999999.json" "$dir/ferry.pub" "$dir/snaps"
+rm "$dir/snaps/snapshot-999999.json"
+"$ctl" verify --pub "$dir/ferry.pub" "$dir/snaps" >"$dir/ok3.txt" 2>&1 || { cat "$dir/ok3.txt"; fail "the old and the new chain do not verify"; }
+grep -q "a new chain" "$dir/ok3.txt" || fail "verify does not say a new chain started"
+echo "planted file: new chain at 1000000, the old one intact"
 
 # A secret key others can read is refused.
 chmod 640 "$dir/ferry.key"

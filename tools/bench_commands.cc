@@ -49,6 +49,11 @@ options:
   --json             print the report (JSON) instead of the table
   --quick            --steps 10 --warmup 3 --rounds 2
   --engine E         auto | cuda | host (default auto: what ferryd runs)
+  --metrics ADDR     ferryd's metrics address (IPV4:PORT): per ferryd mode, print the bench's
+                     own exposed copy time per step (GPU events around its stream waits; the
+                     host clock on the host engine) beside what ferryd's ferry_exposed_seconds
+                     recorded for the same steps, and whether they agree (within 10%, or
+                     0.05 ms). Use a ferryd no other client is using meanwhile.
   -h, --help         this help
 )";
 
@@ -227,6 +232,9 @@ int BenchOverlap(const std::vector<std::string>& args, const std::string& socket
       o.rounds = 2;
     } else if (a == "--engine") {
       engine = value();
+    } else if (a == "--metrics") {
+      o.metrics = value();
+      if (o.metrics.empty()) return Fail("--metrics takes ferryd's metrics address, IPV4:PORT");
     } else {
       return Fail("bench overlap: unknown option '" + a + "' (try --help)");
     }

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,11 +38,19 @@ commands:
   policy diff A B                 the settings that differ; A or B may be "running"
   keygen [--dir DIR] [--name N]   a new Ed25519 key pair for signed snapshots: DIR/N.key (0600)
                                   and DIR/N.pub (default: ., ferry)
-  verify --pub KEY [--json] FILE|DIR...
+  verify --pub KEY [--json] [--from-seq N | --allow-missing-head] [--expect-latest SEQ[:ID]]
+         FILE|DIR...
                                   check signed snapshots: each signature (minisign format), its
                                   record id and sequence, the key, and the hash chain between
-                                  them; and signed reports (bench overlap, tune): signature and
-                                  record id. Exit 1 with the reason on the first failure.
+                                  them, in sequence order; and signed reports (bench overlap,
+                                  tune): signature and record id. Exit 1 with the reason on the
+                                  first failure. The first record must be its chain's head
+                                  (seq 1, or a new chain's first record naming why the one
+                                  before broke) unless --from-seq N (the records start at N on
+                                  purpose) or --allow-missing-head. --expect-latest: fail unless
+                                  record SEQ (with record id ID) is there: take it from ferryd's
+                                  ferry_snapshot_latest_sequence / _info metrics, so a deleted
+                                  newest record is noticed.
   bench overlap [...]             the seed workload (matmul + its output's copy) in-process and
                                   through ferryd under each policy: exposed copy time, nine
                                   correctness checks, a signed report, a plot (--help for more)
@@ -181,6 +190,7 @@ int Keygen(const std::vector<std::string>& args) {
 
 struct VerifiedRecord {
   std::string file, id, issued_at, policy, prev;
+  std::string chain, chain_broken;  // format 2: the chain's id; on a new chain's head, why the last one ended
   uint64_t seq = 0;
   std::string hash;
   uint64_t copies = 0;
@@ -227,14 +237,22 @@ Result<VerifiedRecord> VerifyOne(const signing::PublicKey& pk, const SignedFile&
   if (!root.ok()) return root.status();
   try {
     const YAML::Node& r = *root;
-    if (r["format"].as<std::string>() != "ferry-snapshot/1") return InvalidArgument("unknown record format");
+    const std::string format = r["format"].as<std::string>();
+    if (format != "ferry-snapshot/1" && format != "ferry-snapshot/2") return InvalidArgument("unknown record format");
     if (r["seq"].as<uint64_t>() != v.seq) return InvalidArgument("sequence in the record differs from the signed one");
     if (r["key_id"].as<std::string>() != signing::KeyIdHex(pk.id)) return InvalidArgument("record names another key");
     v.issued_at = r["issued_at"].as<std::string>();
     v.policy = r["policy"]["name"].as<std::string>() + " (" + r["policy"]["hash"].as<std::string>() + ")";
     v.prev = r["prev_sha256"].as<std::string>();
-    v.copies = r["metrics"]["copies"].as<uint64_t>();
-    v.p99 = r["metrics"]["exposed_p99_seconds"].as<double>();
+    if (format == "ferry-snapshot/1") {
+      v.copies = r["metrics"]["copies"].as<uint64_t>();
+      v.p99 = r["metrics"]["exposed_p99_seconds"].as<double>();
+    } else {
+      v.copies = r["measured_by_ferryd"]["copies"].as<uint64_t>();
+      v.p99 = r["reported_by_clients"]["exposed_p99_seconds"].as<double>();
+      v.chain = r["chain"].as<std::string>();
+      if (r["previous_chain_broken"]) v.chain_broken = r["previous_chain_broken"].as<std::string>();
+    }
   } catch (const YAML::Exception& e) {
     return InvalidArgument(std::string("record is not a complete ferry snapshot: ") + e.what());
   }
@@ -257,12 +275,43 @@ Result<std::string> VerifyReport(const signing::PublicKey& pk, const SignedFile&
 
 int Verify(const std::vector<std::string>& args) {
   std::string pub;
-  bool json = false;
+  bool json = false, allow_missing_head = false;
+  std::optional<uint64_t> from_seq, expect_seq;
+  std::string expect_id;
+  auto number = [](const std::string& text, uint64_t* out) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+    if (text.empty() || text[0] == '-' || *end != '\0' || errno != 0) return false;
+    *out = v;
+    return true;
+  };
   std::vector<std::string> files;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--pub" && i + 1 < args.size()) pub = args[++i];
-    else if (args[i] == "--json") json = true;
-    else files.push_back(args[i]);
+    if (args[i] == "--pub" && i + 1 < args.size()) {
+      pub = args[++i];
+    } else if (args[i] == "--json") {
+      json = true;
+    } else if (args[i] == "--allow-missing-head") {
+      allow_missing_head = true;
+    } else if (args[i] == "--from-seq" && i + 1 < args.size()) {
+      uint64_t n = 0;
+      if (!number(args[++i], &n) || n == 0) return Fail("--from-seq takes a sequence number (1 or more), not '" + args[i] + "'");
+      from_seq = n;
+    } else if (args[i] == "--expect-latest" && i + 1 < args.size()) {
+      const std::string v = args[++i];
+      const size_t colon = v.find(':');
+      uint64_t n = 0;
+      if (!number(v.substr(0, colon), &n) || n == 0) {
+        return Fail("--expect-latest takes SEQ or SEQ:RECORD_ID (from ferryd's ferry_snapshot_latest_* metrics), not '" + v + "'");
+      }
+      expect_seq = n;
+      if (colon != std::string::npos) expect_id = v.substr(colon + 1);
+    } else if (args[i].rfind("--", 0) == 0) {
+      return Fail("verify: unknown option " + args[i] + " (try --help)");
+    } else {
+      files.push_back(args[i]);
+    }
   }
   if (pub.empty() || files.empty()) return Fail("verify needs --pub KEY and at least one record or directory");
   auto pk = signing::LoadPublicKey(pub);
@@ -271,16 +320,19 @@ int Verify(const std::vector<std::string>& args) {
   for (const auto& f : files) {
     struct stat st{};
     if (::stat(f.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-      std::vector<std::string> in_dir;
+      // In sequence order, not name order: names are padded to six digits only.
+      std::vector<std::pair<uint64_t, std::string>> in_dir;
       if (DIR* d = ::opendir(f.c_str())) {
         while (dirent* e = ::readdir(d)) {
           std::string n = e->d_name;
-          if (n.rfind("snapshot-", 0) == 0 && n.size() > 5 && n.substr(n.size() - 5) == ".json") in_dir.push_back(f + "/" + n);
+          if (n.rfind("snapshot-", 0) == 0 && n.size() > 5 && n.substr(n.size() - 5) == ".json") {
+            in_dir.emplace_back(std::strtoull(n.c_str() + 9, nullptr, 10), f + "/" + n);
+          }
         }
         ::closedir(d);
       }
       std::sort(in_dir.begin(), in_dir.end());
-      records.insert(records.end(), in_dir.begin(), in_dir.end());
+      for (auto& [seq, path] : in_dir) records.push_back(std::move(path));
     } else {
       records.push_back(f);
     }
@@ -326,17 +378,50 @@ int Verify(const std::vector<std::string>& args) {
                   std::to_string(ok[i - 1].seq) + " (records out of order)");
     }
   }
+  const std::string no_prev(64, '0');
+  // A chain's head: seq 1, or the first record of a chain ferryd started because the one before
+  // did not verify (it says why). Either names no previous record.
+  auto is_head = [&](const VerifiedRecord& v) { return v.prev == no_prev && (v.seq == 1 || !v.chain_broken.empty()); };
+  std::vector<std::string> notes;
   for (size_t i = 1; i < ok.size(); ++i) {
     const VerifiedRecord &p = ok[i - 1], &v = ok[i];
+    if (is_head(v)) {
+      notes.push_back("a new chain " + v.chain + " starts at sequence " + std::to_string(v.seq) + " (" + v.file +
+                      "): ferryd says the chain before it broke: " + v.chain_broken);
+      continue;
+    }
     if (v.seq != p.seq + 1) {
       return Fail("FAILED: " + v.file + ": sequence " + std::to_string(v.seq) + " follows " + std::to_string(p.seq) +
                   " (records " + std::to_string(p.seq + 1) + ".." + std::to_string(v.seq - 1) + " missing)");
     }
     if (v.prev != p.hash) return Fail("FAILED: " + v.file + ": its previous-record hash is not " + p.file + "'s (chain broken)");
   }
-  if (ok.front().seq == 1 && ok.front().prev != std::string(64, '0')) {
-    return Fail("FAILED: " + ok.front().file + ": the first record of a chain must not name a previous one");
+  const VerifiedRecord& first = ok.front();
+  if (first.seq == 1 && first.prev != no_prev) {
+    return Fail("FAILED: " + first.file + ": the first record of a chain must not name a previous one");
   }
+  if (from_seq && first.seq != *from_seq) {
+    return Fail("FAILED: " + first.file + ": the records start at sequence " + std::to_string(first.seq) +
+                ", not at " + std::to_string(*from_seq) + " as --from-seq says");
+  }
+  if (!from_seq && !allow_missing_head && !is_head(first)) {
+    return Fail("FAILED: " + first.file + ": sequence " + std::to_string(first.seq) +
+                " is not the head of its chain (records before it are missing); if they were removed on purpose, "
+                "say where the records start: --from-seq " + std::to_string(first.seq));
+  }
+  if (expect_seq) {
+    auto it = std::find_if(ok.begin(), ok.end(), [&](const VerifiedRecord& v) { return v.seq == *expect_seq; });
+    if (it == ok.end()) {
+      return Fail("FAILED: the expected latest record, sequence " + std::to_string(*expect_seq) +
+                  ", is not there (the newest given is " + std::to_string(ok.back().seq) +
+                  "): records were deleted, or the wrong directory was given");
+    }
+    if (!expect_id.empty() && it->id != expect_id) {
+      return Fail("FAILED: " + it->file + ": sequence " + std::to_string(*expect_seq) + " is record " + it->id +
+                  ", not the expected " + expect_id);
+    }
+  }
+  for (const std::string& n : notes) std::fprintf(stderr, "ferryctl: note: %s\n", n.c_str());
   if (json) {
     std::printf("{\"ok\":true,\"key_id\":\"%s\",\"records\":[", signing::KeyIdHex(pk->id).c_str());
     for (size_t i = 0; i < ok.size(); ++i) {
@@ -353,7 +438,7 @@ int Verify(const std::vector<std::string>& args) {
   }
   std::printf("OK: %zu records signed by key %s, sequences %llu..%llu, hash chain intact%s\n", ok.size(),
               signing::KeyIdHex(pk->id).c_str(), (unsigned long long)ok.front().seq, (unsigned long long)ok.back().seq,
-              ok.front().seq == 1 ? " from the first record" : " (earlier records not given)");
+              is_head(ok.front()) ? " from the chain's head" : " (from --from-seq / --allow-missing-head)");
   return 0;
 }
 

@@ -1,5 +1,8 @@
 #include "tools/overlap.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +19,7 @@
 #include "ferry/client.hpp"
 #include "ferry/version.hpp"
 #include "tools/bench_util.hpp"
+#include "common/fd.hpp"
 #include "tools/control.hpp"
 
 namespace ferry::overlap {
@@ -67,6 +71,48 @@ Stat ToStat(const std::vector<double>& v) {
   return Stat{s.median, s.min, s.max, s.n};
 }
 
+// ferryd's exposed-time histogram, summed over its label sets: (seconds, reports).
+Result<std::pair<double, uint64_t>> ScrapeExposed(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::atoi(address.substr(colon + 1).c_str())));
+  if (colon == std::string::npos || ::inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr) != 1) {
+    return InvalidArgument("--metrics takes ferryd's metrics address as IPV4:PORT, not '" + address + "'");
+  }
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  timeval tv{5, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    return Unavailable("cannot reach ferryd's metrics at " + address + ": " + std::strerror(errno));
+  }
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: " + address + "\r\n\r\n";
+  if (::send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {
+    return Unavailable("cannot scrape " + address);
+  }
+  std::string body;
+  char buf[65536];
+  for (ssize_t n; (n = ::recv(fd.get(), buf, sizeof buf, 0)) > 0;) body.append(buf, static_cast<size_t>(n));
+  double sum = 0;
+  uint64_t count = 0;
+  bool seen = false;
+  std::istringstream in(body);
+  for (std::string line; std::getline(in, line);) {
+    const bool is_sum = line.rfind("ferry_exposed_seconds_sum", 0) == 0;
+    const bool is_count = line.rfind("ferry_exposed_seconds_count", 0) == 0;
+    if (!is_sum && !is_count) continue;
+    const double v = std::atof(line.c_str() + line.rfind(' ') + 1);
+    seen = true;
+    if (is_sum) sum += v;
+    else count += static_cast<uint64_t>(v);
+  }
+  // No reports yet: no series at all.
+  if (!seen && body.find("ferry_build_info") == std::string::npos) {
+    return Unavailable("no ferryd metrics at " + address + "/metrics (is it ferryd's metrics address?)");
+  }
+  return std::make_pair(sum, count);
+}
+
 struct ModeSpec {
   Kind kind;
   std::string name;
@@ -81,7 +127,8 @@ class Runner {
 
  private:
   Status Setup();
-  Status RunSteps(Kind kind, int steps, std::vector<double>* times);
+  Status RunSteps(Kind kind, int steps, std::vector<double>* times, double* own_exposed = nullptr);
+  Result<std::pair<double, uint64_t>> SettledExposed();
   Status CheckedRun(const ModeSpec& m, int round);
   void Fail(Check& c, const std::string& detail) {
     if (c.pass) c.detail = detail;
@@ -106,6 +153,8 @@ class Runner {
   int block_i_ = 0, block_j_ = 0, block_ = 0;
   std::map<std::string, std::vector<double>> times_;
   std::map<std::string, ModeResult> meta_;
+  std::map<std::string, double> own_exposed_, metric_exposed_;  // seconds, over the timed runs
+  std::map<std::string, uint64_t> metric_reports_, compared_steps_;
 };
 
 Status Runner::Setup() {
@@ -145,14 +194,33 @@ Status Runner::Setup() {
 
 // One mode's steps. Step k ends at mark k + 1; the host stays at most two steps ahead of the
 // GPU, so events and transfers of kSlots steps back are free to reuse.
-Status Runner::RunSteps(Kind kind, int steps, std::vector<double>* times) {
+// ferryd's exposed-time metric once the reports sent so far are in it: a control request
+// wakes ferryd to read its rings, then the exporter (it applies them every 50 ms) settles.
+Result<std::pair<double, uint64_t>> Runner::SettledExposed() {
+  FERRY_RETURN_IF_ERROR(client_->Stats().status());
+  FERRY_ASSIGN_OR_RETURN(auto last, ScrapeExposed(o_.metrics));
+  for (int i = 0; i < 40; ++i) {
+    ::usleep(120'000);
+    FERRY_ASSIGN_OR_RETURN(auto now, ScrapeExposed(o_.metrics));
+    if (now.second == last.second) return now;
+    last = now;
+  }
+  return last;
+}
+
+// Marks from here on time each step's waits for its ferryd copies: wait mark k is set before
+// step k's waits, and step mark k + 1 right after them.
+constexpr int kWaitMarks = StepEngine::kMaxMarks / 2;
+
+Status Runner::RunSteps(Kind kind, int steps, std::vector<double>* times, double* own_exposed) {
   const int n = e_.n();
   const size_t col_bytes = static_cast<size_t>(n) * sizeof(float);
   const std::vector<std::pair<int, int>> whole{{0, n}};
   const auto& blocks = UsesPieces(kind) ? pieces_ : whole;
   std::vector<Transfer> xfers[kSlots];
   int tokens[kSlots] = {0, 0, 0, 0};
-  if (steps + 1 >= StepEngine::kMaxMarks) return InvalidArgument("too many steps");
+  if (steps + 1 >= kWaitMarks) return InvalidArgument("too many steps");
+  double untimed_wait = 0;
   FERRY_RETURN_IF_ERROR(e_.Mark(0));
   for (int k = 0; k < steps; ++k) {
     const int buf = k % 2, slot = k % kSlots, prev = (k + kSlots - 1) % kSlots;
@@ -196,6 +264,7 @@ Status Runner::RunSteps(Kind kind, int steps, std::vector<double>* times) {
       }
     }
     if (lanes > 1) FERRY_RETURN_IF_ERROR(e_.JoinLanes());
+    if (own_exposed) FERRY_RETURN_IF_ERROR(e_.Mark(kWaitMarks + k));
     switch (kind) {
       case Kind::kSideStream:
         if (k >= 1) FERRY_RETURN_IF_ERROR(e_.StreamWaitCopy(tokens[prev]));
@@ -220,13 +289,22 @@ Status Runner::RunSteps(Kind kind, int steps, std::vector<double>* times) {
   // The pipelined modes' last copy is still running: wait for it (untimed).
   if (steps > 0 && kind == Kind::kSideStream) FERRY_RETURN_IF_ERROR(e_.StreamWaitCopy(tokens[(steps - 1) % kSlots]));
   if (steps > 0 && kind == Kind::kFerryPipelined) {
+    const auto t0 = std::chrono::steady_clock::now();
     for (Transfer& t : xfers[(steps - 1) % kSlots]) FERRY_RETURN_IF_ERROR(t.Wait(std::chrono::seconds(10)));
+    untimed_wait = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   FERRY_RETURN_IF_ERROR(e_.Sync());
   if (IsFerry(kind)) {
     // Host waits report the copies' own status; a stream wait does not, so ask each copy.
     for (auto& slot : xfers) {
       for (Transfer& t : slot) FERRY_RETURN_IF_ERROR(t.Wait(std::chrono::seconds(10)));
+    }
+  }
+  if (own_exposed) {
+    *own_exposed = untimed_wait;
+    for (int k = 0; k < steps; ++k) {
+      FERRY_ASSIGN_OR_RETURN(double s, e_.MarkSeconds(kWaitMarks + k, k + 1));
+      *own_exposed += s;
     }
   }
   if (times) {
@@ -449,7 +527,20 @@ Result<Report> Runner::Run() {
         meta.strategy = StrategyName(m.kind);
         meta.policy_file = m.policy_file.empty() ? "" : o_.policies[std::stoul(m.policy_file)].source;
         std::vector<double>& t = times_[m.name];
-        FERRY_RETURN_IF_ERROR(RunSteps(m.kind, o_.warmup + o_.steps, &t).WithContext(m.name));
+        const bool compare = IsFerry(m.kind) && !o_.metrics.empty();
+        std::pair<double, uint64_t> before{0, 0};
+        if (compare) {
+          FERRY_ASSIGN_OR_RETURN(before, SettledExposed());
+        }
+        double own = 0;
+        FERRY_RETURN_IF_ERROR(RunSteps(m.kind, o_.warmup + o_.steps, &t, compare ? &own : nullptr).WithContext(m.name));
+        if (compare) {
+          FERRY_ASSIGN_OR_RETURN(auto after, SettledExposed());
+          own_exposed_[m.name] += own;
+          metric_exposed_[m.name] += after.first - before.first;
+          metric_reports_[m.name] += after.second - before.second;
+          compared_steps_[m.name] += o_.warmup + o_.steps;
+        }
         FERRY_RETURN_IF_ERROR(CheckedRun(m, round).WithContext(m.name + " (checked steps)"));
         if (progress) progress->Step(m.name + ", round " + std::to_string(round + 1));
       }
@@ -469,6 +560,13 @@ Result<Report> Runner::Run() {
   for (const ModeSpec& m : modes) {
     ModeResult r = meta_[m.name];
     r.step = ToStat(times_[m.name]);
+    if (const uint64_t steps = compared_steps_[m.name]; steps > 0) {
+      r.own_exposed_per_step = own_exposed_[m.name] / static_cast<double>(steps);
+      r.metric_exposed_per_step = metric_exposed_[m.name] / static_cast<double>(steps);
+      r.metric_reports = metric_reports_[m.name];
+      const double a = r.own_exposed_per_step, b = r.metric_exposed_per_step;
+      r.exposed_agree = std::fabs(a - b) <= std::max(0.10 * std::max(a, b), 0.05e-3);
+    }
     report_.modes.push_back(r);
   }
   const ModeResult* compute = report_.Find("in-process", "compute", "");
@@ -583,6 +681,12 @@ std::string ToJson(const Report& r) {
     j << ", \"step_seconds\": " << StatJson(m.step);
     if (m.strategy != "compute" && m.strategy != "copy")
       j << ", \"exposed_seconds\": " << bench::JsonNumber(m.exposed) << ", \"overlap\": " << bench::JsonNumber(m.overlap);
+    if (m.own_exposed_per_step >= 0) {
+      j << ", \"exposed_per_step\": {\"bench_seconds\": " << bench::JsonNumber(m.own_exposed_per_step)
+        << ", \"ferryd_metric_seconds\": " << bench::JsonNumber(m.metric_exposed_per_step)
+        << ", \"ferryd_metric_reports\": " << m.metric_reports << ", \"agree\": " << (m.exposed_agree ? "true" : "false")
+        << ", \"rule\": \"|bench - metric| <= max(10% of the larger, 0.05 ms)\"}";
+    }
     j << "}" << (i + 1 < r.modes.size() ? "," : "") << "\n";
   }
   j << "  ],\n  \"checks\": [\n";
@@ -632,7 +736,24 @@ std::string ToText(const Report& r) {
   std::snprintf(line, sizeof line,
                 "\ncompute %.3f ms, copy %.3f ms (exposed = step - compute; overlap = 1 - exposed / copy)\n",
                 r.compute.median * 1e3, r.copy_seconds * 1e3);
-  t << line << "\nchecks (bounds fixed before the run):\n";
+  t << line;
+  bool compared = false;
+  for (const ModeResult& m : r.modes) {
+    if (m.own_exposed_per_step < 0) continue;
+    if (!compared) {
+      t << "\nexposed copy time per step, the bench's own measurement (" << (r.engine == "host" ? "host clock" : "GPU events")
+        << " around its waits) beside ferryd's ferry_exposed_seconds (clients' reports, bounded by ferryd):\n";
+      std::snprintf(line, sizeof line, "%-38s %12s %14s %9s %6s\n", "mode", "bench ms", "ferryd ms", "reports", "agree");
+      t << line;
+      compared = true;
+    }
+    std::snprintf(line, sizeof line, "%-38s %12.4f %14.4f %9llu %6s\n", m.name.c_str(), m.own_exposed_per_step * 1e3,
+                  m.metric_exposed_per_step * 1e3, static_cast<unsigned long long>(m.metric_reports),
+                  m.exposed_agree ? "yes" : "NO");
+    t << line;
+  }
+  if (compared) t << "(agree: |bench - ferryd| <= max(10% of the larger, 0.05 ms))\n";
+  t << "\nchecks (bounds fixed before the run):\n";
   for (const Check& c : r.checks) {
     std::snprintf(line, sizeof line, "  %-4s %-22s worst %-10.3g bound %-10.3g %s\n", c.pass ? "ok" : "FAIL",
                   c.name.c_str(), c.worst, c.bound, c.what.c_str());

@@ -102,6 +102,7 @@ struct Options {
   std::vector<int> cut;  // or these column widths (summing to n), in order
   int lanes = 2;         // in-step: compute streams the blocks take turns on (StepEngine::SetLanes)
   bool quiet = false;    // no progress bar
+  std::string metrics;   // ferryd's /metrics address (HOST:PORT): compare its exposed time with ours
 };
 
 struct Stat {
@@ -119,6 +120,14 @@ struct ModeResult {
   Stat step;           // step time
   double exposed = 0;  // step median - compute median (copy modes)
   double overlap = 0;  // 1 - exposed / copy
+  // Exposed copy time per step over the timed runs (warm-up included), two ways: the bench's
+  // own (device events around its stream waits; the host clock on the host engine) and what
+  // ferryd's ferry_exposed_seconds recorded meanwhile (the client library's reports, bounded
+  // by ferryd). They agree when |own - metric| <= max(10% of the larger, 0.05 ms). Negative:
+  // not measured (not a ferryd mode, or no --metrics).
+  double own_exposed_per_step = -1, metric_exposed_per_step = -1;
+  uint64_t metric_reports = 0;
+  bool exposed_agree = false;
 };
 
 struct Check {
