@@ -1,23 +1,50 @@
 #include "daemon/pinned_pool.hpp"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <system_error>
+
+#include "common/log.hpp"
 
 namespace ferry::daemon {
 
-PinnedPool::PinnedPool(std::vector<UniqueFd> fds, Mapping m, uint64_t slab_bytes)
+Result<bool> SlabHeldOutside(int slab_fd) {
+  const std::string path = "/proc/self/fd/" + std::to_string(slab_fd);
+  UniqueFd probe(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!probe.valid()) return ErrnoStatus("open(" + path + ")", errno);
+  if (::fcntl(probe.get(), F_SETLEASE, F_WRLCK) == 0) return false;  // closing `probe` drops the lease
+  if (errno == EAGAIN || errno == EBUSY) return true;
+  return ErrnoStatus("fcntl(F_SETLEASE) on a pool slab (is fs.leases-enable 0?)", errno);
+}
+
+PinnedPool::PinnedPool(std::vector<UniqueFd> fds, Mapping m, uint64_t slab_bytes, ZeroSlabFn zero)
     : slab_fds_(std::move(fds)),
       mapping_(std::move(m)),
       slab_bytes_(slab_bytes),
       owner_(slab_fds_.size(), 0),
-      free_slabs_(static_cast<uint32_t>(slab_fds_.size())) {}
+      state_(slab_fds_.size(), SlabState::kFree),
+      uid_(slab_fds_.size(), 0),
+      free_slabs_(static_cast<uint32_t>(slab_fds_.size())),
+      zero_(std::move(zero)) {}
 
-Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(uint64_t pool_bytes, uint64_t slab_bytes) {
+PinnedPool::~PinnedPool() {
+  if (!zeroer_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> l(zero_mu_);
+    zeroer_stop_ = true;
+  }
+  zero_cv_.notify_all();
+  zeroer_.join();
+}
+
+Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(uint64_t pool_bytes, uint64_t slab_bytes, ZeroSlabFn zero) {
   if (slab_bytes == 0 || pool_bytes == 0 || pool_bytes % slab_bytes != 0) {
     return InvalidArgument("pool size must be a positive multiple of the slab size");
   }
@@ -37,8 +64,14 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(uint64_t pool_bytes, uint
   ::madvise(m.data(), pool_bytes, MADV_HUGEPAGE);
   // Touch every page now so that registration and the first copies do not fault them in.
   for (uint64_t off = 0; off < pool_bytes; off += 4096) m.data()[off] = std::byte{0};
-  auto pool = std::unique_ptr<PinnedPool>(new PinnedPool(std::move(fds), std::move(m), slab_bytes));
+  auto pool = std::unique_ptr<PinnedPool>(new PinnedPool(std::move(fds), std::move(m), slab_bytes, std::move(zero)));
   pool->huge_page_bytes_ = MappedHugePageBytes(pool->base(), pool->size());
+  FERRY_ASSIGN_OR_RETURN(pool->zeroed_efd_, CreateEventFd());
+  try {
+    pool->zeroer_ = std::thread([p = pool.get()] { p->ZeroerMain(); });
+  } catch (const std::system_error& e) {
+    return ResourceExhausted(std::string("cannot start the slab zeroer thread: ") + e.what());
+  }
   return pool;
 }
 
@@ -67,31 +100,144 @@ std::string ShmemHugePageSetting() {
   return open == std::string::npos || close == std::string::npos ? "unknown" : line.substr(open + 1, close - open - 1);
 }
 
-Result<uint32_t> PinnedPool::GrantRun(uint32_t n, uint64_t owner) {
+Result<uint32_t> PinnedPool::GrantRun(uint32_t n, uint64_t owner, uint32_t uid) {
   if (n == 0) return InvalidArgument("zero slabs asked");
   uint32_t run = 0;
   for (uint32_t i = 0; i < slab_count(); ++i) {
-    run = owner_[i] == 0 ? run + 1 : 0;
+    run = state_[i] == SlabState::kFree ? run + 1 : 0;
     if (run == n) {
       uint32_t first = i + 1 - n;
-      for (uint32_t j = first; j <= i; ++j) owner_[j] = owner;
+      for (uint32_t j = first; j <= i; ++j) {
+        owner_[j] = owner;
+        state_[j] = SlabState::kGranted;
+        uid_[j] = uid;
+      }
+      uid_use_[uid].slabs += n;
       free_slabs_ -= n;
       return first;
     }
   }
+  std::string waiting;
+  if (quarantined_slabs_ + zeroing_slabs_ > 0) {
+    waiting = "; " + std::to_string(quarantined_slabs_) + " await reclaim (still mapped after their session ended), " +
+              std::to_string(zeroing_slabs_) + " being zeroed";
+  }
   return ResourceExhausted("pool has no " + std::to_string(n) + " free slabs in a row (" +
-                           std::to_string(free_slabs_) + " of " + std::to_string(slab_count()) + " free)");
+                           std::to_string(free_slabs_) + " of " + std::to_string(slab_count()) + " free" + waiting + ")");
 }
 
-void PinnedPool::Release(uint32_t slab) {
-  if (owner_[slab] == 0) return;
-  std::memset(base() + static_cast<uint64_t>(slab) * slab_bytes_, 0, slab_bytes_);
-  owner_[slab] = 0;
-  ++free_slabs_;
+Result<UniqueFd> PinnedPool::OpenForClient(uint32_t slab) const {
+  const std::string path = "/proc/self/fd/" + std::to_string(slab_fds_[slab].get());
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus("open(" + path + ") for a client's slab", errno);
+  return fd;
 }
+
+void PinnedPool::Quarantine(uint32_t slab) {
+  if (state_[slab] != SlabState::kGranted) return;
+  state_[slab] = SlabState::kQuarantined;
+  owner_[slab] = 0;
+  uid_use_[uid_[slab]].quarantined++;
+  ++quarantined_slabs_;
+}
+
+void PinnedPool::ForgetUidSlab(uint32_t uid, bool quarantined) {
+  auto it = uid_use_.find(uid);
+  if (it == uid_use_.end()) return;
+  it->second.slabs--;
+  if (quarantined) it->second.quarantined--;
+  if (it->second.slabs == 0) uid_use_.erase(it);
+}
+
+uint64_t PinnedPool::ReclaimQuarantined() {
+  if (quarantined_slabs_ == 0) return 0;
+  std::vector<uint32_t> reclaimed;
+  for (uint32_t s = 0; s < slab_count(); ++s) {
+    if (state_[s] != SlabState::kQuarantined) continue;
+    auto held = SlabHeldOutside(slab_fds_[s].get());
+    if (!held.ok()) {
+      if (!std::exchange(probe_failure_logged_, true)) {  // it fails for every slab alike: say it once
+        FERRY_LOG(kError) << "cannot tell whether slabs of ended sessions are still mapped by their clients, so they "
+                             "stay out of the pool: "
+                          << held.status().ToString();
+      }
+      continue;
+    }
+    if (*held) continue;
+    state_[s] = SlabState::kZeroing;
+    --quarantined_slabs_;
+    ++zeroing_slabs_;
+    ForgetUidSlab(uid_[s], true);
+    reclaimed.push_back(s);
+  }
+  if (!reclaimed.empty()) {
+    {
+      std::lock_guard<std::mutex> l(zero_mu_);
+      to_zero_.insert(to_zero_.end(), reclaimed.begin(), reclaimed.end());
+    }
+    zero_cv_.notify_one();
+  }
+  return reclaimed.size() * slab_bytes_;
+}
+
+uint32_t PinnedPool::CollectZeroed() {
+  DrainDoorbell(zeroed_efd_.get());
+  std::vector<uint32_t> done;
+  {
+    std::lock_guard<std::mutex> l(zero_mu_);
+    done.swap(zeroed_);
+  }
+  for (uint32_t s : done) {
+    state_[s] = SlabState::kFree;
+    --zeroing_slabs_;
+    ++free_slabs_;
+  }
+  return static_cast<uint32_t>(done.size());
+}
+
+void PinnedPool::ZeroerMain() {
+  std::unique_lock<std::mutex> l(zero_mu_);
+  for (;;) {
+    zero_cv_.wait(l, [&] { return zeroer_stop_ || !to_zero_.empty(); });
+    if (zeroer_stop_) return;
+    const uint32_t slab = to_zero_.front();
+    to_zero_.pop_front();
+    l.unlock();
+    std::byte* p = base() + static_cast<uint64_t>(slab) * slab_bytes_;
+    try {
+      if (zero_) {
+        zero_(p, slab_bytes_);
+      } else {
+        std::memset(p, 0, slab_bytes_);
+      }
+    } catch (...) {
+      std::memset(p, 0, slab_bytes_);  // the seam failed; the slab is zeroed all the same
+    }
+    l.lock();
+    zeroed_.push_back(slab);
+    RingDoorbell(zeroed_efd_.get());
+  }
+}
+
+uint64_t PinnedPool::uid_bytes(uint32_t uid) const {
+  auto it = uid_use_.find(uid);
+  return it == uid_use_.end() ? 0 : it->second.slabs * slab_bytes_;
+}
+
+uint64_t PinnedPool::uid_quarantined_bytes(uint32_t uid) const {
+  auto it = uid_use_.find(uid);
+  return it == uid_use_.end() ? 0 : it->second.quarantined * slab_bytes_;
+}
+
+namespace {
+std::string MiB(uint64_t bytes) {
+  if (bytes % (1ull << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
+  return std::to_string(bytes) + " bytes";
+}
+}  // namespace
 
 SessionArena::~SessionArena() {
-  for (uint32_t s : owned_slabs_) pool_.Release(s);
+  for (uint32_t s : owned_slabs_) pool_.Quarantine(s);
 }
 
 void SessionArena::AddFreeRange(uint64_t off, uint64_t len) {
@@ -137,7 +283,15 @@ Result<Allocation> SessionArena::Allocate(uint64_t size) {
       return ResourceExhausted("session quota of " + std::to_string(quota_) + " bytes reached (" +
                                std::to_string(owned_bytes()) + " held, " + std::to_string(need * slab) + " more asked)");
     }
-    FERRY_ASSIGN_OR_RETURN(uint32_t first, pool_.GrantRun(need, id_));
+    if (uid_limit_ != 0 && pool_.uid_bytes(uid_) + need * slab > uid_limit_) {
+      const uint64_t held = pool_.uid_bytes(uid_), waiting = pool_.uid_quarantined_bytes(uid_);
+      // Short enough for the wire's 160-byte message.
+      return ResourceExhausted("uid " + std::to_string(uid_) + " holds " + MiB(held) +
+                               (waiting ? " (" + MiB(waiting) + " awaiting reclaim: still mapped after its session ended)"
+                                        : " and asks " + MiB(need * slab) + " more") +
+                               "; limits.pool_per_uid is " + MiB(uid_limit_) + ", in whole " + MiB(slab) + " slabs");
+    }
+    FERRY_ASSIGN_OR_RETURN(uint32_t first, pool_.GrantRun(need, id_, uid_));
     for (uint32_t s = first; s < first + need; ++s) owned_slabs_.push_back(s);
     AddFreeRange(first * slab, need * slab);
     if (!TakeFirstFit(rounded, &off)) return Internal("fresh slabs did not fit the buffer");

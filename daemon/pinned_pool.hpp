@@ -1,19 +1,28 @@
 // The daemon's pinned host memory: `slab_count` sealed memfds of `slab_bytes`, mapped side by
 // side into one address range that the backend registers for DMA once, at start.
 //
-// Isolation: a slab belongs to at most one session at a time, and a client only ever receives
-// the fds of its own slabs, so clients (of the same or different users) never map each other's
-// buffers. A client keeps its slab fds as long as it lives, so a slab returns to the pool only
-// when its session ends, and is zeroed before anyone else can get it.
+// Isolation (docs/design.md, "Isolation: what ferry promises"): a slab belongs to at most one
+// session at a time, and a client only ever receives descriptions of its own slabs. ferryd keeps
+// the memfd it created to itself; each grant sends a fresh open file description of it
+// (OpenForClient). When a session ends its slabs go to quarantine, still counted against its
+// uid, and leave it only once no description other than ferryd's own exists anywhere
+// (SlabHeldOutside): no fd, no mapping, in no process. Then a worker thread zeroes them, off the
+// event loop, and only then are they free for the next session.
 //
 // The bookkeeping lives here, in daemon memory; nothing a client can write affects it.
-// Thread-safety: none; driven by the daemon's event loop.
+// Thread-safety: none, except where noted; driven by the daemon's event loop. The zeroer thread
+// touches only the memory of slabs handed to it and its own queues.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/fd.hpp"
@@ -26,9 +35,27 @@ uint64_t MappedHugePageBytes(const std::byte* base, uint64_t size);
 // The kernel's transparent huge page setting for shared memory ("never", "advise", ...).
 std::string ShmemHugePageSetting();
 
+// Whether an open file description of the memfd behind `slab_fd` exists other than the one
+// memfd_create() returned (ferryd's own, which it maps and never sends): an fd in any process,
+// one in flight in a socket, or a mapping (a mapping keeps its description alive). Answered by
+// the kernel: a write lease (F_SETLEASE F_WRLCK) is granted only when the caller's is the only
+// description open for reading or writing. The probe opens a fresh read-only description through
+// /proc/self/fd, asks for the lease and closes it (which drops the lease at once). The
+// description memfd_create() returns is not counted by the kernel's open-for-read/write counts,
+// while every description opened since is, including the ones ferryd sends, re-opens through
+// /proc/<pid>/fd, and the copies a fork or SCM_RIGHTS makes share a counted one. true: held
+// outside (or the probe could not tell: held is the safe answer's error path, see the caller).
+Result<bool> SlabHeldOutside(int slab_fd);
+
+// Zeroes a slab's bytes; a test seam (null: memset). Runs on the zeroer thread.
+using ZeroSlabFn = std::function<void(std::byte* slab, uint64_t bytes)>;
+
 class PinnedPool {
  public:
-  static Result<std::unique_ptr<PinnedPool>> Create(uint64_t pool_bytes, uint64_t slab_bytes);
+  static Result<std::unique_ptr<PinnedPool>> Create(uint64_t pool_bytes, uint64_t slab_bytes, ZeroSlabFn zero = nullptr);
+  ~PinnedPool();  // joins the zeroer (after it finishes the slab it is zeroing)
+  PinnedPool(const PinnedPool&) = delete;
+  PinnedPool& operator=(const PinnedPool&) = delete;
 
   std::byte* base() const { return mapping_.data(); }
   uint64_t size() const { return mapping_.size(); }
@@ -37,21 +64,64 @@ class PinnedPool {
   uint32_t slab_count() const { return static_cast<uint32_t>(slab_fds_.size()); }
   int slab_fd(uint32_t slab) const { return slab_fds_[slab].get(); }
   uint64_t free_bytes() const { return free_slabs_ * slab_bytes_; }
-  uint64_t owner(uint32_t slab) const { return owner_[slab]; }
+  uint64_t owner(uint32_t slab) const { return owner_[slab]; }  // 0: not granted (free, quarantined or zeroing)
 
-  // Grants `n` free slabs in a row to `owner` (non-zero). Returns the first slab's index.
-  Result<uint32_t> GrantRun(uint32_t n, uint64_t owner);
-  // Zeroes a slab and returns it to the free set.
-  void Release(uint32_t slab);
+  // Grants `n` free slabs in a row to session `owner` (non-zero) of `uid`. Returns the first slab's index.
+  Result<uint32_t> GrantRun(uint32_t n, uint64_t owner, uint32_t uid);
+  // A fresh read-write open file description of a granted slab, to send to its session's client
+  // (then close). ferryd's own description never leaves the daemon, so SlabHeldOutside can count
+  // the client's.
+  Result<UniqueFd> OpenForClient(uint32_t slab) const;
+  // The slab's session ended: it waits in quarantine, still counted against its uid, until
+  // ReclaimQuarantined finds that no one outside ferryd can reach it.
+  void Quarantine(uint32_t slab);
+  // Probes every quarantined slab; hands the ones no process outside ferryd can reach to the
+  // zeroer. Returns the bytes that left quarantine.
+  uint64_t ReclaimQuarantined();
+  // Puts the slabs the zeroer has finished in the free set. Returns how many.
+  uint32_t CollectZeroed();
+  // Readable (an eventfd) when CollectZeroed has slabs to take; drained by CollectZeroed.
+  int zeroed_fd() const { return zeroed_efd_.get(); }
+
+  bool quarantined(uint32_t slab) const { return state_[slab] == SlabState::kQuarantined; }
+  uint64_t quarantined_bytes() const { return quarantined_slabs_ * slab_bytes_; }
+  uint64_t zeroing_bytes() const { return zeroing_slabs_ * slab_bytes_; }
+  // Pool bytes `uid` holds: slabs of its live sessions and its quarantined slabs.
+  uint64_t uid_bytes(uint32_t uid) const;
+  uint64_t uid_quarantined_bytes(uint32_t uid) const;
 
  private:
+  enum class SlabState : uint8_t { kFree, kGranted, kQuarantined, kZeroing };
+  struct UidUse {
+    uint32_t slabs = 0;        // granted and quarantined
+    uint32_t quarantined = 0;  // of those, quarantined
+  };
+  PinnedPool(std::vector<UniqueFd> fds, Mapping m, uint64_t slab_bytes, ZeroSlabFn zero);
+  void ZeroerMain();
+  void ForgetUidSlab(uint32_t uid, bool quarantined);
+
   uint64_t huge_page_bytes_ = 0;
-  PinnedPool(std::vector<UniqueFd> fds, Mapping m, uint64_t slab_bytes);
-  std::vector<UniqueFd> slab_fds_;
+  std::vector<UniqueFd> slab_fds_;  // the descriptions memfd_create() returned: never sent
   Mapping mapping_;
   uint64_t slab_bytes_;
-  std::vector<uint64_t> owner_;  // 0: free
+  std::vector<uint64_t> owner_;  // session id while granted, else 0
+  std::vector<SlabState> state_;
+  std::vector<uint32_t> uid_;    // while granted or quarantined
+  std::map<uint32_t, UidUse> uid_use_;
   uint32_t free_slabs_;
+  uint32_t quarantined_slabs_ = 0;
+  uint32_t zeroing_slabs_ = 0;
+  bool probe_failure_logged_ = false;
+
+  // The zeroer: slabs go in to_zero_, come back in zeroed_, the eventfd tells the loop.
+  ZeroSlabFn zero_;
+  UniqueFd zeroed_efd_;
+  std::mutex zero_mu_;
+  std::condition_variable zero_cv_;
+  std::deque<uint32_t> to_zero_;   // guarded by zero_mu_
+  std::vector<uint32_t> zeroed_;   // guarded by zero_mu_
+  bool zeroer_stop_ = false;       // guarded by zero_mu_
+  std::thread zeroer_;
 };
 
 struct BufferInfo {
@@ -67,13 +137,16 @@ struct Allocation {
   uint32_t slab_count;
 };
 
-// One session's buffers, carved from slabs granted to it. Releases its slabs when destroyed.
+// One session's buffers, carved from slabs granted to it (small buffers share its slabs, never
+// another session's). Quarantines its slabs when destroyed.
 class SessionArena {
  public:
   static constexpr uint64_t kAlignment = 256;
 
-  SessionArena(PinnedPool& pool, uint64_t session_id, uint64_t quota_bytes)
-      : pool_(pool), id_(session_id), quota_(quota_bytes) {}
+  // uid_limit_bytes: what all of `uid`'s slabs together may reach (0: no limit but the pool).
+  SessionArena(PinnedPool& pool, uint64_t session_id, uint64_t quota_bytes, uint32_t uid = 0,
+               uint64_t uid_limit_bytes = 0)
+      : pool_(pool), id_(session_id), quota_(quota_bytes), uid_(uid), uid_limit_(uid_limit_bytes) {}
   ~SessionArena();
   SessionArena(const SessionArena&) = delete;
   SessionArena& operator=(const SessionArena&) = delete;
@@ -87,6 +160,7 @@ class SessionArena {
   void CopyDone(uint64_t buffer_offset);
 
   uint64_t owned_bytes() const { return owned_slabs_.size() * pool_.slab_bytes(); }
+  const std::vector<uint32_t>& owned_slabs() const { return owned_slabs_; }
   size_t buffer_count() const { return buffers_.size(); }
 
  private:
@@ -97,6 +171,8 @@ class SessionArena {
   PinnedPool& pool_;
   uint64_t id_;
   uint64_t quota_;
+  uint32_t uid_;
+  uint64_t uid_limit_;
   std::vector<uint32_t> owned_slabs_;
   std::map<uint64_t, uint64_t> free_;  // offset -> length, coalesced
   std::map<uint64_t, BufferInfo> buffers_;

@@ -6,6 +6,7 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,8 +34,11 @@ constexpr uint64_t kListenTag = 1;
 constexpr uint64_t kStopTag = 2;
 constexpr uint64_t kBackendTag = 3;
 constexpr uint64_t kReloadTag = 4;
+constexpr uint64_t kZeroedTag = 5;
 constexpr uint64_t kSocketKind = 0;
 constexpr uint64_t kDoorbellKind = 1;
+constexpr uint64_t kPeerExitKind = 2;  // the pidfd of an ended session's client, while its slabs are quarantined
+constexpr uint64_t kReclaimIntervalNs = 250'000'000;  // quarantined slabs are probed again this often
 constexpr uint64_t SessionTag(uint64_t id, uint64_t kind) { return (id << 8) | 0x10 | kind; }
 constexpr uint32_t kMaxEventsPerSession = 4096;
 constexpr uint32_t kMaxRegionsPerSession = 4096;
@@ -66,6 +70,7 @@ struct Session {
   PeerCredentials peer;
   std::string name;
   UniqueFd sock;
+  UniqueFd peer_pidfd;  // readable once the client process has exited; invalid where pidfd_open fails
   bool hello_done = false;
   bool dead = false;
 
@@ -148,7 +153,8 @@ struct FenceRef {
 
 class Server::Impl {
  public:
-  Impl(DaemonConfig config, std::unique_ptr<Backend> backend) : config_(std::move(config)), backend_(std::move(backend)) {}
+  Impl(DaemonConfig config, std::unique_ptr<Backend> backend, ZeroSlabFn zero_slab)
+      : config_(std::move(config)), backend_(std::move(backend)), zero_slab_(std::move(zero_slab)) {}
 
   Status Init() {
     if (!config_.allowed_group.empty()) {
@@ -159,7 +165,7 @@ class Server::Impl {
     }
     quota_ = config_.session_quota_bytes == 0 ? config_.pool_bytes : config_.session_quota_bytes;
     uint64_t t0 = MonotonicNanos();
-    FERRY_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(config_.pool_bytes, config_.slab_bytes));
+    FERRY_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(config_.pool_bytes, config_.slab_bytes, std::move(zero_slab_)));
     uint64_t t1 = MonotonicNanos();
     FERRY_RETURN_IF_ERROR(backend_->RegisterPool(pool_->base(), pool_->size(), pool_->slab_bytes()).WithContext("pool registration"));
     uint64_t t2 = MonotonicNanos();
@@ -167,7 +173,7 @@ class Server::Impl {
                      << (pool_->slab_bytes() >> 10) << " KiB; created in " << (t1 - t0) / 1000000
                      << " ms, registered in " << (t2 - t1) / 1000000 << " ms; " << (pool_->huge_page_bytes() >> 20)
                      << " MiB on huge pages (transparent_hugepage/shmem_enabled: " << ShmemHugePageSetting() << ")";
-    counters_.pool_free_bytes = pool_->free_bytes();
+    UpdatePoolCounters();
 
     FERRY_RETURN_IF_ERROR(MakeRuntimeDir(config_.runtime_dir));
     FERRY_RETURN_IF_ERROR(LockRuntimeDir());
@@ -184,6 +190,7 @@ class Server::Impl {
     FERRY_RETURN_IF_ERROR(Watch(stop_efd_.get(), kStopTag));
     FERRY_RETURN_IF_ERROR(Watch(reload_efd_.get(), kReloadTag));
     if (backend_->completion_fd() >= 0) FERRY_RETURN_IF_ERROR(Watch(backend_->completion_fd(), kBackendTag));
+    FERRY_RETURN_IF_ERROR(Watch(pool_->zeroed_fd(), kZeroedTag));
     FERRY_LOG(kInfo) << "listening on " << socket_path_ << (has_allowed_gid_ ? " (group " + config_.allowed_group + ")" : " (owner only)");
     return Status::Ok();
   }
@@ -300,6 +307,9 @@ class Server::Impl {
           SetSleeping(false);
         } else {
           timeout = watchdog_ns != 0 ? static_cast<int>(watchdog_ns / 2'000'000) : -1;
+          if (pool_->quarantined_bytes() != 0 && (timeout < 0 || timeout > int{kReclaimIntervalNs / 1'000'000})) {
+            timeout = kReclaimIntervalNs / 1'000'000;  // wake to probe the quarantine again
+          }
           slept = true;
           counters_.sleeps++;
         }
@@ -326,6 +336,7 @@ class Server::Impl {
       backend_->Flush();
       FlushAll();
       ReapDead();
+      if (pool_->quarantined_bytes() != 0 && MonotonicNanos() - last_reclaim_ns_ >= kReclaimIntervalNs) Reclaim();
       if (work) last_activity = MonotonicNanos();
     }
     Shutdown();
@@ -336,6 +347,7 @@ class Server::Impl {
   std::unique_ptr<Backend> backend_;
   ServerCounters counters_;
   std::unique_ptr<PinnedPool> pool_;
+  ZeroSlabFn zero_slab_;  // handed to the pool at Init
 
  private:
   Status Watch(int fd, uint64_t tag) {
@@ -376,6 +388,21 @@ class Server::Impl {
       return;
     }
     if (tag == kBackendTag) return;  // PollBackend runs every turn
+    if (tag == kZeroedTag) {
+      pool_->CollectZeroed();
+      UpdatePoolCounters();
+      return;
+    }
+    if ((tag & 0xf) == kPeerExitKind) {
+      // An ended session's client exited: its mappings are gone, so its slabs may be too.
+      auto w = exit_watch_.find(tag >> 8);
+      if (w != exit_watch_.end()) {
+        Unwatch(w->second.get());
+        exit_watch_.erase(w);
+      }
+      Reclaim();
+      return;
+    }
     if (tag == kReloadTag) {
       DrainDoorbell(reload_efd_.get());
       ReloadFromFile();
@@ -406,6 +433,7 @@ class Server::Impl {
       s->id = next_session_id_++;
       s->peer = *cred;
       s->sock = std::move(*fd);
+      s->peer_pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, s->peer.pid, 0)));
       if (!Watch(s->sock.get(), SessionTag(s->id, kSocketKind)).ok()) continue;
       sessions_.emplace(s->id, std::move(s));
     }
@@ -512,6 +540,15 @@ class Server::Impl {
     if (counters_.sessions >= config_.max_sessions) {
       return refuse(ResourceExhausted("ferryd already serves " + std::to_string(config_.max_sessions) + " clients"));
     }
+    const uint32_t of_uid = static_cast<uint32_t>(std::count_if(sessions_.begin(), sessions_.end(), [&](const auto& e) {
+      return e.second->hello_done && !e.second->dead && e.second->peer.uid == s.peer.uid;
+    }));
+    if (of_uid >= config_.limits.sessions_per_uid) {
+      return refuse(ResourceExhausted("uid " + std::to_string(s.peer.uid) + " already has " + std::to_string(of_uid) +
+                                      " sessions; limits.sessions_per_uid is " +
+                                      std::to_string(config_.limits.sessions_per_uid) +
+                                      " (end one of them, or raise the limit in ferryd's config)"));
+    }
     s.sq_entries = config_.ring_entries;
     s.cq_entries = config_.ring_entries * 2;
     const size_t bytes = wire::RingSegmentBytes(s.sq_entries, s.cq_entries);
@@ -533,7 +570,7 @@ class Server::Impl {
     s.hdr->cq_entries = s.cq_entries;
     s.sq = wire::SubmissionEntries(s.ring.data());
     s.cq = wire::CompletionEntries(s.ring.data(), s.sq_entries);
-    s.arena = std::make_unique<SessionArena>(*pool_, s.id, quota_);
+    s.arena = std::make_unique<SessionArena>(*pool_, s.id, quota_, s.peer.uid, config_.limits.pool_bytes_per_uid);
     s.klass = policy_->ClassFor(s.name, s.peer.uid);
     if (!Watch(s.submit_efd.get(), SessionTag(s.id, kDoorbellKind)).ok()) return refuse(Internal("epoll"));
     s.hello_done = true;
@@ -570,14 +607,26 @@ class Server::Impl {
                                         " slabs; raise pool.slab"));
       return Reply(s, wire::MsgType::kAllocBufferReply, seq, r);
     }
-    counters_.pool_free_bytes = pool_->free_bytes();
+    // Fresh descriptions, closed once sent: the client's (and whoever it passes them to) are the
+    // only ones outside ferryd, which is what the quarantine's probe counts.
+    std::vector<UniqueFd> grants;
+    std::vector<int> fds;
+    for (uint32_t i = 0; i < a->slab_count; ++i) {
+      auto fd = pool_->OpenForClient(a->first_slab + i);
+      if (!fd.ok()) {
+        s.arena->Free(a->pool_offset).ok();
+        r.status = ToWire(fd.status());
+        return Reply(s, wire::MsgType::kAllocBufferReply, seq, r);
+      }
+      fds.push_back(fd->get());
+      grants.push_back(std::move(*fd));
+    }
+    UpdatePoolCounters();
     r.status = ToWire(Status::Ok());
     r.pool_offset = a->pool_offset;
     r.size = a->size;
     r.first_slab = a->first_slab;
     r.slab_count = a->slab_count;
-    std::vector<int> fds;
-    for (uint32_t i = 0; i < a->slab_count; ++i) fds.push_back(pool_->slab_fd(a->first_slab + i));
     Reply(s, wire::MsgType::kAllocBufferReply, seq, r, fds.data(), fds.size());
   }
 
@@ -1181,18 +1230,52 @@ class Server::Impl {
     for (auto it = sessions_.begin(); it != sessions_.end();) {
       Session& s = *it->second;
       if (s.dead && s.in_flight == 0) {
-        if (s.hello_done) {
+        const uint64_t id = s.id;
+        const uint32_t uid = s.peer.uid;
+        const bool counted = s.hello_done;
+        const std::string name = s.name;
+        const size_t regions = s.regions.size(), events = s.events.size();
+        const std::vector<uint32_t> slabs = s.arena ? s.arena->owned_slabs() : std::vector<uint32_t>{};
+        UniqueFd pidfd = std::move(s.peer_pidfd);
+        it = sessions_.erase(it);  // closes regions and events, quarantines slabs
+        if (!slabs.empty()) Reclaim();
+        uint64_t held = 0;
+        for (uint32_t slab : slabs) held += pool_->quarantined(slab) ? pool_->slab_bytes() : 0;
+        if (counted) {
           counters_.sessions--;
-          FERRY_LOG(kInfo) << "session " << s.id << " '" << s.name << "' reclaimed: " << s.regions.size()
-                           << " device regions closed, " << s.events.size() << " events closed, "
-                           << (s.arena ? s.arena->owned_bytes() >> 20 : 0) << " MiB back in the pool";
+          FERRY_LOG(kInfo) << "session " << id << " '" << name << "' reclaimed: " << regions << " device regions closed, "
+                           << events << " events closed, " << ((slabs.size() * pool_->slab_bytes()) >> 20)
+                           << " MiB of slabs out of the session, "
+                           << ((slabs.size() * pool_->slab_bytes() - held) >> 20) << " MiB to be zeroed for reuse"
+                           << (held ? ", " + std::to_string(held >> 20) +
+                                          " MiB quarantined (still mapped or open outside ferryd; counted against uid " +
+                                          std::to_string(uid) + " until no process holds them)"
+                                    : std::string());
         }
-        it = sessions_.erase(it);  // closes regions and events, returns and zeroes slabs
-        counters_.pool_free_bytes = pool_->free_bytes();
+        if (held != 0 && pidfd.valid() && Watch(pidfd.get(), SessionTag(id, kPeerExitKind)).ok()) {
+          exit_watch_[id] = std::move(pidfd);
+        }
       } else {
         ++it;
       }
     }
+  }
+
+  // Probes the quarantined slabs; the ones no process outside ferryd holds go to be zeroed.
+  void Reclaim() {
+    last_reclaim_ns_ = MonotonicNanos();
+    pool_->ReclaimQuarantined();
+    if (pool_->quarantined_bytes() == 0) {
+      for (auto& [id, fd] : exit_watch_) Unwatch(fd.get());
+      exit_watch_.clear();
+    }
+    UpdatePoolCounters();
+  }
+
+  void UpdatePoolCounters() {
+    counters_.pool_free_bytes = pool_->free_bytes();
+    counters_.pool_quarantined_bytes = pool_->quarantined_bytes();
+    counters_.pool_zeroing_bytes = pool_->zeroing_bytes();
   }
 
   void Shutdown() {
@@ -1222,6 +1305,8 @@ class Server::Impl {
   uint64_t next_session_id_ = 1;
   uint64_t bulk_cursor_ = 0;
   std::map<uint64_t, std::unique_ptr<Session>> sessions_;
+  std::map<uint64_t, UniqueFd> exit_watch_;  // session id -> its client's pidfd, while its slabs are quarantined
+  uint64_t last_reclaim_ns_ = 0;
   std::unordered_map<uint64_t, std::unique_ptr<Copy>> copies_;
   std::unordered_map<FenceId, FenceRef> fences_;
   std::vector<FenceResult> done_;
@@ -1259,7 +1344,7 @@ Result<std::unique_ptr<Server>> Server::Create(const DaemonConfig& config, std::
     policy = std::make_shared<const Policy>();
     source = "built-in default";
   }
-  auto impl = std::make_unique<Impl>(config, std::move(backend));
+  auto impl = std::make_unique<Impl>(config, std::move(backend), std::move(options.zero_slab));
   impl->observer_ = options.observer;
   impl->SwitchPolicy(std::move(policy), source);
   FERRY_RETURN_IF_ERROR(impl->Init());

@@ -38,8 +38,13 @@ done
 for i in "${!pids[@]}"; do kill -9 "${pids[$i]}" 2>/dev/null; wait "${pids[$i]}" 2>/dev/null; done
 for i in $(seq 0 3); do "$client" mixed "$sock" 4194304 50 >"$dir/final$i.log" 2>&1 & done
 for j in $(jobs -p); do [ "$j" = "$dpid" ] && continue; wait "$j" || fail "a final client failed: $(cat "$dir"/final*.log)"; done
-sleep 0.5
-st=$("$ctl" --socket "$sock" status --json) || fail "ferryctl status"
+# Slabs of ended sessions come back once their processes are gone and the zeroer is done:
+# wait for that (bounded) before checking that the pool is whole.
+for _ in $(seq 100); do
+  st=$("$ctl" --socket "$sock" status --json) || fail "ferryctl status"
+  python3 -c 'import json, sys; s = json.loads(sys.argv[1]); sys.exit(s["pool_free_bytes"] != s["pool_bytes"])' "$st" && break
+  sleep 0.1
+done
 echo "$st"
 python3 - "$st" "$rss_start" "$(rss)" "$kills" <<'PY' || exit 1
 import json, sys
