@@ -23,6 +23,7 @@ struct ServerCounters {
   std::atomic<uint64_t> bytes_d2h{0};
   std::atomic<uint64_t> evictions{0};
   std::atomic<uint64_t> rejected{0};
+  std::atomic<uint64_t> outbound_queued{0};  // replies waiting for clients that do not read them
   std::atomic<uint64_t> pool_free_bytes{0};
   std::atomic<uint64_t> in_flight{0};        // copies accepted and not finished
   std::atomic<uint64_t> in_flight_bytes{0};  // bytes on the engines now
