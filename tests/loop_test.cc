@@ -534,7 +534,7 @@ TEST(Metrics, SlowClientsDoNotHoldUpAScrapeAndAreDroppedAfterTheRequestTimeout) 
   const std::string body = ScrapeWithin(port, 10s);
   const double took = Seconds(std::chrono::steady_clock::now() - start);
   EXPECT_NE(body.find("ferry_build_info"), std::string::npos) << "scrape gave up after " << took << " s";
-  EXPECT_LT(took, 2.0);
+  EXPECT_LT(took, 3.0) << "before the fix: ~28 s, until civetweb's default 30 s request timeout";
   // The slow ones are dropped once the request timeout (5 s) passes.
   for (auto& fd : slow) EXPECT_TRUE(Readable(fd.get(), 15000)) << "still held after 15 s";
 }
