@@ -474,7 +474,10 @@ class Server::Impl {
   void OutOfFds(const Status& why) {
     if (!fd_episode_) {
       fd_episode_ = true;
-      FERRY_LOG(kError) << "cannot accept connections: " << why.message() << " (" << FdUsage()
+      reserve_fd_.reset();  // room to read /proc/self/fd
+      const std::string usage = FdUsage();
+      reserve_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+      FERRY_LOG(kError) << "cannot accept connections: " << why.message() << " (" << usage
                         << "); refusing new connections until some close. Raise LimitNOFILE (systemd) or "
                            "ulimit -n, or lower max_sessions / limits.pending_connections";
     }
@@ -504,7 +507,9 @@ class Server::Impl {
          it.increment(ec)) {
       ++open;
     }
-    return std::to_string(open) + " fds open, RLIMIT_NOFILE " + std::to_string(rl.rlim_cur);
+    // The listing counts the fd it reads /proc/self/fd through.
+    return (ec || open == 0 ? std::string("?") : std::to_string(open - 1)) + " fds open, RLIMIT_NOFILE " +
+           std::to_string(rl.rlim_cur);
   }
 
   void LogRefusedConnection(const PeerCredentials& peer, const std::string& why) {
