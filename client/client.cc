@@ -116,13 +116,19 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   Status Connect(const ConnectOptions& o) {
     timeout_ms_ = static_cast<int>(o.timeout.count());
     const std::string path = o.socket_path.empty() ? DefaultSocketPath() : o.socket_path;
-    FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(path));
+    FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(path, timeout_ms_));
     wire::HelloRequest h{};
     h.client_version = wire::kVersion;
     std::string name = o.name;
     if (name.empty()) name = program_invocation_short_name;
     CopyCString(h.name, name);
-    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kHello, h, wire::MsgType::kHelloReply));
+    auto hello = Call(wire::MsgType::kHello, h, wire::MsgType::kHelloReply);
+    if (!hello.ok() && hello.status().code() == Code::kUnavailable) {
+      return Unavailable("ferryd at " + path + " closed the connection before answering hello: it may be at its " +
+                         "limit of connections that have not said hello yet (limits.pending_connections*) or out " +
+                         "of file descriptors; its log says why");
+    }
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, std::move(hello));
     auto r = m.As<wire::HelloReply>();
     FERRY_RETURN_IF_ERROR(FromWire(r.status).WithContext("ferryd refused the connection"));
     if (m.fds.size() != 3) return ProtocolError("hello reply carries " + std::to_string(m.fds.size()) + " fds, 3 expected");

@@ -1,11 +1,13 @@
 #include "common/channel.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace ferry {
@@ -62,7 +64,7 @@ Result<UniqueFd> ListenUnix(const std::string& path, mode_t mode) {
   if (rc != 0) return ErrnoStatus("bind(" + tmp + ")", err);
   Status st;
   if (::chmod(tmp.c_str(), mode) != 0) st = ErrnoStatus("chmod(" + tmp + ")", errno);
-  if (st.ok() && ::listen(fd.get(), 64) != 0) st = ErrnoStatus("listen", errno);
+  if (st.ok() && ::listen(fd.get(), kListenBacklog) != 0) st = ErrnoStatus("listen", errno);
   if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) st = ErrnoStatus("rename(" + tmp + ", " + path + ")", errno);
   if (!st.ok()) {
     ::unlink(tmp.c_str());
@@ -71,18 +73,35 @@ Result<UniqueFd> ListenUnix(const std::string& path, mode_t mode) {
   return fd;
 }
 
-Result<UniqueFd> ConnectUnix(const std::string& path) {
+Result<UniqueFd> ConnectUnix(const std::string& path, int timeout_ms) {
   FERRY_ASSIGN_OR_RETURN(sockaddr_un addr, UnixAddress(path));
-  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  // Non-blocking: a Unix socket's connect waits, regardless of any timeout, while the
+  // listener's backlog is full; non-blocking it says EAGAIN and we retry until the deadline.
+  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return ErrnoStatus("socket", errno);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+  const uint64_t start = MonotonicNanos();
+  for (uint32_t attempt = 0;; ++attempt) {
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) break;
     int err = errno;
+    if (err == EINTR) continue;
+    if (err == EAGAIN) {
+      const uint64_t waited_ms = (MonotonicNanos() - start) / 1'000'000;
+      if (timeout_ms >= 0 && waited_ms >= static_cast<uint64_t>(timeout_ms)) {
+        return Timeout("ferryd at " + path + " did not accept the connection within " + std::to_string(timeout_ms) +
+                       " ms (its listen backlog is full)");
+      }
+      // Short sleeps first (a backlog drains within a loop turn), then at most 10 ms.
+      ::usleep(std::min<uint32_t>(100u << std::min(attempt, 7u), 10'000));
+      continue;
+    }
     Status s = ErrnoStatus("connect(" + path + ")", err);
     if (err == ENOENT || err == ECONNREFUSED) {
       return Unavailable("ferryd is not running at " + path + " (" + s.message() + ")");
     }
     return s;
   }
+  int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) return ErrnoStatus("fcntl(O_NONBLOCK)", errno);
   return fd;
 }
 
@@ -99,14 +118,20 @@ Result<PeerCredentials> GetPeerCredentials(int fd) {
   return PeerCredentials{cred.pid, cred.uid, cred.gid};
 }
 
-Status SendMessage(int fd, wire::MsgType type, uint32_t seq, const void* payload, size_t len, const int* fds,
-                   size_t nfds) {
-  if (nfds > wire::kMaxFdsPerMessage) return Internal("too many fds for one message");
+std::vector<std::byte> FrameMessage(wire::MsgType type, uint32_t seq, const void* payload, size_t len) {
   wire::MsgHeader h{wire::kMagic, wire::kVersion, static_cast<uint16_t>(type), static_cast<uint32_t>(len), seq};
-  iovec iov[2] = {{&h, sizeof h}, {const_cast<void*>(payload), len}};
+  std::vector<std::byte> frame(sizeof h + len);
+  std::memcpy(frame.data(), &h, sizeof h);
+  if (len > 0) std::memcpy(frame.data() + sizeof h, payload, len);
+  return frame;
+}
+
+Result<bool> TrySendFramed(int fd, const std::vector<std::byte>& frame, const int* fds, size_t nfds) {
+  if (nfds > wire::kMaxFdsPerMessage) return Internal("too many fds for one message");
+  iovec iov{const_cast<std::byte*>(frame.data()), frame.size()};
   msghdr msg{};
-  msg.msg_iov = iov;
-  msg.msg_iovlen = 2;
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
   std::vector<char> control;
   if (nfds > 0) {
     control.resize(CMSG_SPACE(nfds * sizeof(int)));
@@ -119,16 +144,25 @@ Status SendMessage(int fd, wire::MsgType type, uint32_t seq, const void* payload
     std::memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
   }
   for (;;) {
-    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno == EAGAIN) {
-      pollfd p{fd, POLLOUT, 0};
-      if (::poll(&p, 1, 1000) <= 0) return Timeout("control socket full for 1 s");
-      continue;
-    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
     if (n < 0) return ErrnoStatus("sendmsg", errno);
-    if (static_cast<size_t>(n) != sizeof h + len) return ProtocolError("short send on control socket");
-    return Status::Ok();
+    if (static_cast<size_t>(n) != frame.size()) return ProtocolError("short send on control socket");
+    return true;
+  }
+}
+
+Status SendMessage(int fd, wire::MsgType type, uint32_t seq, const void* payload, size_t len, const int* fds,
+                   size_t nfds) {
+  const std::vector<std::byte> frame = FrameMessage(type, seq, payload, len);
+  for (;;) {
+    FERRY_ASSIGN_OR_RETURN(bool sent, TrySendFramed(fd, frame, fds, nfds));
+    if (sent) return Status::Ok();
+    pollfd p{fd, POLLOUT, 0};
+    int rc = ::poll(&p, 1, 1000);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) return Timeout("control socket full for 1 s");
   }
 }
 

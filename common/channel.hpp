@@ -34,12 +34,23 @@ struct ReceivedMessage {
   }
 };
 
+constexpr int kListenBacklog = 64;  // connections the kernel holds for the listener to accept
+
 // Listens on `path` (an existing socket file there is replaced) with the file mode `mode`.
 Result<UniqueFd> ListenUnix(const std::string& path, mode_t mode);
-Result<UniqueFd> ConnectUnix(const std::string& path);
+// Gives up with kTimeout after timeout_ms (< 0: waits as long as the kernel does) while the
+// listener's backlog is full.
+Result<UniqueFd> ConnectUnix(const std::string& path, int timeout_ms = -1);
 Result<UniqueFd> AcceptUnix(int listen_fd);
 Result<PeerCredentials> GetPeerCredentials(int fd);
 
+// A message framed for the wire: header and payload, as one buffer.
+std::vector<std::byte> FrameMessage(wire::MsgType type, uint32_t seq, const void* payload, size_t len);
+// Sends a framed message without waiting: true when it went, false when the socket's buffer is
+// full (EAGAIN; nothing was sent, the caller keeps the message).
+Result<bool> TrySendFramed(int fd, const std::vector<std::byte>& frame, const int* fds = nullptr, size_t nfds = 0);
+
+// Waits up to 1 s for room on a full socket.
 Status SendMessage(int fd, wire::MsgType type, uint32_t seq, const void* payload, size_t len,
                    const int* fds = nullptr, size_t nfds = 0);
 template <typename T>

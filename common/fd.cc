@@ -8,7 +8,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <ctime>
+#include <string>
 
 namespace ferry {
 
@@ -49,9 +52,33 @@ Status CheckSealedMemfd(int fd, size_t min_size) {
   return Status::Ok();
 }
 
+namespace {
+
+// ENOMEM from mmap is usually the map count, not memory: says how close this process is.
+std::string MapCountNote() {
+  size_t maps = 0;
+  if (FILE* f = std::fopen("/proc/self/maps", "re")) {
+    for (int c; (c = std::fgetc(f)) != EOF;) maps += c == '\n';
+    std::fclose(f);
+  }
+  std::string max = "?";
+  if (FILE* f = std::fopen("/proc/sys/vm/max_map_count", "re")) {
+    char buf[32] = {};
+    if (std::fgets(buf, sizeof buf, f) != nullptr) max = std::string(buf, strcspn(buf, "\n"));
+    std::fclose(f);
+  }
+  return "this process has " + std::to_string(maps) + " memory mappings and may be at vm.max_map_count (" + max + ")";
+}
+
+}  // namespace
+
 Result<Mapping> MapShared(int fd, size_t size, size_t offset) {
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(offset));
-  if (p == MAP_FAILED) return ErrnoStatus("mmap", errno);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    if (err == ENOMEM) return ResourceExhausted(ErrnoStatus("mmap", err).message() + " (" + MapCountNote() + ")");
+    return ErrnoStatus("mmap", err);
+  }
   return Mapping(p, size);
 }
 

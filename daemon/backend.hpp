@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -115,6 +116,9 @@ class Backend {
 
 struct HostBackendOptions {
   uint32_t streams_per_direction = 3;
+  // Tests: called just before a copy worker thread starts; it may throw std::system_error, as
+  // std::thread does when the process is out of threads or memory.
+  std::function<void()> before_worker_start = nullptr;
 };
 Result<std::unique_ptr<Backend>> CreateHostBackend(const HostBackendOptions& options);
 // NotSupported when ferry was built without the CUDA toolkit; Unavailable when no GPU answers.

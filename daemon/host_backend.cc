@@ -5,9 +5,11 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
+#include "common/log.hpp"
 #include "daemon/backend.hpp"
 
 namespace ferry::daemon {
@@ -27,7 +29,8 @@ class HostEvent : public SharedEvent {};
 
 class HostBackend : public Backend {
  public:
-  explicit HostBackend(const HostBackendOptions& o, UniqueFd efd) : streams_(o.streams_per_direction), efd_(std::move(efd)) {
+  explicit HostBackend(const HostBackendOptions& o, UniqueFd efd)
+      : streams_(o.streams_per_direction), before_worker_start_(o.before_worker_start), efd_(std::move(efd)) {
     for (uint32_t i = 0; i < 2 * streams_; ++i) workers_.emplace_back(std::make_unique<Worker>());
   }
   ~HostBackend() override {
@@ -73,6 +76,11 @@ class HostBackend : public Backend {
     for (const CopyPiece& p : plan.pieces) {
       if (p.stream >= streams_) return Internal("stream index out of range");
     }
+    // A stream's worker starts on its first use; every worker the plan needs runs before any
+    // piece is queued, so a worker that cannot start fails this copy and nothing else.
+    for (const CopyPiece& p : plan.pieces) {
+      FERRY_RETURN_IF_ERROR(StartWorker(plan.direction, p.stream));
+    }
     FenceId id = next_fence_++;
     {
       std::lock_guard<std::mutex> l(fence_mu_);
@@ -80,7 +88,6 @@ class HostBackend : public Backend {
     }
     for (const CopyPiece& p : plan.pieces) {
       Worker& w = *workers_[static_cast<size_t>(plan.direction) * streams_ + p.stream];
-      if (!w.thread.joinable()) w.thread = std::thread([this, &w] { RunWorker(w); });  // a stream's first use
       {
         std::lock_guard<std::mutex> l(w.mu);
         w.jobs.push_back(Job{id, plan.direction, p});
@@ -112,7 +119,37 @@ class HostBackend : public Backend {
     std::thread thread;
   };
 
+  Status StartWorker(Direction dir, uint32_t stream) {
+    Worker& w = *workers_[static_cast<size_t>(dir) * streams_ + stream];
+    if (w.thread.joinable()) return Status::Ok();
+    try {
+      if (before_worker_start_) before_worker_start_();
+      w.thread = std::thread([this, &w] { RunWorker(w); });
+    } catch (const std::system_error& e) {
+      const Status st = ResourceExhausted(std::string("cannot start the host backend's copy thread for ") +
+                                          (dir == Direction::kHostToDevice ? "host-to-device" : "device-to-host") +
+                                          " stream " + std::to_string(stream) + ": " + e.what() +
+                                          " (ferryd is out of threads or memory: see its limits, e.g. "
+                                          "TasksMax, RLIMIT_NPROC, vm.max_map_count)");
+      FERRY_LOG(kError) << st.message();
+      return st;
+    }
+    return Status::Ok();
+  }
+
+  // Nothing in a job throws; should anything, the worker says so and stops rather than take
+  // ferryd down (its copies then never complete, which the watchdog notices).
   void RunWorker(Worker& w) {
+    try {
+      ServeJobs(w);
+    } catch (const std::exception& e) {
+      FERRY_LOG(kError) << "host backend copy thread failed: " << e.what();
+    } catch (...) {
+      FERRY_LOG(kError) << "host backend copy thread failed: unknown exception";
+    }
+  }
+
+  void ServeJobs(Worker& w) {
     for (;;) {
       Job job;
       {
@@ -142,6 +179,7 @@ class HostBackend : public Backend {
   }
 
   uint32_t streams_;
+  std::function<void()> before_worker_start_;
   UniqueFd efd_;
   FenceId next_fence_ = 1;
   std::mutex fence_mu_;

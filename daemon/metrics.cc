@@ -32,6 +32,8 @@ namespace {
 // cuBLAS 13 alone brings 92 KiB of it (libcublasLt.so.13), which is why ferryd loads cuBLAS
 // with dlopen and never links it.
 constexpr size_t kCivetwebThreadStackBytes = 102400;
+constexpr int kExporterThreads = 8;
+constexpr int kExporterRequestTimeoutMs = 5000;
 
 struct TlsUser {
   std::string object;
@@ -336,8 +338,14 @@ Result<std::unique_ptr<MetricsExporter>> MetricsExporter::Create(const std::stri
     return Unavailable("cannot serve metrics on " + address + ": " + threads.message());
   }
   try {
-    // One worker thread: scrapes are rare and small.
-    impl->exposer = std::make_unique<prometheus::Exposer>(address, 1);
+    // Any local user can connect, so no one client may hold the exporter: several workers (each
+    // a 100 KiB civetweb thread, see above), and a request that has not arrived whole within
+    // request_timeout_ms is dropped. No keep-alive: a scrape is one request.
+    impl->exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", address,
+        "num_threads", std::to_string(kExporterThreads),
+        "request_timeout_ms", std::to_string(kExporterRequestTimeoutMs),
+        "enable_keep_alive", "no"});
   } catch (const std::exception& e) {
     return Unavailable("cannot serve metrics on " + address + ": " + e.what() +
                        " (is the address in use or not local? set metrics.address, or empty to disable)");

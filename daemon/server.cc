@@ -4,6 +4,7 @@
 #include <grp.h>
 #include <sched.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -13,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -40,8 +42,8 @@ constexpr uint64_t kDoorbellKind = 1;
 constexpr uint64_t kPeerExitKind = 2;  // the pidfd of an ended session's client, while its slabs are quarantined
 constexpr uint64_t kReclaimIntervalNs = 250'000'000;  // quarantined slabs are probed again this often
 constexpr uint64_t SessionTag(uint64_t id, uint64_t kind) { return (id << 8) | 0x10 | kind; }
-constexpr uint32_t kMaxEventsPerSession = 4096;
-constexpr uint32_t kMaxRegionsPerSession = 4096;
+constexpr uint64_t kListenPauseNs = 100'000'000;  // out of fds: stop accepting this long, then try again
+constexpr uint64_t kRejectLogIntervalNs = 1'000'000'000;  // refused connections: at most one log line a second
 constexpr uint32_t kSubmissionsPerTurn = 64;  // per session per loop turn: fairness between clients
 constexpr uint64_t kQuantumBytes = 1ull << 20;     // deficit round robin: bytes per visit per unit of weight
 constexpr uint64_t kMaxDeficitBytes = 64ull << 20;  // a piece larger than this goes once the deficit is full
@@ -65,6 +67,12 @@ struct RegionState {
   bool unregistering = false;
 };
 
+// A reply that did not fit in the client's socket buffer, waiting for it to read.
+struct OutboundMessage {
+  std::vector<std::byte> frame;  // header and payload
+  std::vector<UniqueFd> fds;     // our own copies of the fds it carries
+};
+
 struct Session {
   uint64_t id = 0;
   PeerCredentials peer;
@@ -73,6 +81,10 @@ struct Session {
   UniqueFd peer_pidfd;  // readable once the client process has exited; invalid where pidfd_open fails
   bool hello_done = false;
   bool dead = false;
+  uint64_t accepted_ns = 0;
+  // Replies wait here, in order, while the client's socket is full; the loop never blocks on it.
+  std::deque<OutboundMessage> outbound;
+  bool watching_writable = false;  // EPOLLOUT on sock while outbound is not empty
 
   UniqueFd ring_fd, submit_efd, complete_efd;
   Mapping ring;
@@ -187,6 +199,9 @@ class Server::Impl {
     epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
     if (!epoll_.valid()) return ErrnoStatus("epoll_create1", errno);
     FERRY_RETURN_IF_ERROR(Watch(listen_.get(), kListenTag));
+    listen_watched_ = true;
+    reserve_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    if (!reserve_fd_.valid()) return ErrnoStatus("open(/dev/null)", errno);
     FERRY_RETURN_IF_ERROR(Watch(stop_efd_.get(), kStopTag));
     FERRY_RETURN_IF_ERROR(Watch(reload_efd_.get(), kReloadTag));
     if (backend_->completion_fd() >= 0) FERRY_RETURN_IF_ERROR(Watch(backend_->completion_fd(), kBackendTag));
@@ -268,7 +283,30 @@ class Server::Impl {
     SwitchPolicy(*p, config_.policy_path + " (reload)");
   }
 
+  // No exception ends the process from here: a failure ends the loop with an error (main
+  // returns it, and systemd restarts ferryd), after the copies in flight have drained.
   Status Run() {
+    Status st;
+    try {
+      st = Serve();
+    } catch (const std::exception& e) {
+      st = Internal(std::string("event loop failed: ") + e.what());
+    } catch (...) {
+      st = Internal("event loop failed: unknown exception");
+    }
+    if (!st.ok()) {
+      FERRY_LOG(kError) << st.message() << "; stopping";
+    }
+    try {
+      Shutdown();
+    } catch (const std::exception& e) {
+      FERRY_LOG(kError) << "stopping failed: " << e.what();
+      if (st.ok()) st = Internal(std::string("stopping failed: ") + e.what());
+    }
+    return st;
+  }
+
+  Status Serve() {
     if (config_.cpu >= 0) {
       cpu_set_t set;
       CPU_ZERO(&set);
@@ -310,6 +348,8 @@ class Server::Impl {
           if (pool_->quarantined_bytes() != 0 && (timeout < 0 || timeout > int{kReclaimIntervalNs / 1'000'000})) {
             timeout = kReclaimIntervalNs / 1'000'000;  // wake to probe the quarantine again
           }
+          const int timer = MillisToNextTimer();
+          if (timer >= 0 && (timeout < 0 || timer < timeout)) timeout = timer;
           slept = true;
           counters_.sleeps++;
         }
@@ -325,6 +365,7 @@ class Server::Impl {
       if (n < 0 && errno != EINTR) return ErrnoStatus("epoll_wait", errno);
       bool work = n > 0;
       for (int i = 0; i < n; ++i) HandleEvent(evs[i]);
+      RunTimers();
       if (PollSubmissions()) {
         window.OnQuietGap(MonotonicNanos() - last_activity);
         counters_.poll_window_ns = window.ns();
@@ -339,7 +380,6 @@ class Server::Impl {
       if (pool_->quarantined_bytes() != 0 && MonotonicNanos() - last_reclaim_ns_ >= kReclaimIntervalNs) Reclaim();
       if (work) last_activity = MonotonicNanos();
     }
-    Shutdown();
     return Status::Ok();
   }
 
@@ -350,11 +390,11 @@ class Server::Impl {
   ZeroSlabFn zero_slab_;  // handed to the pool at Init
 
  private:
-  Status Watch(int fd, uint64_t tag) {
+  Status Watch(int fd, uint64_t tag, uint32_t events = EPOLLIN, int op = EPOLL_CTL_ADD) {
     epoll_event ev{};
-    ev.events = EPOLLIN;
+    ev.events = events;
     ev.data.u64 = tag;
-    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) return ErrnoStatus("epoll_ctl", errno);
+    if (::epoll_ctl(epoll_.get(), op, fd, &ev) != 0) return ErrnoStatus("epoll_ctl", errno);
     return Status::Ok();
   }
   void Unwatch(int fd) {
@@ -420,23 +460,147 @@ class Server::Impl {
       Evict(s, "client disconnected", kInfoLevel);
       return;
     }
-    HandleControl(s);
+    if (ev.events & EPOLLOUT) FlushOutbound(s);
+    if ((ev.events & EPOLLIN) && !s.dead) HandleControl(s);
   }
 
   void Accept() {
     for (;;) {
       auto fd = AcceptUnix(listen_.get());
-      if (!fd.ok()) return;  // EAGAIN: no more pending
+      if (!fd.ok()) {
+        if (fd.status().code() == Code::kResourceExhausted) OutOfFds(fd.status());
+        return;  // EAGAIN: no more pending
+      }
+      if (fd_episode_) {
+        fd_episode_ = false;
+        FERRY_LOG(kInfo) << "accepting connections again: file descriptors are available";
+      }
       auto cred = GetPeerCredentials(fd->get());
       if (!cred.ok()) continue;
+      // Connections that have not said hello cost an fd and a session each, so they are capped
+      // in all and per uid; the one over a cap is closed at once (the client sees the
+      // connection closed before hello).
+      uint32_t pending = 0, pending_of_uid = 0;
+      for (auto& [id, sp] : sessions_) {
+        if (sp->hello_done || sp->dead) continue;
+        ++pending;
+        if (sp->peer.uid == cred->uid) ++pending_of_uid;
+      }
+      const Limits& lim = config_.limits;
+      if (pending >= lim.pending_connections || pending_of_uid >= lim.pending_connections_per_uid) {
+        CountRejected(ResourceExhausted(""));
+        LogRefusedConnection(*cred, pending >= lim.pending_connections
+                                        ? std::to_string(pending) + " connections have not said hello yet "
+                                              "(limits.pending_connections)"
+                                        : "uid " + std::to_string(cred->uid) + " has " + std::to_string(pending_of_uid) +
+                                              " connections that have not said hello yet "
+                                              "(limits.pending_connections_per_uid)");
+        continue;  // closes it
+      }
       auto s = std::make_unique<Session>();
       s->id = next_session_id_++;
       s->peer = *cred;
       s->sock = std::move(*fd);
       s->peer_pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, s->peer.pid, 0)));
+      s->accepted_ns = MonotonicNanos();
       if (!Watch(s->sock.get(), SessionTag(s->id, kSocketKind)).ok()) continue;
+      next_timer_ns_ = std::min(next_timer_ns_, s->accepted_ns + HelloTimeoutNs());
       sessions_.emplace(s->id, std::move(s));
     }
+  }
+
+  uint64_t HelloTimeoutNs() const { return uint64_t{config_.limits.hello_timeout_ms} * 1'000'000; }
+
+  // accept() failed for want of fds. The pending connections stay in the backlog and keep the
+  // listen socket readable, so: close them, using the reserve fd to accept each (their clients
+  // see the connection closed instead of hanging), and stop watching the listen socket for a
+  // while, or the loop would spin on it.
+  void OutOfFds(const Status& why) {
+    if (!fd_episode_) {
+      fd_episode_ = true;
+      reserve_fd_.reset();  // room to read /proc/self/fd
+      const std::string usage = FdUsage();
+      reserve_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+      FERRY_LOG(kError) << "cannot accept connections: " << why.message() << " (" << usage
+                        << "); refusing new connections until some close. Raise LimitNOFILE (systemd) or "
+                           "ulimit -n, or lower max_sessions / limits.pending_connections";
+    }
+    for (int i = 0; i < kListenBacklog && reserve_fd_.valid(); ++i) {
+      reserve_fd_.reset();
+      UniqueFd doomed(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      const bool refused = doomed.valid();
+      doomed.reset();
+      reserve_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+      if (!refused) break;  // the backlog is empty
+      CountRejected(ResourceExhausted(""));
+    }
+    if (listen_watched_) {
+      Unwatch(listen_.get());
+      listen_watched_ = false;
+      listen_resume_ns_ = MonotonicNanos() + kListenPauseNs;
+      next_timer_ns_ = std::min(next_timer_ns_, listen_resume_ns_);
+    }
+  }
+
+  static std::string FdUsage() {
+    rlimit rl{};
+    ::getrlimit(RLIMIT_NOFILE, &rl);
+    std::error_code ec;
+    size_t open = 0;
+    for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec); !ec && it != std::filesystem::directory_iterator();
+         it.increment(ec)) {
+      ++open;
+    }
+    // The listing counts the fd it reads /proc/self/fd through.
+    return (ec || open == 0 ? std::string("?") : std::to_string(open - 1)) + " fds open, RLIMIT_NOFILE " +
+           std::to_string(rl.rlim_cur);
+  }
+
+  void LogRefusedConnection(const PeerCredentials& peer, const std::string& why) {
+    const uint64_t now = MonotonicNanos();
+    if (now - last_refusal_log_ns_ < kRejectLogIntervalNs && last_refusal_log_ns_ != 0) {
+      ++refusals_unlogged_;
+      return;
+    }
+    FERRY_LOG(kWarning) << "connection from pid " << peer.pid << " uid " << peer.uid << " closed before hello: " << why
+                        << (refusals_unlogged_ ? " (and " + std::to_string(refusals_unlogged_) +
+                                                     " more refused since the last such line)"
+                                               : std::string());
+    refusals_unlogged_ = 0;
+    last_refusal_log_ns_ = now;
+  }
+
+  // Timers, run when next_timer_ns_ passes: hello deadlines and the listen socket's pause.
+  void RunTimers() {
+    const uint64_t now = MonotonicNanos();
+    if (now < next_timer_ns_) return;
+    next_timer_ns_ = UINT64_MAX;
+    if (!listen_watched_ && listen_.valid()) {
+      if (now >= listen_resume_ns_) {
+        listen_watched_ = Watch(listen_.get(), kListenTag).ok();
+      } else {
+        next_timer_ns_ = listen_resume_ns_;
+      }
+    }
+    for (auto& [id, sp] : sessions_) {
+      Session& s = *sp;
+      if (s.hello_done || s.dead) continue;
+      const uint64_t deadline = s.accepted_ns + HelloTimeoutNs();
+      if (now >= deadline) {
+        CountRejected(ProtocolError(""));
+        Evict(s, "did not say hello within " + std::to_string(config_.limits.hello_timeout_ms) +
+                     " ms (limits.hello_timeout_ms)", kWarningLevel);
+      } else {
+        next_timer_ns_ = std::min(next_timer_ns_, deadline);
+      }
+    }
+  }
+
+  // How long the loop may sleep before a timer is due (-1: no timer).
+  int MillisToNextTimer() const {
+    if (next_timer_ns_ == UINT64_MAX) return -1;
+    const uint64_t now = MonotonicNanos();
+    return next_timer_ns_ <= now ? 0 : static_cast<int>((next_timer_ns_ - now + 999'999) / 1'000'000);
   }
 
   bool Authorized(const Session& s) {
@@ -453,10 +617,58 @@ class Server::Impl {
     return false;
   }
 
+  // Replies never wait for the client: what does not fit in its socket buffer is queued (in
+  // order, with copies of its fds) and sent when the socket is writable; a client that lets
+  // more than limits.outbound_messages pile up is evicted.
   template <typename T>
   void Reply(Session& s, wire::MsgType type, uint32_t seq, const T& payload, const int* fds = nullptr, size_t nfds = 0) {
-    Status st = Send(s.sock.get(), type, seq, payload, fds, nfds);
-    if (!st.ok()) Evict(s, "reply failed: " + st.ToString(), kWarningLevel);
+    static_assert(std::is_trivially_copyable_v<T>);
+    if (s.dead) return;
+    std::vector<std::byte> frame = FrameMessage(type, seq, &payload, sizeof payload);
+    if (s.outbound.empty()) {
+      auto sent = TrySendFramed(s.sock.get(), frame, fds, nfds);
+      if (!sent.ok()) return Evict(s, "reply failed: " + sent.status().ToString(), kWarningLevel);
+      if (*sent) return;
+    }
+    if (s.outbound.size() >= config_.limits.outbound_messages) {
+      return Evict(s, "does not read its replies: " + std::to_string(s.outbound.size()) +
+                          " already queued (limits.outbound_messages)", kWarningLevel);
+    }
+    OutboundMessage m{std::move(frame), {}};
+    for (size_t i = 0; i < nfds; ++i) {
+      UniqueFd copy(::fcntl(fds[i], F_DUPFD_CLOEXEC, 0));
+      if (!copy.valid()) {
+        return Evict(s, "cannot queue a reply: " + ErrnoStatus("dup", errno).ToString() + " (" + FdUsage() + ")",
+                     kWarningLevel);
+      }
+      m.fds.push_back(std::move(copy));
+    }
+    s.outbound.push_back(std::move(m));
+    counters_.outbound_queued++;
+    if (!s.watching_writable) {
+      Status st = Watch(s.sock.get(), SessionTag(s.id, kSocketKind), EPOLLIN | EPOLLOUT, EPOLL_CTL_MOD);
+      if (!st.ok()) return Evict(s, "cannot wait for its socket: " + st.ToString(), kWarningLevel);
+      s.watching_writable = true;
+    }
+  }
+
+  // Sends queued replies, in order, while the client's socket takes them.
+  void FlushOutbound(Session& s) {
+    while (!s.outbound.empty() && !s.dead) {
+      OutboundMessage& m = s.outbound.front();
+      std::vector<int> fds;
+      for (const UniqueFd& f : m.fds) fds.push_back(f.get());
+      auto sent = TrySendFramed(s.sock.get(), m.frame, fds.data(), fds.size());
+      if (!sent.ok()) return Evict(s, "reply failed: " + sent.status().ToString(), kWarningLevel);
+      if (!*sent) return;  // still full: EPOLLOUT again later
+      s.outbound.pop_front();
+      counters_.outbound_queued--;
+    }
+    if (s.outbound.empty() && s.watching_writable && !s.dead) {
+      Status st = Watch(s.sock.get(), SessionTag(s.id, kSocketKind), EPOLLIN, EPOLL_CTL_MOD);
+      if (!st.ok()) return Evict(s, "cannot watch its socket: " + st.ToString(), kWarningLevel);
+      s.watching_writable = false;
+    }
   }
   void ReplySimple(Session& s, uint32_t seq, const Status& st) {
     wire::SimpleReply r{};
@@ -632,14 +844,35 @@ class Server::Impl {
 
   void HandleRegisterDevice(Session& s, uint32_t seq, const wire::RegisterDeviceRequest& req, UniqueFd fd) {
     wire::RegisterDeviceReply r{};
-    if (s.regions.size() >= kMaxRegionsPerSession) {
-      r.status = ToWire(ResourceExhausted("too many device regions in this session"));
-      return Reply(s, wire::MsgType::kRegisterDeviceReply, seq, r);
+    auto refuse = [&](const Status& st) {
+      r.status = ToWire(st);
+      CountRejected(st);
+      Reply(s, wire::MsgType::kRegisterDeviceReply, seq, r);
+    };
+    // Each region is a mapping or a device handle in ferryd: bounded per session and per uid, so
+    // that no client can use up the process's map count (vm.max_map_count) or fds for the others.
+    const Limits& lim = config_.limits;
+    if (s.regions.size() >= lim.regions_per_session) {
+      return refuse(ResourceExhausted("this session already has " + std::to_string(s.regions.size()) +
+                                      " device regions (limits.regions_per_session): unregister some first"));
+    }
+    uint64_t of_uid = 0;
+    for (auto& [id, sp] : sessions_) {
+      if (sp->peer.uid == s.peer.uid) of_uid += sp->regions.size();
+    }
+    if (of_uid >= lim.regions_per_uid) {
+      return refuse(ResourceExhausted("uid " + std::to_string(s.peer.uid) + " already has " + std::to_string(of_uid) +
+                                      " device regions over all its sessions (limits.regions_per_uid): unregister "
+                                      "some first"));
     }
     auto region = backend_->OpenDeviceRegion(req, std::move(fd));
     if (!region.ok()) {
-      r.status = ToWire(region.status());
-      return Reply(s, wire::MsgType::kRegisterDeviceReply, seq, r);
+      if (region.status().code() == Code::kResourceExhausted) {
+        FERRY_LOG(kWarning) << "session " << s.id << " '" << s.name << "' (uid " << s.peer.uid
+                            << "): cannot open a device region: " << region.status().message() << " (" << FdUsage()
+                            << ")";
+      }
+      return refuse(region.status());
     }
     uint32_t id = s.next_region_id++;
     s.regions[id].region = std::move(*region);
@@ -663,8 +896,10 @@ class Server::Impl {
 
   void HandleRegisterEvent(Session& s, uint32_t seq, const wire::RegisterEventRequest& req) {
     wire::RegisterEventReply r{};
-    if (s.events.size() >= kMaxEventsPerSession) {
-      r.status = ToWire(ResourceExhausted("too many events in this session"));
+    if (s.events.size() >= config_.limits.events_per_session) {
+      r.status = ToWire(ResourceExhausted("this session already has " + std::to_string(s.events.size()) +
+                                          " events (limits.events_per_session)"));
+      CountRejected(ResourceExhausted(""));
       return Reply(s, wire::MsgType::kRegisterEventReply, seq, r);
     }
     auto ev = backend_->OpenEvent(req);
@@ -1204,6 +1439,8 @@ class Server::Impl {
     Unwatch(s.sock.get());
     Unwatch(s.submit_efd.get());
     s.sock.reset();
+    counters_.outbound_queued -= s.outbound.size();
+    s.outbound.clear();
     s.backlog.clear();
     // Its queued copies never go out; the ones on the engines finish first (they use its memory).
     std::vector<uint64_t> queued(s.queue[0].begin(), s.queue[0].end());
@@ -1281,7 +1518,8 @@ class Server::Impl {
   void Shutdown() {
     SdNotify("STOPPING=1");
     FERRY_LOG(kInfo) << "stopping: " << sessions_.size() << " sessions, " << fences_.size() << " copies in flight";
-    Unwatch(listen_.get());
+    if (listen_watched_) Unwatch(listen_.get());
+    listen_watched_ = false;
     listen_.reset();
     ::unlink(socket_path_.c_str());
     for (auto& [id, s] : sessions_) Evict(*s, "ferryd is stopping", kInfoLevel);
@@ -1297,6 +1535,13 @@ class Server::Impl {
 
   std::string socket_path_;
   UniqueFd listen_, stop_efd_, epoll_;
+  UniqueFd reserve_fd_;  // /dev/null, closed to make room to refuse a connection when out of fds
+  bool listen_watched_ = false;
+  bool fd_episode_ = false;  // out of fds since the last accept that worked (logged once)
+  uint64_t listen_resume_ns_ = 0;
+  uint64_t next_timer_ns_ = UINT64_MAX;  // the earliest hello deadline or listen resumption
+  uint64_t last_refusal_log_ns_ = 0;
+  uint64_t refusals_unlogged_ = 0;
   bool stopping_ = false;
   uint32_t turns_since_epoll_ = 0;
   bool has_allowed_gid_ = false;

@@ -27,6 +27,7 @@ struct ServerCounters {
   std::atomic<uint64_t> rejected{0};
   std::atomic<uint64_t> wait_reports_accepted{0};  // exposed-time reports believed (OnExposed)
   std::atomic<uint64_t> wait_reports_refused{0};   // ... and refused (also in rejected)
+  std::atomic<uint64_t> outbound_queued{0};        // replies waiting for clients that do not read them
   std::atomic<uint64_t> pool_free_bytes{0};
   std::atomic<uint64_t> pool_quarantined_bytes{0};  // slabs of ended sessions a process outside ferryd still holds
   std::atomic<uint64_t> pool_zeroing_bytes{0};      // slabs let go of, being zeroed before reuse

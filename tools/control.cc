@@ -10,7 +10,7 @@
 namespace ferry::tools {
 
 Status Control::Open(const std::string& socket) {
-  FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(socket.empty() ? DefaultSocketPath() : socket));
+  FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(socket.empty() ? DefaultSocketPath() : socket, 10000));
   wire::HelloRequest h{};
   h.client_version = wire::kVersion;
   CopyCString(h.name, "ferryctl");
