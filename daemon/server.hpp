@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -62,6 +63,9 @@ struct ServerOptions {
   std::shared_ptr<const Policy> policy;  // null: config.policy_path, or the built-in default
   std::string policy_source;             // where `policy` came from, for the log
   ServerObserver* observer = nullptr;    // must outlive the server
+  // Tests: runs on the policy loader's thread before it reads each policy file (reloads and
+  // applies), e.g. to make a parse slow on purpose.
+  std::function<void(const std::string& name)> before_policy_parse = nullptr;
 };
 
 class Server {
