@@ -96,7 +96,7 @@ class FileScanner : public YAML::EventHandler {
 
 Result<YAML::Node> LoadString(const std::string& text, const std::string& name) {
   if (text.size() > kMaxYamlBytes) {
-    return InvalidArgument(name + ": " + std::to_string(text.size()) + " bytes, larger than the limit of 1 MiB");
+    return InvalidArgument(name + ": " + std::to_string(text.size()) + " bytes; the limit is 1 MiB");
   }
   try {
     {
