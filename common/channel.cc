@@ -211,10 +211,17 @@ Result<ReceivedMessage> RecvMessage(int fd, int timeout_ms) {
   }
   size_t want = wire::PayloadLength(static_cast<wire::MsgType>(h.type));
   if (want == 0) return ProtocolError("unknown control message type " + std::to_string(h.type));
-  if (h.length != want || static_cast<size_t>(n) != sizeof h + want) {
-    return ProtocolError("control message of type " + std::to_string(h.type) + " has " +
-                         std::to_string(n - static_cast<ssize_t>(sizeof h)) + " payload bytes, " +
-                         std::to_string(want) + " expected");
+  const size_t got = static_cast<size_t>(n) - sizeof h;
+  if (h.length != want) {
+    return ProtocolError("control message of type " + std::to_string(h.type) + ": its header claims " +
+                         std::to_string(h.length) + " payload bytes and the message has " + std::to_string(got) +
+                         "; this type has " + std::to_string(want) +
+                         " (a corrupt message, or a peer built from another ferry version)");
+  }
+  if (got != want) {
+    return ProtocolError("control message of type " + std::to_string(h.type) + " has " + std::to_string(got) +
+                         " payload bytes; its header and its type say " + std::to_string(want) +
+                         " (a truncated message, or a peer built from another ferry version)");
   }
   out.payload.resize(want);
   return out;

@@ -130,6 +130,10 @@ Result<PublicKey> LoadPublicKey(const std::string& path) {
 Status LoadSecretKey(const std::string& path, SecretKey& out) {
   if (!SodiumReady()) return Internal("libsodium failed to initialize");
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.valid() && errno == ELOOP) {
+    // The mode check below is of the file opened: a link's target could be anyone's.
+    return InvalidArgument(path + " is a symbolic link; point the config at the key file itself");
+  }
   if (!fd.valid()) return ErrnoStatus("open " + path, errno);
   struct stat st{};
   if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("stat " + path, errno);

@@ -1,65 +1,151 @@
 #include "common/yaml_util.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cctype>
-#include <fstream>
+#include <cerrno>
 #include <limits>
+#include <map>
 #include <sstream>
+#include <utility>
+#include <vector>
+
+#include <yaml-cpp/eventhandler.h>
+
+#include "common/fd.hpp"
 
 namespace ferry::yamlutil {
 namespace {
 
-int Depth(const YAML::Node& n, int limit) {
-  if (limit < 0) return 0;
-  int best = 0;
-  if (n.IsMap() || n.IsSequence()) {
-    for (auto it = n.begin(); it != n.end(); ++it) {
-      const YAML::Node child = n.IsMap() ? it->second : *it;
-      int d = Depth(child, limit - 1);
-      if (d > best) best = d;
-      if (best > limit) break;
-    }
-    return best + 1;
-  }
-  return 0;
-}
+std::string Position(const YAML::Mark& m) { return std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1); }
 
-Status CheckDepth(const YAML::Node& root, const std::string& name) {
-  if (Depth(root, kMaxYamlDepth + 1) > kMaxYamlDepth) {
-    return InvalidArgument(name + ": nested deeper than " + std::to_string(kMaxYamlDepth) + " levels");
+// Thrown out of yaml-cpp's parser by FileScanner to stop it at the first refusal.
+struct Refusal {
+  Status status;
+};
+
+// Walks a file's parse events (no node graph is built) and refuses what ferry's files never
+// need and what would make later work unbounded: anchors and aliases (one alias node stands for
+// a whole subtree, so a few hundred bytes can expand to billions of nodes), merge keys,
+// nesting deeper than kMaxYamlDepth (yaml-cpp recurses per level), and keys given twice in one
+// mapping (yaml-cpp would silently keep one of them).
+class FileScanner : public YAML::EventHandler {
+ public:
+  explicit FileScanner(const std::string& name) : name_(name) {}
+
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t anchor) override { OnNode(mark, anchor, nullptr); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { Refuse(mark, kNoAliases); }
+  void OnAnchor(const YAML::Mark& mark, const std::string&) override { Refuse(mark, kNoAliases); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor, const std::string& value) override {
+    OnNode(mark, anchor, &value);
   }
-  return Status::Ok();
-}
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,
+                       YAML::EmitterStyle::value) override {
+    OnNode(mark, anchor, nullptr);
+    Open(mark, false);
+  }
+  void OnSequenceEnd() override { open_.pop_back(); }
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor, YAML::EmitterStyle::value) override {
+    OnNode(mark, anchor, nullptr);
+    Open(mark, true);
+  }
+  void OnMapEnd() override { open_.pop_back(); }
+
+ private:
+  static constexpr const char* kNoAliases =
+      "aliases and anchors are not allowed in ferry files (write each setting out in full)";
+
+  struct Collection {
+    bool is_map = false;
+    bool next_is_key = true;                  // maps: their events alternate key, value
+    std::map<std::string, YAML::Mark> keys;  // maps: scalar keys seen so far
+  };
+
+  [[noreturn]] void Refuse(const YAML::Mark& mark, const std::string& what) {
+    throw Refusal{InvalidArgument(name_ + ":" + Position(mark) + ": " + what)};
+  }
+
+  void OnNode(const YAML::Mark& mark, YAML::anchor_t anchor, const std::string* scalar) {
+    if (anchor != YAML::NullAnchor) Refuse(mark, kNoAliases);
+    if (open_.empty() || !open_.back().is_map) return;
+    Collection& map = open_.back();
+    const bool is_key = std::exchange(map.next_is_key, !map.next_is_key);
+    if (!is_key || scalar == nullptr) return;
+    if (*scalar == "<<") Refuse(mark, "merge keys ('<<') are not allowed in ferry files (write each setting out in full)");
+    auto [it, fresh] = map.keys.emplace(*scalar, mark);
+    if (!fresh) Refuse(mark, "key '" + *scalar + "' repeats the one at " + Position(it->second) + " (give each key once)");
+  }
+
+  void Open(const YAML::Mark& mark, bool is_map) {
+    if (open_.size() >= static_cast<size_t>(kMaxYamlDepth)) {
+      Refuse(mark, "nested deeper than " + std::to_string(kMaxYamlDepth) +
+                       " levels (ferry's files need a few; is this the right file, or is its indentation off?)");
+    }
+    open_.push_back(Collection{is_map});
+  }
+
+  const std::string& name_;
+  std::vector<Collection> open_;
+};
 
 }  // namespace
 
 Result<YAML::Node> LoadString(const std::string& text, const std::string& name) {
   if (text.size() > kMaxYamlBytes) {
-    return InvalidArgument(name + ": " + std::to_string(text.size()) + " bytes, the limit is " +
-                           std::to_string(kMaxYamlBytes));
+    return InvalidArgument(name + ": " + std::to_string(text.size()) + " bytes; the limit is 1 MiB");
   }
-  // yaml-cpp recurses per nesting level while parsing; refuse absurd nesting before it does.
-  int depth = 0, max_depth = 0;
-  for (char c : text) {
-    if (c == '[' || c == '{') max_depth = std::max(max_depth, ++depth);
-    if (c == ']' || c == '}') --depth;
-  }
-  if (max_depth > 64) return InvalidArgument(name + ": flow collections nested " + std::to_string(max_depth) + " deep");
   try {
-    YAML::Node root = YAML::Load(text);
-    FERRY_RETURN_IF_ERROR(CheckDepth(root, name));
-    return root;
+    {
+      std::istringstream in(text);
+      YAML::Parser parser(in);
+      FileScanner scanner(name);
+      parser.HandleNextDocument(scanner);
+    }
+    // Only now build the nodes: no aliases, so as many nodes as the text spells out.
+    return YAML::Load(text);
+  } catch (const Refusal& r) {
+    return r.status;
   } catch (const YAML::Exception& e) {
-    return InvalidArgument(name + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
-                           ": " + e.msg);
+    return InvalidArgument(name + ":" + Position(e.mark) + ": " + e.msg);
   }
 }
 
+Result<std::string> ReadYamlFd(int fd, const std::string& name) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return ErrnoStatus("stat " + name, errno);
+  if (!S_ISREG(st.st_mode)) {
+    const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "not a regular file";
+    return InvalidArgument(name + " is " + kind + ", not a regular file; give the path of a YAML file");
+  }
+  // Read at most one byte past the limit, whatever the file claims its size is.
+  std::string text(kMaxYamlBytes + 1, '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::pread(fd, text.data() + got, text.size() - got, static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus("read " + name, errno);
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  if (got > kMaxYamlBytes) return InvalidArgument(name + " is larger than 1 MiB, the limit for ferry's YAML files");
+  text.resize(got);
+  return text;
+}
+
 Result<YAML::Node> LoadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path + ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return LoadString(ss.str(), path);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (ReadYamlFd then refuses it).
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+  if (!fd.valid()) return ErrnoStatus("cannot open " + path, errno);
+  FERRY_ASSIGN_OR_RETURN(std::string text, ReadYamlFd(fd.get(), path));
+  return LoadString(text, path);
 }
 
 Status ErrorAt(const std::string& file, const YAML::Node& node, std::string_view what) {

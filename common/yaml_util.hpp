@@ -17,8 +17,15 @@ inline constexpr size_t kMaxYamlBytes = 1 << 20;  // config and policy files are
 inline constexpr int kMaxYamlDepth = 8;
 
 // Reads and parses a YAML file: size- and depth-limited, with file:line:col in every error.
+// ferry's files need none of YAML's anchors, aliases or merge keys, and an alias can make a few
+// hundred bytes stand for billions of nodes ("billion laughs"): the text is scanned as events
+// first, and anchors, aliases, merge keys, duplicate keys and deep nesting are refused before
+// any node graph exists, so the work per file is bounded by its size.
 Result<YAML::Node> LoadFile(const std::string& path);
 Result<YAML::Node> LoadString(const std::string& text, const std::string& name);
+// Reads an opened YAML file for LoadString: a regular file only, at most kMaxYamlBytes (never
+// more than that plus one block is read, whatever the file is).
+Result<std::string> ReadYamlFd(int fd, const std::string& name);
 
 Status ErrorAt(const std::string& file, const YAML::Node& node, std::string_view what);
 Status CheckKeys(const std::string& file, const YAML::Node& map, std::initializer_list<std::string_view> allowed);

@@ -12,6 +12,7 @@
 #include "common/yaml_util.hpp"
 #include "daemon/config.hpp"
 #include "daemon/metrics.hpp"
+#include "daemon/preflight.hpp"
 #include "daemon/snapshots.hpp"
 #include "daemon/server.hpp"
 #include "ferry/version.hpp"
@@ -51,7 +52,9 @@ options:
   --log-level LEVEL    debug | info | warning | error (default info)
   --trace-engine       log when each copy was read off the ring, issued, run on the copy engine
                        and seen done (cuda backend; a diagnostic for where a copy's time goes)
-  --check-config       validate the config, print what it sets, and exit
+  --check-config       check the config and everything ferryd needs that is not the GPU (the
+                       group, runtime directory, policy, snapshot key and directory, metrics
+                       address), print what it sets, and exit: 0 if ferryd would start
   --version            print the version and exit
   -h, --help           this help
 )";
@@ -144,19 +147,14 @@ int main(int argc, char** argv) {
     }
     *field = *v;
   }
-  if (Status v = daemon::ValidateConfig(config); !v.ok()) {
-    std::fprintf(stderr, "ferryd: invalid config: %s\n", v.message().c_str());
+  // The same checks for --check-config and for a start: what passes here fails later only for
+  // what needs the GPU (or changed in between).
+  auto preflight = daemon::Preflight(config);
+  if (!preflight.ok()) {
+    std::fprintf(stderr, "ferryd: %s%s\n", check_only ? "" : "cannot start: ", preflight.status().message().c_str());
     return 2;
   }
-  std::shared_ptr<const daemon::Policy> running = std::make_shared<const daemon::Policy>();
-  if (!config.policy_path.empty()) {
-    auto p = daemon::LoadPolicyFile(config.policy_path);
-    if (!p.ok()) {
-      std::fprintf(stderr, "ferryd: %s\n", p.status().message().c_str());
-      return 2;
-    }
-    running = *p;
-  }
+  std::shared_ptr<const daemon::Policy> running = *preflight;
   if (check_only) {
     std::printf("socket %s\nbackend %s\npool %llu bytes in slabs of %llu\nring_entries %u\npolicy %s (%s)\n",
                 config.SocketPath().c_str(), std::string(daemon::BackendChoiceName(config.backend)).c_str(),

@@ -35,12 +35,28 @@ Result<StreamPriority> GetPriority(const std::string& file, const YAML::Node& n)
   return ErrorAt(file, n, "priority '" + v + "' unknown (expected greatest or least)");
 }
 
+// Names reach ferryd's log and metric labels: printable text only, so that a name cannot forge
+// a log line.
+Result<std::string> GetName(const std::string& file, const YAML::Node& n, const char* what) {
+  FERRY_ASSIGN_OR_RETURN(std::string v, GetString(file, n));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const auto c = static_cast<unsigned char>(v[i]);
+    if (c < 0x20 || c == 0x7f) {
+      char byte[8];
+      std::snprintf(byte, sizeof byte, "0x%02x", c);
+      return ErrorAt(file, n, std::string(what) + " has a control character (byte " + byte + " at offset " +
+                                  std::to_string(i) + "); names are printable text on one line");
+    }
+  }
+  return v;
+}
+
 Result<std::shared_ptr<const Policy>> FromYaml(const YAML::Node& root, const std::string& file) {
   auto p = std::make_shared<Policy>();
   if (!root.IsMap()) return ErrorAt(file, root, "a policy is a map of settings");
   FERRY_RETURN_IF_ERROR(CheckKeys(file, root, {"name", "description", "schedule", "streams", "limits", "batching",
                                                "staging", "classes", "clients", "default_class"}));
-  if (auto n = root["name"]) { FERRY_ASSIGN_OR_RETURN(p->name, GetString(file, n)); }
+  if (auto n = root["name"]) { FERRY_ASSIGN_OR_RETURN(p->name, GetName(file, n, "name")); }
   if (auto n = root["description"]) { FERRY_ASSIGN_OR_RETURN(p->description, GetString(file, n)); }
   if (auto s = root["schedule"]) {
     FERRY_RETURN_IF_ERROR(CheckKeys(file, s, {"kind", "chunk_size", "first_chunk", "ratio", "min_chunk"}));
@@ -111,7 +127,7 @@ Result<std::shared_ptr<const Policy>> FromYaml(const YAML::Node& root, const std
       FERRY_RETURN_IF_ERROR(CheckKeys(file, c, {"name", "weight", "latency"}));
       ClientClass k;
       if (!c["name"]) return ErrorAt(file, c, "a class needs a name");
-      FERRY_ASSIGN_OR_RETURN(k.name, GetString(file, c["name"]));
+      FERRY_ASSIGN_OR_RETURN(k.name, GetName(file, c["name"], "a class name"));
       if (!seen.insert(k.name).second) return ErrorAt(file, c["name"], "class '" + k.name + "' defined twice");
       if (auto n = c["weight"]) { FERRY_ASSIGN_OR_RETURN(k.weight, GetInt(file, n, 1, 1000)); }
       if (auto n = c["latency"]) { FERRY_ASSIGN_OR_RETURN(k.latency_allowed, GetBool(file, n)); }
@@ -119,7 +135,7 @@ Result<std::shared_ptr<const Policy>> FromYaml(const YAML::Node& root, const std
     }
     p->default_class = p->classes.front().name;
   }
-  if (auto n = root["default_class"]) { FERRY_ASSIGN_OR_RETURN(p->default_class, GetString(file, n)); }
+  if (auto n = root["default_class"]) { FERRY_ASSIGN_OR_RETURN(p->default_class, GetName(file, n, "default_class")); }
   auto has_class = [&](const std::string& name) {
     return std::any_of(p->classes.begin(), p->classes.end(), [&](const ClientClass& c) { return c.name == name; });
   };
@@ -132,10 +148,10 @@ Result<std::shared_ptr<const Policy>> FromYaml(const YAML::Node& root, const std
       FERRY_RETURN_IF_ERROR(CheckKeys(file, c, {"name", "uid", "class"}));
       ClientRule r;
       r.name_glob = "*";
-      if (auto n = c["name"]) { FERRY_ASSIGN_OR_RETURN(r.name_glob, GetString(file, n)); }
+      if (auto n = c["name"]) { FERRY_ASSIGN_OR_RETURN(r.name_glob, GetName(file, n, "a client name pattern")); }
       if (auto n = c["uid"]) { FERRY_ASSIGN_OR_RETURN(r.uid, GetInt(file, n, 0, 4294967294)); }
       if (!c["class"]) return ErrorAt(file, c, "a client rule needs a class");
-      FERRY_ASSIGN_OR_RETURN(r.class_name, GetString(file, c["class"]));
+      FERRY_ASSIGN_OR_RETURN(r.class_name, GetName(file, c["class"], "a class name"));
       if (!has_class(r.class_name)) return ErrorAt(file, c["class"], "class '" + r.class_name + "' is not defined in classes");
       p->clients.push_back(r);
     }

@@ -20,14 +20,14 @@
 #include <mutex>
 #include <unordered_map>
 
-#include <boost/interprocess/sync/file_lock.hpp>
-
 #include "common/channel.hpp"
 #include "common/log.hpp"
 #include "common/notify.hpp"
 #include "common/yaml_util.hpp"
 #include "daemon/pinned_pool.hpp"
 #include "daemon/poll_window.hpp"
+#include "daemon/policy_loader.hpp"
+#include "daemon/preflight.hpp"
 
 namespace ferry::daemon {
 namespace {
@@ -37,6 +37,7 @@ constexpr uint64_t kStopTag = 2;
 constexpr uint64_t kBackendTag = 3;
 constexpr uint64_t kReloadTag = 4;
 constexpr uint64_t kZeroedTag = 5;
+constexpr uint64_t kPolicyLoadedTag = 8;  // the policy loader finished a file
 constexpr uint64_t kSocketKind = 0;
 constexpr uint64_t kDoorbellKind = 1;
 constexpr uint64_t kPeerExitKind = 2;  // the pidfd of an ended session's client, while its slabs are quarantined
@@ -71,6 +72,13 @@ struct RegionState {
 struct OutboundMessage {
   std::vector<std::byte> frame;  // header and payload
   std::vector<UniqueFd> fds;     // our own copies of the fds it carries
+};
+
+// How many of a session's refused requests were logged (Server::Impl::Reject).
+struct RejectLog {
+  uint32_t logged = 0;
+  uint64_t unlogged = 0;       // refused since the last line
+  uint64_t summarized_ns = 0;  // when the last line was written
 };
 
 struct Session {
@@ -125,6 +133,7 @@ struct Session {
   static constexpr size_t kMaxReportableCopies = 4096;
   std::unordered_map<uint64_t, ReportableCopy> reportable;
   std::deque<std::pair<uint64_t, uint64_t>> reportable_order;  // (user_tag, copy_id), oldest first
+  RejectLog reject_log;
 };
 
 // A client's copy, accepted and planned under the policy current at the time; dispatched
@@ -204,6 +213,8 @@ class Server::Impl {
     if (!reserve_fd_.valid()) return ErrnoStatus("open(/dev/null)", errno);
     FERRY_RETURN_IF_ERROR(Watch(stop_efd_.get(), kStopTag));
     FERRY_RETURN_IF_ERROR(Watch(reload_efd_.get(), kReloadTag));
+    FERRY_ASSIGN_OR_RETURN(policy_loader_, PolicyLoader::Create(policy_parse_hook_));
+    FERRY_RETURN_IF_ERROR(Watch(policy_loader_->done_fd(), kPolicyLoadedTag));
     if (backend_->completion_fd() >= 0) FERRY_RETURN_IF_ERROR(Watch(backend_->completion_fd(), kBackendTag));
     FERRY_RETURN_IF_ERROR(Watch(pool_->zeroed_fd(), kZeroedTag));
     FERRY_LOG(kInfo) << "listening on " << socket_path_ << (has_allowed_gid_ ? " (group " + config_.allowed_group + ")" : " (owner only)");
@@ -215,21 +226,32 @@ class Server::Impl {
   }
 
   // One ferryd per runtime directory: a second one would take over the socket. The lock is an
-  // fcntl lock (Boost.Interprocess file_lock), so the kernel drops it when the holder dies and
-  // a crashed ferryd never blocks its restart.
+  // fcntl lock on the lock file's descriptor, so the kernel drops it when the holder dies and
+  // a crashed ferryd never blocks its restart. ferryd may run as root: the directory must be
+  // its own and closed to others (CheckRuntimeDir), and the lock file is opened without
+  // following a symbolic link, so nothing planted there makes ferryd write to another file.
   Status LockRuntimeDir() {
+    FERRY_RETURN_IF_ERROR(CheckRuntimeDir(config_.runtime_dir));
     const std::string path = config_.runtime_dir + "/ferryd.lock";
-    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0600));
+    if (!fd.valid() && errno == ELOOP) {
+      return PermissionDenied(path + " is a symbolic link; ferryd will not follow it (remove it: ferryd creates its own)");
+    }
     if (!fd.valid()) return ErrnoStatus("open(" + path + ")", errno);
-    try {
-      lock_ = std::make_unique<boost::interprocess::file_lock>(path.c_str());
-      if (!lock_->try_lock()) {
-        auto holder = ReadWholeFd(fd.get(), 64);
-        return Unavailable("another ferryd (pid " + (holder.ok() ? *holder : std::string("?")) + ") serves " +
-                           config_.runtime_dir);
-      }
-    } catch (const boost::interprocess::interprocess_exception& e) {
-      return Internal(std::string("lock ") + path + ": " + e.what());
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat(" + path + ")", errno);
+    if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || st.st_nlink != 1) {
+      return PermissionDenied(path + " is not a plain file of ferryd's own (uid " + std::to_string(::geteuid()) +
+                              ") with one link; remove it: ferryd creates its own");
+    }
+    struct flock lk {};
+    lk.l_type = F_WRLCK;
+    lk.l_whence = SEEK_SET;
+    if (::fcntl(fd.get(), F_SETLK, &lk) != 0) {
+      if (errno != EAGAIN && errno != EACCES) return ErrnoStatus("lock(" + path + ")", errno);
+      auto holder = ReadWholeFd(fd.get(), 64);
+      return Unavailable("another ferryd (pid " + (holder.ok() ? *holder : std::string("?")) + ") serves " +
+                         config_.runtime_dir);
     }
     const std::string pid = std::to_string(::getpid());
     if (::ftruncate(fd.get(), 0) != 0 || ::pwrite(fd.get(), pid.data(), pid.size(), 0) < 0) {
@@ -267,20 +289,45 @@ class Server::Impl {
                       << "): " << why.message();
   }
 
-  void ReloadFromFile() {
-    SdNotify("RELOADING=1");
-    ReloadPolicyFile();
-    SdNotify("READY=1");
-  }
-
+  // Reloads and applies are read and parsed on the policy loader's thread; the loop only
+  // submits them and, when they are done, switches and replies (PolicyLoaded).
   void ReloadPolicyFile() {
     if (config_.policy_path.empty()) {
       FERRY_LOG(kWarning) << "reload asked, but no policy file is configured (config key 'policy')";
       return;
     }
-    auto p = LoadPolicyFile(config_.policy_path);
-    if (!p.ok()) return PolicyFailed(config_.policy_path + " (reload)", p.status());
-    SwitchPolicy(*p, config_.policy_path + " (reload)");
+    SdNotify("RELOADING=1");
+    PolicyLoad load;
+    load.reload = true;
+    load.path = config_.policy_path;
+    load.name = config_.policy_path;
+    load.source = config_.policy_path + " (reload)";
+    if (!policy_loader_->Submit(std::move(load))) {
+      PolicyFailed(config_.policy_path + " (reload)", ResourceExhausted("too many policy files waiting to be read"));
+      SdNotify("READY=1");
+    }
+  }
+
+  void PolicyLoaded() {
+    for (PolicyLoad& load : policy_loader_->TakeDone()) {
+      auto it = sessions_.find(load.session_id);
+      Session* s = load.reload || it == sessions_.end() || it->second->dead ? nullptr : it->second.get();
+      const std::string previous = policy_->Hash();
+      if (!load.status.ok()) {
+        if (!load.dry_run) PolicyFailed(load.source, load.status);
+      } else if (!load.dry_run) {
+        SwitchPolicy(load.policy, load.source);
+      }
+      if (load.reload) SdNotify("READY=1");
+      if (s == nullptr) continue;  // reloads, and applies whose client has gone
+      wire::PolicyReply r{};
+      r.status = ToWire(load.status);
+      const Policy& named = load.status.ok() ? *load.policy : *policy_;
+      CopyCString(r.name, named.name);
+      CopyCString(r.hash, named.Hash());
+      if (load.status.ok()) CopyCString(r.previous_hash, previous);
+      Reply(*s, wire::MsgType::kPolicyReply, load.seq, r);
+    }
   }
 
   // No exception ends the process from here: a failure ends the loop with an error (main
@@ -445,7 +492,11 @@ class Server::Impl {
     }
     if (tag == kReloadTag) {
       DrainDoorbell(reload_efd_.get());
-      ReloadFromFile();
+      ReloadPolicyFile();
+      return;
+    }
+    if (tag == kPolicyLoadedTag) {
+      PolicyLoaded();
       return;
     }
     const uint64_t id = tag >> 8;
@@ -740,7 +791,18 @@ class Server::Impl {
       Evict(s, "hello refused: " + st.ToString(), kWarningLevel);
     };
     if (s.hello_done) return refuse(ProtocolError("hello sent twice"));
-    s.name = ReadCString(req.name);
+    // The name goes into the log and policy rules match it: a control character in it could
+    // forge log lines, so such a hello is refused (and its name never logged).
+    const std::string name = ReadCString(req.name);
+    for (size_t i = 0; i < name.size(); ++i) {
+      const auto c = static_cast<unsigned char>(name[i]);
+      if (c < 0x20 || c == 0x7f) {
+        return refuse(InvalidArgument("the client name has a control character (byte " + std::to_string(c) +
+                                      " at offset " + std::to_string(i) +
+                                      "); name clients with printable text (ConnectOptions::name)"));
+      }
+    }
+    s.name = name;
     if (req.client_version != wire::kVersion) {
       return refuse(ProtocolError("client speaks protocol " + std::to_string(req.client_version) + ", ferryd speaks " +
                                   std::to_string(wire::kVersion)));
@@ -929,20 +991,17 @@ class Server::Impl {
       return reply(PermissionDenied("only ferryd's user or root may apply a policy"));
     }
     if (!fd.valid()) return reply(InvalidArgument("apply-policy carries the policy file as a file descriptor"));
-    auto text = ReadWholeFd(fd.get(), yamlutil::kMaxYamlBytes);
-    if (!text.ok()) return reply(text.status());
-    auto p = ParsePolicy(*text, ReadCString(req.source));
-    if (!p.ok()) {
-      if (req.dry_run == 0) PolicyFailed(source, p.status());
-      return reply(p.status());
+    PolicyLoad load;
+    load.fd = std::move(fd);
+    load.name = ReadCString(req.source);
+    load.session_id = s.id;
+    load.seq = seq;
+    load.dry_run = req.dry_run != 0;
+    load.source = source;
+    if (!policy_loader_->Submit(std::move(load))) {
+      return reply(ResourceExhausted("ferryd is already reading " + std::to_string(PolicyLoader::kMaxQueued) +
+                                     " policy files; try again when they are done"));
     }
-    const std::string previous = policy_->Hash();
-    if (req.dry_run == 0) SwitchPolicy(*p, source);
-    CopyCString(r.previous_hash, previous);
-    r.status = ToWire(Status::Ok());
-    CopyCString(r.name, (*p)->name);
-    CopyCString(r.hash, (*p)->Hash());
-    Reply(s, wire::MsgType::kPolicyReply, seq, r);
   }
 
   void HandleGetPolicy(Session& s, uint32_t seq, const wire::GetPolicyRequest& req) {
@@ -1041,9 +1100,31 @@ class Server::Impl {
     }
   }
 
+  // The client is told its log has the reason, so refusals are logged as warnings: the first
+  // kRejectsLogged of a session, then (a hostile client must not flood the log) one line a
+  // minute saying how many more there were, and the last one.
+  static constexpr uint32_t kRejectsLogged = 10;
+  static constexpr uint64_t kRejectSummaryNs = 60'000'000'000ull;
   void Reject(Session& s, uint64_t tag, const Status& st) {
     CountRejected(st);
-    FERRY_LOG(kDebug) << "session " << s.id << ": rejected request " << tag << ": " << st.ToString();
+    RejectLog& rl = s.reject_log;
+    if (rl.logged < kRejectsLogged) {
+      ++rl.logged;
+      FERRY_LOG(kWarning) << "session " << s.id << " '" << s.name << "' (pid " << s.peer.pid << "): refused request "
+                          << tag << ": " << st.ToString()
+                          << (rl.logged == kRejectsLogged ? " (further refusals of this session: one line a minute)" : "");
+      rl.summarized_ns = MonotonicNanos();
+    } else {
+      ++rl.unlogged;
+      const uint64_t now = MonotonicNanos();
+      if (now - rl.summarized_ns >= kRejectSummaryNs) {
+        FERRY_LOG(kWarning) << "session " << s.id << " '" << s.name << "' (pid " << s.peer.pid << "): " << rl.unlogged
+                            << " more requests refused in the last " << (now - rl.summarized_ns) / 1'000'000'000ull
+                            << " s; the last, request " << tag << ": " << st.ToString();
+        rl.unlogged = 0;
+        rl.summarized_ns = now;
+      }
+    }
     Complete(s, tag, st, wire::CompletionKind::kCompleted, 0, 0);
   }
 
@@ -1563,13 +1644,14 @@ class Server::Impl {
   uint64_t rr_cursor_[2] = {0, 0};        // deficit round robin: the session visited last (or now)
   bool visit_open_[2] = {false, false};  // ... and its visit continues when the engines drain
   UniqueFd reload_efd_;
-  UniqueFd lock_fd_;  // holds ferryd.lock open; the fcntl lock lives with lock_
-  std::unique_ptr<boost::interprocess::file_lock> lock_;
+  std::unique_ptr<PolicyLoader> policy_loader_;
+  UniqueFd lock_fd_;  // holds ferryd.lock open, and with it the fcntl lock
 
  public:
   std::shared_ptr<const Policy> policy_;  // written on the loop thread only; read under policy_mu_
   mutable std::mutex policy_mu_;
   ServerObserver* observer_ = nullptr;
+  std::function<void(const std::string&)> policy_parse_hook_;  // ServerOptions::before_policy_parse
  private:
 };
 
@@ -1591,6 +1673,7 @@ Result<std::unique_ptr<Server>> Server::Create(const DaemonConfig& config, std::
   }
   auto impl = std::make_unique<Impl>(config, std::move(backend), std::move(options.zero_slab));
   impl->observer_ = options.observer;
+  impl->policy_parse_hook_ = std::move(options.before_policy_parse);
   impl->SwitchPolicy(std::move(policy), source);
   FERRY_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<Server>(new Server(std::move(impl)));

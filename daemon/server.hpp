@@ -81,6 +81,9 @@ struct ServerOptions {
   ServerObserver* observer = nullptr;    // must outlive the server
   // Test seam: zeroes a reclaimed slab on the pool's zeroer thread (null: memset).
   std::function<void(std::byte* slab, uint64_t bytes)> zero_slab = nullptr;
+  // Tests: runs on the policy loader's thread before it reads each policy file (reloads and
+  // applies), e.g. to make a parse slow on purpose.
+  std::function<void(const std::string& name)> before_policy_parse = nullptr;
 };
 
 class Server {

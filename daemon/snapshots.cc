@@ -62,7 +62,7 @@ double Percentile(std::vector<float>& v, double q) {
 
 Status WriteAtomically(const std::string& path, std::string_view data) {
   const std::string tmp = path + ".tmp";
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644));
   if (!fd.valid()) return ErrnoStatus("create " + tmp, errno);
   if (::write(fd.get(), data.data(), data.size()) != static_cast<ssize_t>(data.size())) return ErrnoStatus("write " + tmp, errno);
   if (::fsync(fd.get()) != 0) return ErrnoStatus("fsync " + tmp, errno);

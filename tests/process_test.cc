@@ -1,6 +1,7 @@
 // Real processes: the ferryd binary and separate client processes, started and killed the way
 // an operator and a crashing inference server would.
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -270,8 +271,22 @@ TEST(Ferryd, ABadConfigIsRefusedWithItsLineAndColumn) {
   ASSERT_TRUE(WIFEXITED(st));
   EXPECT_NE(WEXITSTATUS(st), 0);
   EXPECT_NE(c.Output().find("bad.yaml:3:"), std::string::npos) << c.Output();
-  Child good({FERRY_DAEMON_PATH, "--check-config", "--config", std::string(FERRY_SOURCE_DIR) + "/config/ferryd.yaml"},
-             dir + "/good.log");
+  // The shipped config, on this machine: --check-config checks that allowed_group exists and
+  // that runtime_dir is ferryd's own, so name a group that exists here and a directory of ours.
+  std::string shipped;
+  {
+    std::ifstream in(std::string(FERRY_SOURCE_DIR) + "/config/ferryd.yaml");
+    shipped.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const group* own_group = ::getgrgid(::getgid());
+  ASSERT_NE(own_group, nullptr);
+  for (auto [from, to] : {std::pair<std::string, std::string>{"allowed_group: ferry ", "allowed_group: " + std::string(own_group->gr_name) + " "},
+                          {"runtime_dir: /run/ferry ", "runtime_dir: " + dir + "/rt "}}) {
+    ASSERT_NE(shipped.find(from), std::string::npos) << from;
+    shipped.replace(shipped.find(from), from.size(), to);
+  }
+  std::ofstream(dir + "/shipped.yaml") << shipped;
+  Child good({FERRY_DAEMON_PATH, "--check-config", "--config", dir + "/shipped.yaml"}, dir + "/good.log");
   st = good.Wait();
   ASSERT_TRUE(WIFEXITED(st));
   EXPECT_EQ(WEXITSTATUS(st), 0) << good.Output();
