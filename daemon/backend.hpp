@@ -149,6 +149,7 @@ class FaultInjectingBackend : public Backend {
   }
   void FailNextCompletions(int n) { fail_completions_ = n; }
   void FailNextOpenRegion(int n) { fail_open_ = n; }
+  void FailNextPinSlab(int n) { fail_pin_slab_ = n; }
 
   wire::BackendKind kind() const override { return inner_->kind(); }
   std::string Describe() const override { return "fault-injecting " + inner_->Describe(); }
@@ -160,7 +161,12 @@ class FaultInjectingBackend : public Backend {
   }
   bool pieces_stay_in_one_slab() const override { return inner_->pieces_stay_in_one_slab(); }
   Status UnpinSlab(std::byte* slab, size_t bytes) override { return inner_->UnpinSlab(slab, bytes); }
-  Status PinSlab(std::byte* slab, size_t bytes) override { return inner_->PinSlab(slab, bytes); }
+  Status PinSlab(std::byte* slab, size_t bytes) override {
+    if (fail_pin_slab_.load() > 0 && fail_pin_slab_.fetch_sub(1) > 0) {
+      return DeviceError("injected: cannot register the slab's fresh pages");
+    }
+    return inner_->PinSlab(slab, bytes);
+  }
   Result<std::unique_ptr<DeviceRegion>> OpenDeviceRegion(const wire::RegisterDeviceRequest& r, UniqueFd fd) override {
     if (fail_open_.load() > 0 && fail_open_.fetch_sub(1) > 0) {
       return DeviceError("injected: cannot open device memory handle");
@@ -195,6 +201,7 @@ class FaultInjectingBackend : public Backend {
   std::atomic<int> fail_submits_{0};
   std::atomic<int> fail_completions_{0};
   std::atomic<int> fail_open_{0};
+  std::atomic<int> fail_pin_slab_{0};  // consumed by the pool's zeroer thread
 };
 
 }  // namespace ferry::daemon

@@ -172,14 +172,22 @@ TEST_F(HeldOutside, AnFdPassedToAnotherProcessCountsUntilThatProcessLetsGo) {
 // A ferryd Server in this process, with a test seam for the slab zeroer.
 class Ferryd {
  public:
-  explicit Ferryd(daemon::DaemonConfig config, daemon::ServerOptions options = {}) {
+  // fault: if given, set to the fault-injecting backend that wraps the host backend.
+  explicit Ferryd(daemon::DaemonConfig config, daemon::ServerOptions options = {},
+                  daemon::FaultInjectingBackend** fault = nullptr) {
     dir_ = testing::MakeTempDir("iso");
     config.runtime_dir = dir_;
-    auto backend = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
-    EXPECT_TRUE(backend.ok()) << backend.status().ToString();
-    if (!backend.ok()) return;
+    auto host = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
+    EXPECT_TRUE(host.ok()) << host.status().ToString();
+    if (!host.ok()) return;
+    std::unique_ptr<daemon::Backend> backend = std::move(*host);
+    if (fault != nullptr) {
+      auto wrapped = std::make_unique<daemon::FaultInjectingBackend>(std::move(backend));
+      *fault = wrapped.get();
+      backend = std::move(wrapped);
+    }
     options.policy = DaemonHarness::SmallChunks();
-    auto s = daemon::Server::Create(config, std::move(*backend), std::move(options));
+    auto s = daemon::Server::Create(config, std::move(backend), std::move(options));
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     if (!s.ok()) return;
     server_ = std::move(*s);
@@ -323,6 +331,32 @@ TEST(Quarantine, APageASessionPinnedInAPipeNeverSeesTheNextSessionsBytes) {
   EXPECT_NE(std::memcmp(leaked.data(), secret.data(), kPage), 0) << "A's pipe reads B's secret";
   EXPECT_EQ(testing::FirstDifference(leaked.data(), a_bytes.data(), kPage), -1) << "the pipe keeps A's own page";
   RoundTrip(*b, mine, kSlab);
+}
+
+// A reclaimed slab whose fresh pages the backend cannot pin again (cuda: cudaHostRegister
+// fails) is never handed out: the engines could not reach it. It stays out, counted as broken.
+TEST(Quarantine, ASlabTheBackendCannotPinAgainStaysOutOfThePool) {
+  daemon::FaultInjectingBackend* fault = nullptr;
+  Ferryd d(Config(2), {}, &fault);
+  ASSERT_TRUE(d.ok());
+  constexpr size_t kSlab = 1 << 20;
+  fault->FailNextPinSlab(1);
+  {
+    ASSERT_OK_AND_ASSIGN(auto a, d.Connect("a"));
+    ASSERT_OK_AND_ASSIGN(HostBuffer buf, a->AllocateHost(kSlab));
+    testing::FillRandom(buf.data(), kSlab, testing::RandomSeed());
+  }
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().pool_broken_bytes == kSlab; }, 5000))
+      << "broken " << d.counters().pool_broken_bytes << ", free " << d.counters().pool_free_bytes;
+  EXPECT_EQ(d.counters().pool_free_bytes, kSlab);
+  EXPECT_EQ(d.counters().pool_zeroing_bytes, 0u);
+  ASSERT_OK_AND_ASSIGN(auto b, d.Connect("b"));
+  ASSERT_OK_AND_ASSIGN(HostBuffer one, b->AllocateHost(kSlab));
+  RoundTrip(*b, one, kSlab);
+  auto two = b->AllocateHost(kSlab);
+  ASSERT_FALSE(two.ok()) << "B got the slab that could not be pinned again";
+  EXPECT_NE(two.status().message().find("1 out of use (could not be pinned again)"), std::string::npos)
+      << two.status().ToString();
 }
 
 // Issue 19 item 9: four sessions of one uid cannot take the pool; held slabs count; the
