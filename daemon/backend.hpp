@@ -88,8 +88,20 @@ class Backend {
 
   // Registers the pool for DMA once, at start. Never on the hot path.
   virtual Status RegisterPool(std::byte* base, size_t length, size_t slab_bytes) = 0;
-  // True when the pool could only be registered slab by slab, so no piece may cross a slab.
+  // True when the pool is registered slab by slab, so no piece may cross a slab.
   virtual bool pieces_stay_in_one_slab() const { return false; }
+  // A reclaimed slab gets fresh pages (PinnedPool): UnpinSlab lets go of the old pages'
+  // registration first, PinSlab registers the new ones. Called on the pool's zeroer thread while
+  // the event loop runs, never while a copy uses the slab (it belongs to no session); must be
+  // thread-safe with the other calls. Only for a backend that registered slab by slab, or none.
+  virtual Status UnpinSlab(std::byte* slab, size_t bytes) {
+    (void)slab, (void)bytes;
+    return Status::Ok();
+  }
+  virtual Status PinSlab(std::byte* slab, size_t bytes) {
+    (void)slab, (void)bytes;
+    return Status::Ok();
+  }
 
   virtual Result<std::unique_ptr<DeviceRegion>> OpenDeviceRegion(const wire::RegisterDeviceRequest& req,
                                                                  UniqueFd fd) = 0;
@@ -141,6 +153,7 @@ class FaultInjectingBackend : public Backend {
   }
   void FailNextCompletions(int n) { fail_completions_ = n; }
   void FailNextOpenRegion(int n) { fail_open_ = n; }
+  void FailNextPinSlab(int n) { fail_pin_slab_ = n; }
 
   wire::BackendKind kind() const override { return inner_->kind(); }
   std::string Describe() const override { return "fault-injecting " + inner_->Describe(); }
@@ -151,6 +164,13 @@ class FaultInjectingBackend : public Backend {
     return inner_->RegisterPool(base, length, slab);
   }
   bool pieces_stay_in_one_slab() const override { return inner_->pieces_stay_in_one_slab(); }
+  Status UnpinSlab(std::byte* slab, size_t bytes) override { return inner_->UnpinSlab(slab, bytes); }
+  Status PinSlab(std::byte* slab, size_t bytes) override {
+    if (fail_pin_slab_.load() > 0 && fail_pin_slab_.fetch_sub(1) > 0) {
+      return DeviceError("injected: cannot register the slab's fresh pages");
+    }
+    return inner_->PinSlab(slab, bytes);
+  }
   Result<std::unique_ptr<DeviceRegion>> OpenDeviceRegion(const wire::RegisterDeviceRequest& r, UniqueFd fd) override {
     if (fail_open_.load() > 0 && fail_open_.fetch_sub(1) > 0) {
       return DeviceError("injected: cannot open device memory handle");
@@ -185,6 +205,7 @@ class FaultInjectingBackend : public Backend {
   std::atomic<int> fail_submits_{0};
   std::atomic<int> fail_completions_{0};
   std::atomic<int> fail_open_{0};
+  std::atomic<int> fail_pin_slab_{0};  // consumed by the pool's zeroer thread
 };
 
 }  // namespace ferry::daemon

@@ -1,4 +1,5 @@
-// The cuda backend: the pool registered once with cudaHostRegister, per-direction copy streams
+// The cuda backend: the pool registered slab by slab with cudaHostRegister (a reclaimed slab gets
+// fresh pages, so it is unregistered and registered again on its own), per-direction copy streams
 // (stream 0 at the highest priority, for latency-class copies), device memory opened from CUDA
 // IPC handles (once per handle, shared by refcount), interprocess events for GPU-side ordering,
 // and fences as events polled with cudaEventQuery (no CPU thread blocks on the GPU).
@@ -12,6 +13,8 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <mutex>
+#include <set>
 #include <utility>
 #include <string>
 
@@ -134,7 +137,10 @@ class CudaBackend : public Backend {
     }
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     for (auto& d : streams_) for (cudaStream_t s : d) cudaStreamDestroy(s);
-    for (void* p : registered_) cudaHostUnregister(p);
+    {
+      std::lock_guard<std::mutex> l(registered_mu_);
+      for (void* p : registered_) cudaHostUnregister(p);
+    }
     if (trace_origin_ != nullptr) cudaEventDestroy(trace_origin_);
   }
 
@@ -164,23 +170,40 @@ class CudaBackend : public Backend {
   int device_ordinal() const override { return device_; }
   uint32_t streams_per_direction() const override { return streams_per_dir_; }
 
+  // Slab by slab, always: a reclaimed slab gets fresh pages (PinnedPool), and only a slab
+  // registered on its own can be unregistered and registered again. Copies are cut at slab
+  // boundaries (pieces_stay_in_one_slab).
   Status RegisterPool(std::byte* base, size_t length, size_t slab_bytes) override {
-    cudaSetDevice(device_);
-    cudaError_t e = cudaHostRegister(base, length, cudaHostRegisterPortable);
-    if (e == cudaSuccess) {
-      registered_.push_back(base);
-      return Status::Ok();
-    }
-    // The pool is one address range made of one mapping per slab; should the driver refuse the
-    // range as a whole, pin slab by slab (copies never cross a slab boundary).
-    cudaGetLastError();
-    FERRY_LOG(kWarning) << "cudaHostRegister of the whole pool failed (" << cudaGetErrorString(e)
-                        << "); registering slab by slab";
-    for (size_t off = 0; off < length; off += slab_bytes) {
-      FERRY_CUDA_RETURN_IF_ERROR(cudaHostRegister(base + off, slab_bytes, cudaHostRegisterPortable));
-      registered_.push_back(base + off);
-    }
+    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    for (size_t off = 0; off < length; off += slab_bytes) FERRY_RETURN_IF_ERROR(PinSlab(base + off, slab_bytes));
     per_slab_ = true;
+    FERRY_LOG(kInfo) << "pool registered slab by slab (" << length / slab_bytes
+                     << " slabs): reclaimed slabs get fresh pages";
+    return Status::Ok();
+  }
+  // Called on the pool's zeroer thread (and at start); the CUDA runtime is thread-safe, the
+  // device is per thread.
+  Status UnpinSlab(std::byte* slab, size_t bytes) override {
+    (void)bytes;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    std::lock_guard<std::mutex> l(registered_mu_);
+    if (registered_.erase(slab) == 0) return Status::Ok();  // not pinned (a failed PinSlab)
+    const cudaError_t e = cudaHostUnregister(slab);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return DeviceError(std::string("cudaHostUnregister of a pool slab: ") + cudaGetErrorString(e));
+    }
+    return Status::Ok();
+  }
+  Status PinSlab(std::byte* slab, size_t bytes) override {
+    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    std::lock_guard<std::mutex> l(registered_mu_);
+    const cudaError_t e = cudaHostRegister(slab, bytes, cudaHostRegisterPortable);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return DeviceError(std::string("cudaHostRegister of a pool slab: ") + cudaGetErrorString(e));
+    }
+    registered_.insert(slab);
     return Status::Ok();
   }
   bool pieces_stay_in_one_slab() const override { return per_slab_; }
@@ -514,7 +537,8 @@ class CudaBackend : public Backend {
   std::string describe_;
   DeviceInfo info_;
   std::vector<cudaStream_t> streams_[2];
-  std::vector<void*> registered_;
+  std::mutex registered_mu_;    // the zeroer thread re-pins slabs while the loop runs
+  std::set<void*> registered_;  // pinned slabs; guarded by registered_mu_
   bool per_slab_ = false;
   std::map<HandleKey, OpenedMemory> opened_;
   std::deque<Group> pending_;

@@ -143,13 +143,16 @@ class LiveGauges : public prometheus::Collectable {
     out.push_back(GaugeFamily("ferry_clients", "Clients connected now.", {{none, double(c.sessions.load())}}));
     const double quarantined = static_cast<double>(c.pool_quarantined_bytes.load());
     const double zeroing = static_cast<double>(c.pool_zeroing_bytes.load());
+    const double broken = static_cast<double>(c.pool_broken_bytes.load());
     // quarantined: slabs of ended sessions that a process outside ferryd still maps or holds open
-    // (counted against its uid); zeroing: let go of, being zeroed before the next session gets them.
+    // (counted against its uid); zeroing: let go of, getting fresh pages before the next session
+    // gets them; broken: the backend could not pin their fresh pages, out of use.
     out.push_back(GaugeFamily("ferry_pool_bytes", "Pinned pool bytes, by state.",
-                              {{{"state", "used"}, pool - free_bytes - quarantined - zeroing},
+                              {{{"state", "used"}, pool - free_bytes - quarantined - zeroing - broken},
                                {{"state", "free"}, free_bytes},
                                {{"state", "quarantined"}, quarantined},
-                               {{"state", "zeroing"}, zeroing}}));
+                               {{"state", "zeroing"}, zeroing},
+                               {{"state", "broken"}, broken}}));
     out.push_back(GaugeFamily("ferry_pool_size_bytes", "Pinned pool size.", {{none, pool}}));
     out.push_back(GaugeFamily("ferry_in_flight_bytes", "Bytes on the copy engines now.",
                               {{none, double(c.in_flight_bytes.load())}}));

@@ -24,7 +24,7 @@ Result<bool> SlabHeldOutside(int slab_fd) {
   return ErrnoStatus("fcntl(F_SETLEASE) on a pool slab (is fs.leases-enable 0?)", errno);
 }
 
-PinnedPool::PinnedPool(std::vector<UniqueFd> fds, Mapping m, uint64_t slab_bytes, ZeroSlabFn zero)
+PinnedPool::PinnedPool(std::vector<UniqueFd> fds, Mapping m, uint64_t slab_bytes, SlabReclaimHooks hooks)
     : slab_fds_(std::move(fds)),
       mapping_(std::move(m)),
       slab_bytes_(slab_bytes),
@@ -32,7 +32,7 @@ PinnedPool::PinnedPool(std::vector<UniqueFd> fds, Mapping m, uint64_t slab_bytes
       state_(slab_fds_.size(), SlabState::kFree),
       uid_(slab_fds_.size(), 0),
       free_slabs_(static_cast<uint32_t>(slab_fds_.size())),
-      zero_(std::move(zero)) {}
+      hooks_(std::move(hooks)) {}
 
 PinnedPool::~PinnedPool() {
   if (!zeroer_.joinable()) return;
@@ -44,7 +44,8 @@ PinnedPool::~PinnedPool() {
   zeroer_.join();
 }
 
-Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(uint64_t pool_bytes, uint64_t slab_bytes, ZeroSlabFn zero) {
+Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(uint64_t pool_bytes, uint64_t slab_bytes,
+                                                       SlabReclaimHooks hooks) {
   if (slab_bytes == 0 || pool_bytes == 0 || pool_bytes % slab_bytes != 0) {
     return InvalidArgument("pool size must be a positive multiple of the slab size");
   }
@@ -64,7 +65,7 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(uint64_t pool_bytes, uint
   ::madvise(m.data(), pool_bytes, MADV_HUGEPAGE);
   // Touch every page now so that registration and the first copies do not fault them in.
   for (uint64_t off = 0; off < pool_bytes; off += 4096) m.data()[off] = std::byte{0};
-  auto pool = std::unique_ptr<PinnedPool>(new PinnedPool(std::move(fds), std::move(m), slab_bytes, std::move(zero)));
+  auto pool = std::unique_ptr<PinnedPool>(new PinnedPool(std::move(fds), std::move(m), slab_bytes, std::move(hooks)));
   pool->huge_page_bytes_ = MappedHugePageBytes(pool->base(), pool->size());
   FERRY_ASSIGN_OR_RETURN(pool->zeroed_efd_, CreateEventFd());
   try {
@@ -122,6 +123,7 @@ Result<uint32_t> PinnedPool::GrantRun(uint32_t n, uint64_t owner, uint32_t uid) 
     waiting = "; " + std::to_string(quarantined_slabs_) + " await reclaim (still mapped after their session ended), " +
               std::to_string(zeroing_slabs_) + " being zeroed";
   }
+  if (broken_slabs_ > 0) waiting += "; " + std::to_string(broken_slabs_) + " out of use (could not be pinned again)";
   return ResourceExhausted("pool has no " + std::to_string(n) + " free slabs in a row (" +
                            std::to_string(free_slabs_) + " of " + std::to_string(slab_count()) + " free" + waiting + ")");
 }
@@ -182,17 +184,24 @@ uint64_t PinnedPool::ReclaimQuarantined() {
 
 uint32_t PinnedPool::CollectZeroed() {
   DrainDoorbell(zeroed_efd_.get());
-  std::vector<uint32_t> done;
+  std::vector<std::pair<uint32_t, bool>> done;
   {
     std::lock_guard<std::mutex> l(zero_mu_);
     done.swap(zeroed_);
   }
-  for (uint32_t s : done) {
-    state_[s] = SlabState::kFree;
+  uint32_t freed = 0;
+  for (auto [s, pinned] : done) {
     --zeroing_slabs_;
+    if (!pinned) {
+      state_[s] = SlabState::kBroken;
+      ++broken_slabs_;
+      continue;
+    }
+    state_[s] = SlabState::kFree;
     ++free_slabs_;
+    ++freed;
   }
-  return static_cast<uint32_t>(done.size());
+  return freed;
 }
 
 void PinnedPool::ZeroerMain() {
@@ -203,20 +212,53 @@ void PinnedPool::ZeroerMain() {
     const uint32_t slab = to_zero_.front();
     to_zero_.pop_front();
     l.unlock();
-    std::byte* p = base() + static_cast<uint64_t>(slab) * slab_bytes_;
-    try {
-      if (zero_) {
-        zero_(p, slab_bytes_);
-      } else {
-        std::memset(p, 0, slab_bytes_);
-      }
-    } catch (...) {
-      std::memset(p, 0, slab_bytes_);  // the seam failed; the slab is zeroed all the same
-    }
+    const bool pinned = RenewSlab(slab);
     l.lock();
-    zeroed_.push_back(slab);
+    zeroed_.emplace_back(slab, pinned);
     RingDoorbell(zeroed_efd_.get());
   }
+}
+
+bool PinnedPool::RenewSlab(uint32_t slab) {
+  std::byte* p = base() + static_cast<uint64_t>(slab) * slab_bytes_;
+  const std::string name = "pool slab " + std::to_string(slab);
+  try {
+    if (hooks_.before) hooks_.before(p, slab_bytes_);
+  } catch (...) {  // a test seam; the slab is renewed all the same
+  }
+  if (hooks_.unpin) {
+    Status unpinned = hooks_.unpin(p, slab_bytes_);
+    if (!unpinned.ok()) {
+      // The engines may still reach the old pages: renewing them under the registration would
+      // split what the CPU and the engines see. Keep the slab out.
+      FERRY_LOG(kError) << name << " stays out of the pool: cannot unpin its old pages: " << unpinned.ToString();
+      return false;
+    }
+  }
+  // New pages for the file; old ones stay with whoever still references them (a pipe, an
+  // io_uring, an RDMA registration) and never see the next session's bytes.
+  if (::fallocate(slab_fds_[slab].get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                  static_cast<off_t>(slab_bytes_)) == 0) {
+    // Fault the new pages in now (MADV_HUGEPAGE still covers the range), so that pinning and the
+    // first copies do not.
+    for (uint64_t off = 0; off < slab_bytes_; off += 4096) p[off] = std::byte{0};
+  } else {
+    const int err = errno;
+    if (!std::exchange(in_place_logged_, true)) {
+      FERRY_LOG(kError) << "cannot give reclaimed slabs fresh pages (fallocate(PUNCH_HOLE): " << std::strerror(err)
+                        << "); zeroing them in place: pages a client pinned without a description (vmsplice, "
+                           "io_uring, RDMA) can see the next session's bytes";
+    }
+    std::memset(p, 0, slab_bytes_);
+  }
+  if (hooks_.pin) {
+    Status pinned = hooks_.pin(p, slab_bytes_);
+    if (!pinned.ok()) {
+      FERRY_LOG(kError) << name << " stays out of the pool: cannot pin its fresh pages: " << pinned.ToString();
+      return false;
+    }
+  }
+  return true;
 }
 
 uint64_t PinnedPool::uid_bytes(uint32_t uid) const {

@@ -6,8 +6,12 @@
 // the memfd it created to itself; each grant sends a fresh open file description of it
 // (OpenForClient). When a session ends its slabs go to quarantine, still counted against its
 // uid, and leave it only once no description other than ferryd's own exists anywhere
-// (SlabHeldOutside): no fd, no mapping, in no process. Then a worker thread zeroes them, off the
-// event loop, and only then are they free for the next session.
+// (SlabHeldOutside): no fd, no mapping, in no process. Then a worker thread gives them fresh
+// pages, off the event loop, and only then are they free for the next session. Fresh pages, not
+// zeroed old ones: a client can keep references to a slab's pages without any description
+// (vmsplice into a pipe, io_uring fixed buffers, RDMA registrations), and those must go on
+// seeing the old pages, never the next session's bytes. Punching a hole in the memfd orphans the
+// old pages to whoever still references them; the file gets new zero pages.
 //
 // The bookkeeping lives here, in daemon memory; nothing a client can write affects it.
 // Thread-safety: none, except where noted; driven by the daemon's event loop. The zeroer thread
@@ -23,6 +27,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/fd.hpp"
@@ -47,13 +52,23 @@ std::string ShmemHugePageSetting();
 // outside (or the probe could not tell: held is the safe answer's error path, see the caller).
 Result<bool> SlabHeldOutside(int slab_fd);
 
-// Zeroes a slab's bytes; a test seam (null: memset). Runs on the zeroer thread.
-using ZeroSlabFn = std::function<void(std::byte* slab, uint64_t bytes)>;
+// What the zeroer thread calls around giving a reclaimed slab fresh pages. Each may be null.
+// They run on the zeroer thread, so they must be safe to call from it while the event loop runs.
+struct SlabReclaimHooks {
+  // Before the old pages go, and once the new ones are in place: the backend lets go of the
+  // old pages' DMA registration and registers the new ones. A failed pin keeps the slab out of
+  // the pool ("broken"): a slab the engines cannot reach is never handed out.
+  std::function<Status(std::byte* slab, uint64_t bytes)> unpin, pin;
+  // Test seam: runs first, with the old pages still in place.
+  std::function<void(std::byte* slab, uint64_t bytes)> before;
+};
 
 class PinnedPool {
  public:
-  static Result<std::unique_ptr<PinnedPool>> Create(uint64_t pool_bytes, uint64_t slab_bytes, ZeroSlabFn zero = nullptr);
-  ~PinnedPool();  // joins the zeroer (after it finishes the slab it is zeroing)
+  // The hooks must stay callable until the pool is destroyed.
+  static Result<std::unique_ptr<PinnedPool>> Create(uint64_t pool_bytes, uint64_t slab_bytes,
+                                                    SlabReclaimHooks hooks = {});
+  ~PinnedPool();  // joins the zeroer (after it finishes the slab it is renewing)
   PinnedPool(const PinnedPool&) = delete;
   PinnedPool& operator=(const PinnedPool&) = delete;
 
@@ -76,9 +91,10 @@ class PinnedPool {
   // ReclaimQuarantined finds that no one outside ferryd can reach it.
   void Quarantine(uint32_t slab);
   // Probes every quarantined slab; hands the ones no process outside ferryd can reach to the
-  // zeroer. Returns the bytes that left quarantine.
+  // zeroer, which gives them fresh pages. Returns the bytes that left quarantine.
   uint64_t ReclaimQuarantined();
-  // Puts the slabs the zeroer has finished in the free set. Returns how many.
+  // Puts the slabs the zeroer has finished in the free set (those it could not pin again stay
+  // out, broken). Returns how many went to the free set.
   uint32_t CollectZeroed();
   // Readable (an eventfd) when CollectZeroed has slabs to take; drained by CollectZeroed.
   int zeroed_fd() const { return zeroed_efd_.get(); }
@@ -86,18 +102,22 @@ class PinnedPool {
   bool quarantined(uint32_t slab) const { return state_[slab] == SlabState::kQuarantined; }
   uint64_t quarantined_bytes() const { return quarantined_slabs_ * slab_bytes_; }
   uint64_t zeroing_bytes() const { return zeroing_slabs_ * slab_bytes_; }
+  // Slabs the backend could not pin again after their pages were renewed: out of use for good.
+  uint64_t broken_bytes() const { return broken_slabs_ * slab_bytes_; }
   // Pool bytes `uid` holds: slabs of its live sessions and its quarantined slabs.
   uint64_t uid_bytes(uint32_t uid) const;
   uint64_t uid_quarantined_bytes(uint32_t uid) const;
 
  private:
-  enum class SlabState : uint8_t { kFree, kGranted, kQuarantined, kZeroing };
+  enum class SlabState : uint8_t { kFree, kGranted, kQuarantined, kZeroing, kBroken };
   struct UidUse {
     uint32_t slabs = 0;        // granted and quarantined
     uint32_t quarantined = 0;  // of those, quarantined
   };
-  PinnedPool(std::vector<UniqueFd> fds, Mapping m, uint64_t slab_bytes, ZeroSlabFn zero);
+  PinnedPool(std::vector<UniqueFd> fds, Mapping m, uint64_t slab_bytes, SlabReclaimHooks hooks);
   void ZeroerMain();
+  // Gives the slab fresh zero pages, pinned again. false: it could not be pinned again.
+  bool RenewSlab(uint32_t slab);
   void ForgetUidSlab(uint32_t uid, bool quarantined);
 
   uint64_t huge_page_bytes_ = 0;
@@ -111,15 +131,17 @@ class PinnedPool {
   uint32_t free_slabs_;
   uint32_t quarantined_slabs_ = 0;
   uint32_t zeroing_slabs_ = 0;
+  uint32_t broken_slabs_ = 0;
   bool probe_failure_logged_ = false;
 
   // The zeroer: slabs go in to_zero_, come back in zeroed_, the eventfd tells the loop.
-  ZeroSlabFn zero_;
+  SlabReclaimHooks hooks_;
+  bool in_place_logged_ = false;  // zeroer thread only
   UniqueFd zeroed_efd_;
   std::mutex zero_mu_;
   std::condition_variable zero_cv_;
   std::deque<uint32_t> to_zero_;   // guarded by zero_mu_
-  std::vector<uint32_t> zeroed_;   // guarded by zero_mu_
+  std::vector<std::pair<uint32_t, bool>> zeroed_;  // slab, pinned again; guarded by zero_mu_
   bool zeroer_stop_ = false;       // guarded by zero_mu_
   std::thread zeroer_;
 };

@@ -174,8 +174,8 @@ struct FenceRef {
 
 class Server::Impl {
  public:
-  Impl(DaemonConfig config, std::unique_ptr<Backend> backend, ZeroSlabFn zero_slab)
-      : config_(std::move(config)), backend_(std::move(backend)), zero_slab_(std::move(zero_slab)) {}
+  Impl(DaemonConfig config, std::unique_ptr<Backend> backend, std::function<void(std::byte*, uint64_t)> before_renewal)
+      : config_(std::move(config)), backend_(std::move(backend)), before_slab_renewal_(std::move(before_renewal)) {}
 
   Status Init() {
     if (!config_.allowed_group.empty()) {
@@ -186,7 +186,12 @@ class Server::Impl {
     }
     quota_ = config_.session_quota_bytes == 0 ? config_.pool_bytes : config_.session_quota_bytes;
     uint64_t t0 = MonotonicNanos();
-    FERRY_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(config_.pool_bytes, config_.slab_bytes, std::move(zero_slab_)));
+    // The hooks run on the pool's zeroer thread; backend_ outlives pool_ (declared before it).
+    SlabReclaimHooks hooks;
+    hooks.unpin = [b = backend_.get()](std::byte* p, uint64_t n) { return b->UnpinSlab(p, n); };
+    hooks.pin = [b = backend_.get()](std::byte* p, uint64_t n) { return b->PinSlab(p, n); };
+    hooks.before = std::move(before_slab_renewal_);
+    FERRY_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(config_.pool_bytes, config_.slab_bytes, std::move(hooks)));
     uint64_t t1 = MonotonicNanos();
     FERRY_RETURN_IF_ERROR(backend_->RegisterPool(pool_->base(), pool_->size(), pool_->slab_bytes()).WithContext("pool registration"));
     uint64_t t2 = MonotonicNanos();
@@ -431,10 +436,10 @@ class Server::Impl {
   }
 
   DaemonConfig config_;
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Backend> backend_;  // outlives pool_, whose zeroer thread calls it
   ServerCounters counters_;
   std::unique_ptr<PinnedPool> pool_;
-  ZeroSlabFn zero_slab_;  // handed to the pool at Init
+  std::function<void(std::byte*, uint64_t)> before_slab_renewal_;  // handed to the pool at Init
 
  private:
   Status Watch(int fd, uint64_t tag, uint32_t events = EPOLLIN, int op = EPOLL_CTL_ADD) {
@@ -1594,6 +1599,7 @@ class Server::Impl {
     counters_.pool_free_bytes = pool_->free_bytes();
     counters_.pool_quarantined_bytes = pool_->quarantined_bytes();
     counters_.pool_zeroing_bytes = pool_->zeroing_bytes();
+    counters_.pool_broken_bytes = pool_->broken_bytes();
   }
 
   void Shutdown() {
@@ -1671,7 +1677,7 @@ Result<std::unique_ptr<Server>> Server::Create(const DaemonConfig& config, std::
     policy = std::make_shared<const Policy>();
     source = "built-in default";
   }
-  auto impl = std::make_unique<Impl>(config, std::move(backend), std::move(options.zero_slab));
+  auto impl = std::make_unique<Impl>(config, std::move(backend), std::move(options.before_slab_renewal));
   impl->observer_ = options.observer;
   impl->policy_parse_hook_ = std::move(options.before_policy_parse);
   impl->SwitchPolicy(std::move(policy), source);

@@ -30,7 +30,8 @@ struct ServerCounters {
   std::atomic<uint64_t> outbound_queued{0};        // replies waiting for clients that do not read them
   std::atomic<uint64_t> pool_free_bytes{0};
   std::atomic<uint64_t> pool_quarantined_bytes{0};  // slabs of ended sessions a process outside ferryd still holds
-  std::atomic<uint64_t> pool_zeroing_bytes{0};      // slabs let go of, being zeroed before reuse
+  std::atomic<uint64_t> pool_zeroing_bytes{0};      // slabs let go of, getting fresh pages before reuse
+  std::atomic<uint64_t> pool_broken_bytes{0};       // slabs the backend could not pin again: out of use
   std::atomic<uint64_t> in_flight{0};        // copies accepted and not finished
   std::atomic<uint64_t> in_flight_bytes{0};  // bytes on the engines now
   std::atomic<uint64_t> queued_bytes{0};     // bytes accepted, waiting for the engines
@@ -79,8 +80,8 @@ struct ServerOptions {
   std::shared_ptr<const Policy> policy;  // null: config.policy_path, or the built-in default
   std::string policy_source;             // where `policy` came from, for the log
   ServerObserver* observer = nullptr;    // must outlive the server
-  // Test seam: zeroes a reclaimed slab on the pool's zeroer thread (null: memset).
-  std::function<void(std::byte* slab, uint64_t bytes)> zero_slab = nullptr;
+  // Test seam: runs on the pool's zeroer thread before a reclaimed slab gets fresh pages.
+  std::function<void(std::byte* slab, uint64_t bytes)> before_slab_renewal = nullptr;
   // Tests: runs on the policy loader's thread before it reads each policy file (reloads and
   // applies), e.g. to make a parse slow on purpose.
   std::function<void(const std::string& name)> before_policy_parse = nullptr;

@@ -121,6 +121,51 @@ TEST_F(GpuDaemon, CopiesEveryByteBothWaysThroughTheCopyEngines) {
   }
 }
 
+// Issue 19 item 1: a reclaimed slab gets fresh pages, unregistered and registered again with
+// CUDA on its own. After one session took the whole pool and left, the next session's copies
+// through those slabs still move every byte both ways.
+TEST_F(GpuDaemon, SlabsReclaimedWithFreshPagesStillCopyEveryByteBothWays) {
+  EXPECT_NE(daemon_->Output().find("pool registered slab by slab"), std::string::npos) << daemon_->Output();
+  const uint64_t full = client_->Stats()->pool_free_bytes;
+  const uint64_t seed = testing::RandomSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  ConnectOptions o;
+  o.socket_path = socket_;
+  {
+    ASSERT_OK_AND_ASSIGN(auto leaving, Client::Connect(o));
+    ASSERT_OK_AND_ASSIGN(HostBuffer all, leaving->AllocateHost(full));
+    FillRandom(all.data(), all.size(), seed);
+  }  // every slab of the pool goes to quarantine, then gets fresh pages
+  ASSERT_TRUE(testing::DaemonHarness::Eventually([&] { return client_->Stats()->pool_free_bytes == full; }, 30000))
+      << daemon_->Output();
+  ASSERT_OK_AND_ASSIGN(auto next, Client::Connect(o));
+  const size_t n = (256 << 20) + 4099;
+  ASSERT_OK_AND_ASSIGN(HostBuffer host, next->AllocateHost(n));
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(host.data()[i], std::byte{0}) << "a reclaimed slab is not zero at " << i;
+  void* dev = nullptr;
+  ASSERT_CUDA(cudaMalloc(&dev, n));
+  ASSERT_CUDA(cudaMemset(dev, 0xA5, n));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  {
+    ASSERT_OK_AND_ASSIGN(DeviceRegion region, next->RegisterDevice(dev, n));
+    FillRandom(host.data(), n, seed + 1);
+    ASSERT_OK_AND_ASSIGN(Transfer up, next->Copy(Direction::kHostToDevice, host, 0, region, 0, n));
+    ASSERT_OK(up.Wait(10s));
+    std::vector<std::byte> back = ReadBack(dev, n);
+    EXPECT_EQ(FirstDifference(back.data(), host.data(), n), -1);
+
+    std::vector<std::byte> fresh(n);
+    FillRandom(fresh.data(), n, seed + 2);
+    ASSERT_CUDA(cudaMemcpy(dev, fresh.data(), n, cudaMemcpyHostToDevice));
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    testing::Poison(host.data(), n);
+    ASSERT_OK_AND_ASSIGN(Transfer down, next->Copy(Direction::kDeviceToHost, host, 0, region, 0, n));
+    ASSERT_OK(down.Wait(10s));
+    EXPECT_EQ(FirstDifference(host.data(), fresh.data(), n), -1);
+  }
+  cudaFree(dev);
+}
+
 TEST_F(GpuDaemon, ManySmallCopiesInFlightLandWhereTheyShould) {
   constexpr size_t kPiece = 64 << 10, kCount = 1024;
   ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(kPiece * kCount));

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <fcntl.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -171,14 +172,22 @@ TEST_F(HeldOutside, AnFdPassedToAnotherProcessCountsUntilThatProcessLetsGo) {
 // A ferryd Server in this process, with a test seam for the slab zeroer.
 class Ferryd {
  public:
-  explicit Ferryd(daemon::DaemonConfig config, daemon::ServerOptions options = {}) {
+  // fault: if given, set to the fault-injecting backend that wraps the host backend.
+  explicit Ferryd(daemon::DaemonConfig config, daemon::ServerOptions options = {},
+                  daemon::FaultInjectingBackend** fault = nullptr) {
     dir_ = testing::MakeTempDir("iso");
     config.runtime_dir = dir_;
-    auto backend = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
-    EXPECT_TRUE(backend.ok()) << backend.status().ToString();
-    if (!backend.ok()) return;
+    auto host = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
+    EXPECT_TRUE(host.ok()) << host.status().ToString();
+    if (!host.ok()) return;
+    std::unique_ptr<daemon::Backend> backend = std::move(*host);
+    if (fault != nullptr) {
+      auto wrapped = std::make_unique<daemon::FaultInjectingBackend>(std::move(backend));
+      *fault = wrapped.get();
+      backend = std::move(wrapped);
+    }
     options.policy = DaemonHarness::SmallChunks();
-    auto s = daemon::Server::Create(config, std::move(*backend), std::move(options));
+    auto s = daemon::Server::Create(config, std::move(backend), std::move(options));
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     if (!s.ok()) return;
     server_ = std::move(*s);
@@ -286,6 +295,70 @@ TEST(Quarantine, AnEndedSessionsSlabIsNotReusedWhileItsClientStillMapsIt) {
   RoundTrip(*b, last, kSlab);
 }
 
+// Issue 19 item 1, pages pinned without a description: a client that vmsplice()s a page of its
+// slab into a pipe holds a reference to the page, not to the memfd, so the probe sees the slab
+// free once the client unmaps and leaves. The reclaimed slab must get fresh pages: the pipe keeps
+// the old page (A's own bytes) and never reads what the next session writes.
+TEST(Quarantine, APageASessionPinnedInAPipeNeverSeesTheNextSessionsBytes) {
+  Ferryd d(Config(1));  // one slab of 1 MiB: B must get A's slab
+  ASSERT_TRUE(d.ok());
+  constexpr size_t kSlab = 1 << 20, kPage = 4096;
+  std::vector<std::byte> a_bytes(kPage);
+  testing::FillRandom(a_bytes.data(), kPage, testing::RandomSeed());
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK), 0);
+  UniqueFd pipe_read(pipe_fds[0]), pipe_write(pipe_fds[1]);
+  {
+    ASSERT_OK_AND_ASSIGN(auto a, d.Connect("a"));
+    ASSERT_OK_AND_ASSIGN(HostBuffer buf, a->AllocateHost(kSlab));
+    std::memcpy(buf.data(), a_bytes.data(), kPage);
+    iovec iov{buf.data(), kPage};
+    ASSERT_EQ(::vmsplice(pipe_write.get(), &iov, 1, SPLICE_F_NONBLOCK), static_cast<ssize_t>(kPage))
+        << std::strerror(errno);
+  }  // A unmaps, closes and leaves; only the pipe still references the page
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().pool_free_bytes == kSlab; }, 5000))
+      << "free " << d.counters().pool_free_bytes << ", quarantined " << d.counters().pool_quarantined_bytes;
+
+  ASSERT_OK_AND_ASSIGN(auto b, d.Connect("b"));
+  ASSERT_OK_AND_ASSIGN(HostBuffer mine, b->AllocateHost(kSlab));
+  EXPECT_TRUE(AllBytesAre(mine.data(), kSlab, std::byte{0})) << "a reclaimed slab reads as zeros";
+  std::vector<std::byte> secret(kPage);
+  testing::FillRandom(secret.data(), kPage, testing::RandomSeed());
+  std::memcpy(mine.data(), secret.data(), kPage);
+
+  std::vector<std::byte> leaked(kPage);
+  ASSERT_EQ(::read(pipe_read.get(), leaked.data(), kPage), static_cast<ssize_t>(kPage)) << std::strerror(errno);
+  EXPECT_NE(std::memcmp(leaked.data(), secret.data(), kPage), 0) << "A's pipe reads B's secret";
+  EXPECT_EQ(testing::FirstDifference(leaked.data(), a_bytes.data(), kPage), -1) << "the pipe keeps A's own page";
+  RoundTrip(*b, mine, kSlab);
+}
+
+// A reclaimed slab whose fresh pages the backend cannot pin again (cuda: cudaHostRegister
+// fails) is never handed out: the engines could not reach it. It stays out, counted as broken.
+TEST(Quarantine, ASlabTheBackendCannotPinAgainStaysOutOfThePool) {
+  daemon::FaultInjectingBackend* fault = nullptr;
+  Ferryd d(Config(2), {}, &fault);
+  ASSERT_TRUE(d.ok());
+  constexpr size_t kSlab = 1 << 20;
+  fault->FailNextPinSlab(1);
+  {
+    ASSERT_OK_AND_ASSIGN(auto a, d.Connect("a"));
+    ASSERT_OK_AND_ASSIGN(HostBuffer buf, a->AllocateHost(kSlab));
+    testing::FillRandom(buf.data(), kSlab, testing::RandomSeed());
+  }
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().pool_broken_bytes == kSlab; }, 5000))
+      << "broken " << d.counters().pool_broken_bytes << ", free " << d.counters().pool_free_bytes;
+  EXPECT_EQ(d.counters().pool_free_bytes, kSlab);
+  EXPECT_EQ(d.counters().pool_zeroing_bytes, 0u);
+  ASSERT_OK_AND_ASSIGN(auto b, d.Connect("b"));
+  ASSERT_OK_AND_ASSIGN(HostBuffer one, b->AllocateHost(kSlab));
+  RoundTrip(*b, one, kSlab);
+  auto two = b->AllocateHost(kSlab);
+  ASSERT_FALSE(two.ok()) << "B got the slab that could not be pinned again";
+  EXPECT_NE(two.status().message().find("1 out of use (could not be pinned again)"), std::string::npos)
+      << two.status().ToString();
+}
+
 // Issue 19 item 9: four sessions of one uid cannot take the pool; held slabs count; the
 // granularity (whole slabs) is said.
 TEST(UidLimits, SessionsOfOneUidShareOnePoolLimitThatCountsHeldSlabs) {
@@ -356,19 +429,18 @@ TEST(UidLimits, SessionsPerUidRefusesTheSeventeenthWithAClearMessage) {
   EXPECT_TRUE(DaemonHarness::Eventually([&] { return d.Connect("again").ok(); }, 5000));
 }
 
-// Issue 19 item 16: zeroing a reclaimed slab runs on the pool's zeroer thread. The seam holds
-// the zeroing until the test lets it go; another client's 4 KiB round trip completes meanwhile.
+// Issue 19 item 16: renewing a reclaimed slab runs on the pool's zeroer thread. The seam holds
+// the renewal until the test lets it go; another client's 4 KiB round trip completes meanwhile.
 TEST(Zeroing, AnotherClientsCopyCompletesWhileAReclaimedSlabIsBeingZeroed) {
   std::mutex mu;
   std::condition_variable cv;
   bool zeroing = false, release = false;
   daemon::ServerOptions options;
-  options.zero_slab = [&](std::byte* p, uint64_t n) {
+  options.before_slab_renewal = [&](std::byte*, uint64_t) {
     std::unique_lock<std::mutex> l(mu);
     zeroing = true;
     cv.notify_all();
     cv.wait(l, [&] { return release; });
-    std::memset(p, 0, n);
   };
   auto let_go = [&] {
     std::lock_guard<std::mutex> l(mu);
