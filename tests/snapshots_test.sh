@@ -100,7 +100,7 @@ for _ in $(seq 200); do grep -q "metrics on http" "$dir/ferryd4.log" && break; s
 url=$(sed -n 's/.*metrics on \(http[^ ]*\).*/\1/p' "$dir/ferryd4.log")
 [ -n "$url" ] || { cat "$dir/ferryd4.log"; fail "no metrics address in the log"; }
 scrape() { python3 -c 'import sys,urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "$url"; }
-for _ in $(seq 100); do scrape | grep -q '^ferry_snapshot_latest_info{' && break; sleep 0.1; done
+for _ in $(seq 100); do scrape 2>/dev/null | grep -q '^ferry_snapshot_latest_info{' && break; sleep 0.1; done
 m=$(scrape)
 seq_now=$(echo "$m" | sed -n 's/^ferry_snapshot_latest_sequence \([0-9]*\).*/\1/p')
 id_now=$(echo "$m" | sed -n 's/^ferry_snapshot_latest_info{.*record_id="\(FRY-[^"]*\)".*/\1/p')
@@ -111,7 +111,12 @@ echo "ferryd announced record $seq_now $id_now; verify --expect-latest accepts i
 chmod 644 "$dir/ferry.key"
 for _ in $(seq 100); do grep -q "others can read the secret key" "$dir/ferryd4.log" && break; sleep 0.1; done
 grep -q "others can read the secret key.*chmod 600" "$dir/ferryd4.log" || { cat "$dir/ferryd4.log"; fail "no error for the key made readable"; }
-scrape | grep -Eq '^ferry_snapshot_failures_total\{reason="key_permissions"\} [1-9]' || fail "key refusals not counted"
+counted=0
+for _ in $(seq 100); do
+  scrape 2>/dev/null | grep -Eq '^ferry_snapshot_failures_total\{reason="key_permissions"\} [1-9]' && { counted=1; break; }
+  sleep 0.1
+done
+[ $counted = 1 ] || { scrape | grep snapshot_failures; fail "key refusals not counted"; }
 "$client" roundtrip "$dir/rt/ferryd.sock" 1000000 5 || fail "copies stopped with the key refused"
 n_before=$(ls "$dir"/snaps/snapshot-*.json | wc -l)
 sleep 1
