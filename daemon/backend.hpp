@@ -87,7 +87,12 @@ class Backend {
   virtual uint32_t streams_per_direction() const = 0;
 
   // Registers the pool for DMA once, at start. Never on the hot path.
-  virtual Status RegisterPool(std::byte* base, size_t length, size_t slab_bytes) = 0;
+  // slab_by_slab: pin each slab on its own, so that UnpinSlab/PinSlab can renew one (see
+  // PoolRegistration); otherwise the whole range at once where the driver allows it.
+  virtual Status RegisterPool(std::byte* base, size_t length, size_t slab_bytes, bool slab_by_slab) = 0;
+  // Whether the engines reach the pool through a pinning (cudaHostRegister) that fresh pages
+  // would have to be pinned again for. The host backend reads ferryd's mapping directly.
+  virtual bool pins_pool() const { return false; }
   // True when the pool is registered slab by slab, so no piece may cross a slab.
   virtual bool pieces_stay_in_one_slab() const { return false; }
   // A reclaimed slab gets fresh pages (PinnedPool): UnpinSlab lets go of the old pages'
@@ -160,8 +165,9 @@ class FaultInjectingBackend : public Backend {
   DeviceInfo device_info() const override { return inner_->device_info(); }
   int device_ordinal() const override { return inner_->device_ordinal(); }
   uint32_t streams_per_direction() const override { return inner_->streams_per_direction(); }
-  Status RegisterPool(std::byte* base, size_t length, size_t slab) override {
-    return inner_->RegisterPool(base, length, slab);
+  bool pins_pool() const override { return inner_->pins_pool(); }
+  Status RegisterPool(std::byte* base, size_t length, size_t slab, bool slab_by_slab) override {
+    return inner_->RegisterPool(base, length, slab, slab_by_slab);
   }
   bool pieces_stay_in_one_slab() const override { return inner_->pieces_stay_in_one_slab(); }
   Status UnpinSlab(std::byte* slab, size_t bytes) override { return inner_->UnpinSlab(slab, bytes); }

@@ -25,7 +25,13 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
   }
   if (auto n = root["device"]) { FERRY_ASSIGN_OR_RETURN(c.device, GetInt(file, n, 0, 63)); }
   if (auto pool = root["pool"]) {
-    FERRY_RETURN_IF_ERROR(CheckKeys(file, pool, {"size", "slab"}));
+    FERRY_RETURN_IF_ERROR(CheckKeys(file, pool, {"size", "slab", "register"}));
+    if (auto n = pool["register"]) {
+      FERRY_ASSIGN_OR_RETURN(std::string r, GetString(file, n));
+      auto mode = ParsePoolRegistration(r);
+      if (!mode.ok()) return ErrorAt(file, n, mode.status().message());
+      c.pool_registration = *mode;
+    }
     if (auto n = pool["size"]) { FERRY_ASSIGN_OR_RETURN(c.pool_bytes, GetSize(file, n, 1ull << 20, 1ull << 40)); }
     if (auto n = pool["slab"]) { FERRY_ASSIGN_OR_RETURN(c.slab_bytes, GetSize(file, n, 64ull << 10, 1ull << 30)); }
   }
@@ -110,6 +116,22 @@ Result<DaemonConfig> ParseConfig(const std::string& text, const std::string& nam
 Result<DaemonConfig> LoadConfig(const std::string& path) {
   FERRY_ASSIGN_OR_RETURN(YAML::Node root, yamlutil::LoadFile(path));
   return FromYaml(root, path);
+}
+
+Result<PoolRegistration> ParsePoolRegistration(std::string_view text) {
+  if (text == "auto") return PoolRegistration::kAuto;
+  if (text == "whole") return PoolRegistration::kWhole;
+  if (text == "per_slab") return PoolRegistration::kPerSlab;
+  return InvalidArgument("pool.register '" + std::string(text) + "' unknown (expected auto, whole or per_slab)");
+}
+
+bool RegistersSlabBySlab(const DaemonConfig& c) {
+  switch (c.pool_registration) {
+    case PoolRegistration::kWhole: return false;
+    case PoolRegistration::kPerSlab: return true;
+    case PoolRegistration::kAuto: return !c.allowed_group.empty();
+  }
+  return true;
 }
 
 std::string_view BackendChoiceName(BackendChoice b) {

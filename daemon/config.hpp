@@ -11,6 +11,14 @@ namespace ferry::daemon {
 
 enum class BackendChoice { kAuto, kCuda, kHost };
 
+// How the cuda backend pins the pool (config key pool.register). Slab by slab, a reclaimed slab
+// can be given fresh pages and pinned again, so that pages a client pinned behind ferryd's back
+// (vmsplice, io_uring, RDMA) never see another user's bytes; the price is that copies are cut at
+// slab boundaries (about 2% of bandwidth for large copies with 8 MiB slabs on an H200). Whole,
+// reclaimed slabs are zeroed in place: right when one trust domain uses ferryd. auto: slab by
+// slab when allowed_group lets other users in, whole otherwise.
+enum class PoolRegistration { kAuto, kWhole, kPerSlab };
+
 // What one client, and one user, may take of ferryd (config key `limits`). Every limit refuses
 // the request that would pass it with a clear error; none evicts a well-behaved client.
 struct Limits {
@@ -33,6 +41,7 @@ struct DaemonConfig {
   int device = 0;
   uint64_t pool_bytes = 1ull << 30;
   uint64_t slab_bytes = 8ull << 20;
+  PoolRegistration pool_registration = PoolRegistration::kAuto;
   uint64_t session_quota_bytes = 0;  // 0: the whole pool
   uint32_t max_sessions = 64;
   Limits limits;
@@ -55,5 +64,8 @@ Result<DaemonConfig> LoadConfig(const std::string& path);
 Result<DaemonConfig> ParseConfig(const std::string& text, const std::string& name);
 Status ValidateConfig(const DaemonConfig& c);
 std::string_view BackendChoiceName(BackendChoice b);
+Result<PoolRegistration> ParsePoolRegistration(std::string_view text);
+// What kAuto means for this config: slab by slab when other users may connect.
+bool RegistersSlabBySlab(const DaemonConfig& c);
 
 }  // namespace ferry::daemon

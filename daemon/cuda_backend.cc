@@ -141,6 +141,7 @@ class CudaBackend : public Backend {
       std::lock_guard<std::mutex> l(registered_mu_);
       for (void* p : registered_) cudaHostUnregister(p);
     }
+    if (whole_ != nullptr) cudaHostUnregister(whole_);
     if (trace_origin_ != nullptr) cudaEventDestroy(trace_origin_);
   }
 
@@ -170,17 +171,30 @@ class CudaBackend : public Backend {
   int device_ordinal() const override { return device_; }
   uint32_t streams_per_direction() const override { return streams_per_dir_; }
 
-  // Slab by slab, always: a reclaimed slab gets fresh pages (PinnedPool), and only a slab
-  // registered on its own can be unregistered and registered again. Copies are cut at slab
-  // boundaries (pieces_stay_in_one_slab).
-  Status RegisterPool(std::byte* base, size_t length, size_t slab_bytes) override {
+  // Slab by slab (pool.register): a reclaimed slab gets fresh pages (PinnedPool), and only a
+  // slab registered on its own can be unregistered and registered again; copies are then cut at
+  // slab boundaries (pieces_stay_in_one_slab). Whole: one registration, reclaimed slabs are
+  // zeroed in place; should the driver refuse the range as a whole, slab by slab after all.
+  Status RegisterPool(std::byte* base, size_t length, size_t slab_bytes, bool slab_by_slab) override {
     FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    if (!slab_by_slab) {
+      const cudaError_t e = cudaHostRegister(base, length, cudaHostRegisterPortable);
+      if (e == cudaSuccess) {
+        whole_ = base;
+        FERRY_LOG(kInfo) << "pool registered whole: reclaimed slabs are zeroed in place (pool.register)";
+        return Status::Ok();
+      }
+      cudaGetLastError();
+      FERRY_LOG(kWarning) << "cudaHostRegister of the whole pool failed (" << cudaGetErrorString(e)
+                          << "); registering slab by slab";
+    }
     for (size_t off = 0; off < length; off += slab_bytes) FERRY_RETURN_IF_ERROR(PinSlab(base + off, slab_bytes));
     per_slab_ = true;
     FERRY_LOG(kInfo) << "pool registered slab by slab (" << length / slab_bytes
                      << " slabs): reclaimed slabs get fresh pages";
     return Status::Ok();
   }
+  bool pins_pool() const override { return true; }
   // Called on the pool's zeroer thread (and at start); the CUDA runtime is thread-safe, the
   // device is per thread.
   Status UnpinSlab(std::byte* slab, size_t bytes) override {
@@ -540,6 +554,7 @@ class CudaBackend : public Backend {
   std::mutex registered_mu_;    // the zeroer thread re-pins slabs while the loop runs
   std::set<void*> registered_;  // pinned slabs; guarded by registered_mu_
   bool per_slab_ = false;
+  std::byte* whole_ = nullptr;  // the pool's base, when it was registered as one range
   std::map<HandleKey, OpenedMemory> opened_;
   std::deque<Group> pending_;
   Group groups_[2];                 // staging: [0] latency (stream 0), [1] bulk

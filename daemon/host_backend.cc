@@ -51,7 +51,7 @@ class HostBackend : public Backend {
   }
   int device_ordinal() const override { return 0; }
   uint32_t streams_per_direction() const override { return streams_; }
-  Status RegisterPool(std::byte*, size_t, size_t) override { return Status::Ok(); }
+  Status RegisterPool(std::byte*, size_t, size_t, bool) override { return Status::Ok(); }
 
   Result<std::unique_ptr<DeviceRegion>> OpenDeviceRegion(const wire::RegisterDeviceRequest& req, UniqueFd fd) override {
     if (req.kind != static_cast<uint32_t>(wire::DeviceHandleKind::kHostMemfd)) {

@@ -46,6 +46,7 @@ options:
   --backend NAME       override backend: auto | cuda | host
   --pool-size SIZE     override pool.size, e.g. 256MiB
   --slab-size SIZE     override pool.slab, e.g. 8MiB
+  --pool-register MODE override pool.register: auto, whole or per_slab (how the GPU pins the pool)
   --policy FILE        override policy: the scheduling policy (policies/*.yaml)
   --metrics-address A  override metrics.address: host:port for /metrics (port 0: any free
                        port, logged); "" turns the exporter off
@@ -64,7 +65,7 @@ options:
 int main(int argc, char** argv) {
   using namespace ferry;
   std::string config_path;
-  std::string runtime_dir, backend, pool_size, slab_size, policy;
+  std::string runtime_dir, backend, pool_size, slab_size, policy, pool_register;
   std::optional<std::string> metrics_address;
   bool check_only = false, trace_engine = false;
   for (int i = 1; i < argc; ++i) {
@@ -92,6 +93,8 @@ int main(int argc, char** argv) {
       pool_size = value("--pool-size");
     } else if (a == "--slab-size") {
       slab_size = value("--slab-size");
+    } else if (a == "--pool-register") {
+      pool_register = value("--pool-register");
     } else if (a == "--metrics-address") {
       metrics_address = value("--metrics-address");
     } else if (a == "--policy") {
@@ -137,6 +140,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "ferryd: --backend %s unknown (auto, cuda or host)\n", backend.c_str());
       return 2;
     }
+  }
+  if (!pool_register.empty()) {
+    auto mode = daemon::ParsePoolRegistration(pool_register);
+    if (!mode.ok()) {
+      std::fprintf(stderr, "ferryd: --pool-register: %s\n", mode.status().message().c_str());
+      return 2;
+    }
+    config.pool_registration = *mode;
   }
   for (auto [text, field] : {std::pair{&pool_size, &config.pool_bytes}, std::pair{&slab_size, &config.slab_bytes}}) {
     if (text->empty()) continue;

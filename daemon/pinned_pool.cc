@@ -226,6 +226,10 @@ bool PinnedPool::RenewSlab(uint32_t slab) {
     if (hooks_.before) hooks_.before(p, slab_bytes_);
   } catch (...) {  // a test seam; the slab is renewed all the same
   }
+  if (!hooks_.fresh_pages) {
+    std::memset(p, 0, slab_bytes_);
+    return true;
+  }
   if (hooks_.unpin) {
     Status unpinned = hooks_.unpin(p, slab_bytes_);
     if (!unpinned.ok()) {

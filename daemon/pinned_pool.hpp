@@ -61,6 +61,9 @@ struct SlabReclaimHooks {
   std::function<Status(std::byte* slab, uint64_t bytes)> unpin, pin;
   // Test seam: runs first, with the old pages still in place.
   std::function<void(std::byte* slab, uint64_t bytes)> before;
+  // false: the engines reach the pool through one pinning of the whole range, which fresh pages
+  // would escape; reclaimed slabs are then zeroed in place, and unpin/pin are not called.
+  bool fresh_pages = true;
 };
 
 class PinnedPool {

@@ -187,13 +187,19 @@ class Server::Impl {
     quota_ = config_.session_quota_bytes == 0 ? config_.pool_bytes : config_.session_quota_bytes;
     uint64_t t0 = MonotonicNanos();
     // The hooks run on the pool's zeroer thread; backend_ outlives pool_ (declared before it).
+    // Fresh pages for every reclaimed slab, unless the engines reach the pool through one pinning
+    // of the whole range (pool.register: whole), which fresh pages would escape.
+    const bool slab_by_slab = RegistersSlabBySlab(config_);
     SlabReclaimHooks hooks;
-    hooks.unpin = [b = backend_.get()](std::byte* p, uint64_t n) { return b->UnpinSlab(p, n); };
-    hooks.pin = [b = backend_.get()](std::byte* p, uint64_t n) { return b->PinSlab(p, n); };
+    hooks.fresh_pages = slab_by_slab || !backend_->pins_pool();
+    if (hooks.fresh_pages) {
+      hooks.unpin = [b = backend_.get()](std::byte* p, uint64_t n) { return b->UnpinSlab(p, n); };
+      hooks.pin = [b = backend_.get()](std::byte* p, uint64_t n) { return b->PinSlab(p, n); };
+    }
     hooks.before = std::move(before_slab_renewal_);
     FERRY_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(config_.pool_bytes, config_.slab_bytes, std::move(hooks)));
     uint64_t t1 = MonotonicNanos();
-    FERRY_RETURN_IF_ERROR(backend_->RegisterPool(pool_->base(), pool_->size(), pool_->slab_bytes()).WithContext("pool registration"));
+    FERRY_RETURN_IF_ERROR(backend_->RegisterPool(pool_->base(), pool_->size(), pool_->slab_bytes(), slab_by_slab).WithContext("pool registration"));
     uint64_t t2 = MonotonicNanos();
     FERRY_LOG(kInfo) << "pool: " << (pool_->size() >> 20) << " MiB in " << pool_->slab_count() << " slabs of "
                      << (pool_->slab_bytes() >> 10) << " KiB; created in " << (t1 - t0) / 1000000

@@ -67,6 +67,7 @@ class GpuDaemon : public ::testing::Test {
   }
 
   virtual std::vector<std::string> ExtraDaemonArgs() const { return {}; }
+  void ReclaimedSlabsStillCopyEveryByteBothWays(const char* registration_line);
 
   // Reads the whole device allocation back with the CUDA runtime, independent of ferry.
   std::vector<std::byte> ReadBack(const void* dev, size_t n) {
@@ -121,23 +122,27 @@ TEST_F(GpuDaemon, CopiesEveryByteBothWaysThroughTheCopyEngines) {
   }
 }
 
-// Issue 19 item 1: a reclaimed slab gets fresh pages, unregistered and registered again with
-// CUDA on its own. After one session took the whole pool and left, the next session's copies
-// through those slabs still move every byte both ways.
-TEST_F(GpuDaemon, SlabsReclaimedWithFreshPagesStillCopyEveryByteBothWays) {
-  EXPECT_NE(daemon_->Output().find("pool registered slab by slab"), std::string::npos) << daemon_->Output();
-  const uint64_t full = client_->Stats()->pool_free_bytes;
+// Issue 19 item 1: a reclaimed slab is renewed (fresh pages unregistered and registered again
+// with CUDA on its own, pool.register: per_slab) or zeroed in place under the pinning of the
+// whole pool (whole). Either way, after one session took the whole pool and left, the next
+// session's buffers read as zeros and its copies through those slabs move every byte both ways.
+void GpuDaemon::ReclaimedSlabsStillCopyEveryByteBothWays(const char* registration_line) {
+  Child& daemon = *daemon_;
+  Client& client = *client_;
+  const std::string& socket = socket_;
+  EXPECT_NE(daemon.Output().find(registration_line), std::string::npos) << daemon.Output();
+  const uint64_t full = client.Stats()->pool_free_bytes;
   const uint64_t seed = testing::RandomSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   ConnectOptions o;
-  o.socket_path = socket_;
+  o.socket_path = socket;
   {
     ASSERT_OK_AND_ASSIGN(auto leaving, Client::Connect(o));
     ASSERT_OK_AND_ASSIGN(HostBuffer all, leaving->AllocateHost(full));
     FillRandom(all.data(), all.size(), seed);
-  }  // every slab of the pool goes to quarantine, then gets fresh pages
-  ASSERT_TRUE(testing::DaemonHarness::Eventually([&] { return client_->Stats()->pool_free_bytes == full; }, 30000))
-      << daemon_->Output();
+  }  // every slab of the pool goes to quarantine, then is renewed or zeroed
+  ASSERT_TRUE(testing::DaemonHarness::Eventually([&] { return client.Stats()->pool_free_bytes == full; }, 30000))
+      << daemon.Output();
   ASSERT_OK_AND_ASSIGN(auto next, Client::Connect(o));
   const size_t n = (256 << 20) + 4099;
   ASSERT_OK_AND_ASSIGN(HostBuffer host, next->AllocateHost(n));
@@ -164,6 +169,20 @@ TEST_F(GpuDaemon, SlabsReclaimedWithFreshPagesStillCopyEveryByteBothWays) {
     EXPECT_EQ(FirstDifference(host.data(), fresh.data(), n), -1);
   }
   cudaFree(dev);
+}
+
+// No allowed_group: one trust domain, the pool pinned whole (pool.register: auto).
+TEST_F(GpuDaemon, ReclaimedSlabsZeroedInPlaceStillCopyEveryByteBothWays) {
+  ReclaimedSlabsStillCopyEveryByteBothWays("pool registered whole");
+}
+
+class PerSlabGpuDaemon : public GpuDaemon {
+ protected:
+  std::vector<std::string> ExtraDaemonArgs() const override { return {"--pool-register", "per_slab"}; }
+};
+
+TEST_F(PerSlabGpuDaemon, SlabsReclaimedWithFreshPagesStillCopyEveryByteBothWays) {
+  ReclaimedSlabsStillCopyEveryByteBothWays("pool registered slab by slab");
 }
 
 TEST_F(GpuDaemon, ManySmallCopiesInFlightLandWhereTheyShould) {

@@ -67,6 +67,7 @@ TEST(Config, ShippedFileIsValid) {
   EXPECT_EQ(c->spin_max_us, defaults.spin_max_us);
   EXPECT_EQ(c->pool_bytes, defaults.pool_bytes);
   EXPECT_EQ(c->ring_entries, defaults.ring_entries);
+  EXPECT_EQ(c->pool_registration, defaults.pool_registration);
   const daemon::Limits& l = c->limits;
   const daemon::Limits& d = defaults.limits;
   EXPECT_EQ(l.sessions_per_uid, d.sessions_per_uid);
@@ -78,6 +79,24 @@ TEST(Config, ShippedFileIsValid) {
   EXPECT_EQ(l.pending_connections_per_uid, d.pending_connections_per_uid);
   EXPECT_EQ(l.hello_timeout_ms, d.hello_timeout_ms);
   EXPECT_EQ(l.outbound_messages, d.outbound_messages);
+}
+
+// pool.register: auto pins slab by slab exactly when other users may connect.
+TEST(Config, PoolRegistrationFollowsWhoMayConnectUnlessSet) {
+  auto c = ParseConfig("pool:\n  register: auto\n", "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(daemon::RegistersSlabBySlab(*c));
+  c->allowed_group = "ferry";
+  EXPECT_TRUE(daemon::RegistersSlabBySlab(*c));
+  c->pool_registration = daemon::PoolRegistration::kWhole;
+  EXPECT_FALSE(daemon::RegistersSlabBySlab(*c));
+  c->allowed_group.clear();
+  c->pool_registration = daemon::PoolRegistration::kPerSlab;
+  EXPECT_TRUE(daemon::RegistersSlabBySlab(*c));
+  auto bad = ParseConfig("pool:\n  register: sometimes\n", "t.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("t.yaml:2:13: pool.register 'sometimes' unknown"), std::string::npos)
+      << bad.status().message();
 }
 
 struct BadConfig {
