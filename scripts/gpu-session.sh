@@ -32,6 +32,20 @@ if [ -n "${THP_AB:-}" ]; then
 fi
 [ -n "${SHMEM_HUGE:-}" ] && { echo "$SHMEM_HUGE" >$thp || echo "cannot set $thp"; }
 
+# REGISTER_AB=1: how the pool is pinned (pool.register), whole against slab by slab, on the
+# bandwidth and both-ways sections, twice in turn.
+if [ -n "${REGISTER_AB:-}" ]; then
+  for round in 1 2; do
+    for mode in whole per_slab; do
+      echo "== pool.register $mode, round $round"
+      FERRYD_ARGS="--pool-register $mode" start_ferryd
+      "$BUILD/ferry-bench" transfer --socket "$sock" --only bandwidth,both 2>/dev/null |
+        grep -E "^(64 MiB|256 MiB|1 GiB) |both|FAIL|PASS" | tee "$OUT/register-$mode-$round.txt"
+      kill -TERM $pid; wait $pid
+    done
+  done
+fi
+
 # Each variant: NAME:POLICY_FILE (empty: the built-in default). The first also runs the demo.
 variants=${VARIANTS:-"default:"}
 first=1
