@@ -22,7 +22,7 @@ for san in address thread; do
   labels="unit|integration"
   [ $san = address ] && labels="unit|integration|fuzz"
   (cd "$dir" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp \
      ctest --output-on-failure -j"$jobs" --timeout 600 -L "$labels")
 done
 echo "all builds passed: plain, address+undefined, thread"
