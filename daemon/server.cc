@@ -16,6 +16,7 @@
 #include <deque>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -493,9 +494,9 @@ class Server::Impl {
     }
     if ((tag & 0xf) == kPeerExitKind) {
       // An ended session's client exited: its mappings are gone, so its slabs may be too.
-      auto w = exit_watch_.find(tag >> 8);
+      auto w = exit_watch_.find(static_cast<pid_t>(tag >> 8));
       if (w != exit_watch_.end()) {
-        Unwatch(w->second.get());
+        Unwatch(w->second.pidfd.get());
         exit_watch_.erase(w);
       }
       Reclaim();
@@ -1565,6 +1566,7 @@ class Server::Impl {
         const std::string name = s.name;
         const size_t regions = s.regions.size(), events = s.events.size();
         const std::vector<uint32_t> slabs = s.arena ? s.arena->owned_slabs() : std::vector<uint32_t>{};
+        const pid_t s_pid = s.peer.pid;
         UniqueFd pidfd = std::move(s.peer_pidfd);
         it = sessions_.erase(it);  // closes regions and events, quarantines slabs
         if (!slabs.empty()) Reclaim();
@@ -1581,9 +1583,7 @@ class Server::Impl {
                                           std::to_string(uid) + " until no process holds them)"
                                     : std::string());
         }
-        if (held != 0 && pidfd.valid() && Watch(pidfd.get(), SessionTag(id, kPeerExitKind)).ok()) {
-          exit_watch_[id] = std::move(pidfd);
-        }
+        if (held != 0) WatchPeerExit(s_pid, std::move(pidfd), slabs);
       } else {
         ++it;
       }
@@ -1594,11 +1594,31 @@ class Server::Impl {
   void Reclaim() {
     last_reclaim_ns_ = MonotonicNanos();
     pool_->ReclaimQuarantined();
-    if (pool_->quarantined_bytes() == 0) {
-      for (auto& [id, fd] : exit_watch_) Unwatch(fd.get());
-      exit_watch_.clear();
+    // A watch lasts only while some of its slabs are quarantined, or a client process that
+    // churns sessions would grow ferryd's fds while any other slab stays quarantined.
+    for (auto w = exit_watch_.begin(); w != exit_watch_.end();) {
+      std::erase_if(w->second.slabs, [&](uint32_t slab) { return !pool_->quarantined(slab); });
+      if (w->second.slabs.empty()) {
+        Unwatch(w->second.pidfd.get());
+        w = exit_watch_.erase(w);
+      } else {
+        ++w;
+      }
     }
     UpdatePoolCounters();
+  }
+
+  // Watches the exit of the client process `pid` (one pidfd per process) while `slabs` of its
+  // ended session are quarantined.
+  void WatchPeerExit(pid_t pid, UniqueFd pidfd, const std::vector<uint32_t>& slabs) {
+    auto w = exit_watch_.find(pid);
+    if (w == exit_watch_.end()) {
+      if (!pidfd.valid() || !Watch(pidfd.get(), SessionTag(static_cast<uint64_t>(pid), kPeerExitKind)).ok()) return;
+      w = exit_watch_.emplace(pid, PeerExitWatch{std::move(pidfd), {}}).first;
+    }
+    for (uint32_t slab : slabs) {
+      if (pool_->quarantined(slab)) w->second.slabs.insert(slab);
+    }
   }
 
   void UpdatePoolCounters() {
@@ -1643,7 +1663,11 @@ class Server::Impl {
   uint64_t next_session_id_ = 1;
   uint64_t bulk_cursor_ = 0;
   std::map<uint64_t, std::unique_ptr<Session>> sessions_;
-  std::map<uint64_t, UniqueFd> exit_watch_;  // session id -> its client's pidfd, while its slabs are quarantined
+  struct PeerExitWatch {
+    UniqueFd pidfd;
+    std::set<uint32_t> slabs;  // of its ended sessions, still quarantined
+  };
+  std::map<pid_t, PeerExitWatch> exit_watch_;  // client pid -> its pidfd, while its ended sessions' slabs are quarantined
   uint64_t last_reclaim_ns_ = 0;
   std::unordered_map<uint64_t, std::unique_ptr<Copy>> copies_;
   std::unordered_map<FenceId, FenceRef> fences_;
