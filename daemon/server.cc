@@ -879,8 +879,23 @@ class Server::Impl {
     Reply(s, wire::MsgType::kHelloReply, seq, r, fds, 3);
   }
 
+  // Queued replies hold dup'd fds (an AllocBuffer reply up to kMaxFdsPerMessage), so requests
+  // whose reply carries fds are refused while replies wait for the client to read them: the
+  // fds ferryd holds for a client that does not read stay bounded by one reply's.
+  Status RefuseFdsWhileRepliesWait(const Session& s) {
+    if (s.outbound.empty()) return Status::Ok();
+    Status st = ResourceExhausted(std::to_string(s.outbound.size()) +
+                                  " replies are waiting for this client to read them; read them, then ask again");
+    CountRejected(st);
+    return st;
+  }
+
   void HandleAlloc(Session& s, uint32_t seq, const wire::AllocBufferRequest& req) {
     wire::AllocBufferReply r{};
+    if (Status waiting = RefuseFdsWhileRepliesWait(s); !waiting.ok()) {
+      r.status = ToWire(waiting);
+      return Reply(s, wire::MsgType::kAllocBufferReply, seq, r);
+    }
     auto a = s.arena->Allocate(req.size);
     if (!a.ok()) {
       r.status = ToWire(a.status());
@@ -1018,6 +1033,10 @@ class Server::Impl {
 
   void HandleGetPolicy(Session& s, uint32_t seq, const wire::GetPolicyRequest& req) {
     wire::PolicyReply r{};
+    if (Status waiting = RefuseFdsWhileRepliesWait(s); !waiting.ok()) {
+      r.status = ToWire(waiting);
+      return Reply(s, wire::MsgType::kPolicyReply, seq, r);
+    }
     if (req.format != wire::kPolicyFormatCanonical && req.format != wire::kPolicyFormatYaml) {
       r.status = ToWire(InvalidArgument("unknown policy format " + std::to_string(req.format)));
       return Reply(s, wire::MsgType::kPolicyReply, seq, r);
