@@ -528,7 +528,10 @@ class Server::Impl {
   }
 
   void Accept() {
-    for (;;) {
+    // At most kAcceptsPerTurn a turn, so a reconnect storm cannot hold the loop; the listen
+    // socket stays readable while more are pending, and the next turn takes them.
+    constexpr int kAcceptsPerTurn = 64;
+    for (int accepted = 0; accepted < kAcceptsPerTurn; ++accepted) {
       auto fd = AcceptUnix(listen_.get());
       if (!fd.ok()) {
         if (fd.status().code() == Code::kResourceExhausted) OutOfFds(fd.status());
