@@ -186,6 +186,10 @@ class Server::Impl {
       has_allowed_gid_ = true;
     }
     quota_ = config_.session_quota_bytes == 0 ? config_.pool_bytes : config_.session_quota_bytes;
+    // Before the pool: a second ferryd on this runtime directory must not pin a whole pool
+    // before it learns the first one holds the lock.
+    FERRY_RETURN_IF_ERROR(MakeRuntimeDir(config_.runtime_dir));
+    FERRY_RETURN_IF_ERROR(LockRuntimeDir());
     uint64_t t0 = MonotonicNanos();
     // The hooks run on the pool's zeroer thread; backend_ outlives pool_ (declared before it).
     // Fresh pages for every reclaimed slab, unless the engines reach the pool through one pinning
@@ -208,8 +212,6 @@ class Server::Impl {
                      << " MiB on huge pages (transparent_hugepage/shmem_enabled: " << ShmemHugePageSetting() << ")";
     UpdatePoolCounters();
 
-    FERRY_RETURN_IF_ERROR(MakeRuntimeDir(config_.runtime_dir));
-    FERRY_RETURN_IF_ERROR(LockRuntimeDir());
     socket_path_ = config_.SocketPath();
     FERRY_ASSIGN_OR_RETURN(listen_, ListenUnix(socket_path_, has_allowed_gid_ ? 0660 : 0600));
     if (has_allowed_gid_ && ::chown(socket_path_.c_str(), static_cast<uid_t>(-1), allowed_gid_) != 0) {
