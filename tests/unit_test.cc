@@ -124,6 +124,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadConfig{"pool:\n  size: 64MiB\n  slab: 3MiB\n", "power of two"},
                       BadConfig{"pool:\n  size: 10MiB\n  slab: 4MiB\n", "multiple of pool.slab"},
                       BadConfig{"ring_entries: 100\n", "ring_entries must be a power of two"},
+                      BadConfig{"pool:\n  size: 64MiB\n  slab: 4MiB\nlimits:\n  pool_per_uid: 1MiB\n",
+                                "limits.pool_per_uid (1048576 bytes) is smaller than one pool.slab"},
                       BadConfig{"max_sessions: 0\n", "bad.yaml:1:15: value 0 out of range [1, 4096]"},
                       BadConfig{"runtime_dir: relative/dir\n", "absolute path"},
                       BadConfig{"spin_us: 500\nspin_max_us: 100\n",
