@@ -95,6 +95,11 @@ Status ValidateConfig(const DaemonConfig& c) {
   if ((c.ring_entries & (c.ring_entries - 1)) != 0) return InvalidArgument("ring_entries must be a power of two");
   if (c.session_quota_bytes > c.pool_bytes) return InvalidArgument("session_quota is larger than the pool");
   if (c.limits.pool_bytes_per_uid > c.pool_bytes) return InvalidArgument("limits.pool_per_uid is larger than the pool");
+  if (c.limits.pool_bytes_per_uid != 0 && c.limits.pool_bytes_per_uid < c.slab_bytes) {
+    return InvalidArgument("limits.pool_per_uid (" + std::to_string(c.limits.pool_bytes_per_uid) +
+                           " bytes) is smaller than one pool.slab (" + std::to_string(c.slab_bytes) +
+                           " bytes), so every allocation would fail: set it to 0 (no limit) or at least pool.slab");
+  }
   if (c.limits.regions_per_session > c.limits.regions_per_uid) {
     return InvalidArgument("limits.regions_per_session is larger than limits.regions_per_uid");
   }

@@ -190,8 +190,9 @@ class CudaBackend : public Backend {
     }
     for (size_t off = 0; off < length; off += slab_bytes) FERRY_RETURN_IF_ERROR(PinSlab(base + off, slab_bytes));
     per_slab_ = true;
-    FERRY_LOG(kInfo) << "pool registered slab by slab (" << length / slab_bytes
-                     << " slabs): reclaimed slabs get fresh pages";
+    // The pool chose its reclaim (fresh pages or zeroing in place) from pool.register before this.
+    FERRY_LOG(kInfo) << "pool registered slab by slab (" << length / slab_bytes << " slabs): reclaimed slabs "
+                     << (slab_by_slab ? "get fresh pages" : "are zeroed in place (pool.register whole asked)");
     return Status::Ok();
   }
   bool pins_pool() const override { return true; }
@@ -201,12 +202,13 @@ class CudaBackend : public Backend {
     (void)bytes;
     FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     std::lock_guard<std::mutex> l(registered_mu_);
-    if (registered_.erase(slab) == 0) return Status::Ok();  // not pinned (a failed PinSlab)
+    if (registered_.count(slab) == 0) return Status::Ok();  // not pinned (a failed PinSlab)
     const cudaError_t e = cudaHostUnregister(slab);
     if (e != cudaSuccess) {
-      cudaGetLastError();
+      cudaGetLastError();  // still registered: a later unpin tries again
       return DeviceError(std::string("cudaHostUnregister of a pool slab: ") + cudaGetErrorString(e));
     }
+    registered_.erase(slab);
     return Status::Ok();
   }
   Status PinSlab(std::byte* slab, size_t bytes) override {

@@ -212,7 +212,15 @@ void PinnedPool::ZeroerMain() {
     const uint32_t slab = to_zero_.front();
     to_zero_.pop_front();
     l.unlock();
-    const bool pinned = RenewSlab(slab);
+    bool pinned = false;
+    try {
+      pinned = RenewSlab(slab);
+    } catch (...) {  // a throw (allocation, a backend hook) must not end ferryd: the slab stays out
+      try {
+        FERRY_LOG(kError) << "pool slab " << slab << " stays out of the pool: renewing it threw";
+      } catch (...) {
+      }
+    }
     l.lock();
     zeroed_.emplace_back(slab, pinned);
     RingDoorbell(zeroed_efd_.get());

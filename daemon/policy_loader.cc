@@ -60,9 +60,11 @@ void PolicyLoader::Work() {
       waiting_.pop_front();
     }
     Load(load);
-    {
+    try {
       std::lock_guard<std::mutex> g(mu_);
       done_.push_back(std::move(load));
+    } catch (...) {  // out of memory: the load is lost, but ferryd lives on
+      continue;
     }
     RingDoorbell(done_efd_.get());
   }
@@ -88,6 +90,8 @@ void PolicyLoader::Load(PolicyLoad& load) {
     }
   } catch (const std::exception& e) {
     load.status = Internal(std::string("reading the policy failed: ") + e.what());
+  } catch (...) {
+    load.status = Internal("reading the policy failed: an exception that is not a std::exception");
   }
 }
 

@@ -16,6 +16,7 @@
 #include <deque>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -185,6 +186,10 @@ class Server::Impl {
       has_allowed_gid_ = true;
     }
     quota_ = config_.session_quota_bytes == 0 ? config_.pool_bytes : config_.session_quota_bytes;
+    // Before the pool: a second ferryd on this runtime directory must not pin a whole pool
+    // before it learns the first one holds the lock.
+    FERRY_RETURN_IF_ERROR(MakeRuntimeDir(config_.runtime_dir));
+    FERRY_RETURN_IF_ERROR(LockRuntimeDir());
     uint64_t t0 = MonotonicNanos();
     // The hooks run on the pool's zeroer thread; backend_ outlives pool_ (declared before it).
     // Fresh pages for every reclaimed slab, unless the engines reach the pool through one pinning
@@ -207,8 +212,6 @@ class Server::Impl {
                      << " MiB on huge pages (transparent_hugepage/shmem_enabled: " << ShmemHugePageSetting() << ")";
     UpdatePoolCounters();
 
-    FERRY_RETURN_IF_ERROR(MakeRuntimeDir(config_.runtime_dir));
-    FERRY_RETURN_IF_ERROR(LockRuntimeDir());
     socket_path_ = config_.SocketPath();
     FERRY_ASSIGN_OR_RETURN(listen_, ListenUnix(socket_path_, has_allowed_gid_ ? 0660 : 0600));
     if (has_allowed_gid_ && ::chown(socket_path_.c_str(), static_cast<uid_t>(-1), allowed_gid_) != 0) {
@@ -493,9 +496,9 @@ class Server::Impl {
     }
     if ((tag & 0xf) == kPeerExitKind) {
       // An ended session's client exited: its mappings are gone, so its slabs may be too.
-      auto w = exit_watch_.find(tag >> 8);
+      auto w = exit_watch_.find(static_cast<pid_t>(tag >> 8));
       if (w != exit_watch_.end()) {
-        Unwatch(w->second.get());
+        Unwatch(w->second.pidfd.get());
         exit_watch_.erase(w);
       }
       Reclaim();
@@ -527,7 +530,10 @@ class Server::Impl {
   }
 
   void Accept() {
-    for (;;) {
+    // At most kAcceptsPerTurn a turn, so a reconnect storm cannot hold the loop; the listen
+    // socket stays readable while more are pending, and the next turn takes them.
+    constexpr int kAcceptsPerTurn = 64;
+    for (int accepted = 0; accepted < kAcceptsPerTurn; ++accepted) {
       auto fd = AcceptUnix(listen_.get());
       if (!fd.ok()) {
         if (fd.status().code() == Code::kResourceExhausted) OutOfFds(fd.status());
@@ -878,8 +884,23 @@ class Server::Impl {
     Reply(s, wire::MsgType::kHelloReply, seq, r, fds, 3);
   }
 
+  // Queued replies hold dup'd fds (an AllocBuffer reply up to kMaxFdsPerMessage), so requests
+  // whose reply carries fds are refused while replies wait for the client to read them: the
+  // fds ferryd holds for a client that does not read stay bounded by one reply's.
+  Status RefuseFdsWhileRepliesWait(const Session& s) {
+    if (s.outbound.empty()) return Status::Ok();
+    Status st = ResourceExhausted(std::to_string(s.outbound.size()) +
+                                  " replies are waiting for this client to read them; read them, then ask again");
+    CountRejected(st);
+    return st;
+  }
+
   void HandleAlloc(Session& s, uint32_t seq, const wire::AllocBufferRequest& req) {
     wire::AllocBufferReply r{};
+    if (Status waiting = RefuseFdsWhileRepliesWait(s); !waiting.ok()) {
+      r.status = ToWire(waiting);
+      return Reply(s, wire::MsgType::kAllocBufferReply, seq, r);
+    }
     auto a = s.arena->Allocate(req.size);
     if (!a.ok()) {
       r.status = ToWire(a.status());
@@ -1017,6 +1038,10 @@ class Server::Impl {
 
   void HandleGetPolicy(Session& s, uint32_t seq, const wire::GetPolicyRequest& req) {
     wire::PolicyReply r{};
+    if (Status waiting = RefuseFdsWhileRepliesWait(s); !waiting.ok()) {
+      r.status = ToWire(waiting);
+      return Reply(s, wire::MsgType::kPolicyReply, seq, r);
+    }
     if (req.format != wire::kPolicyFormatCanonical && req.format != wire::kPolicyFormatYaml) {
       r.status = ToWire(InvalidArgument("unknown policy format " + std::to_string(req.format)));
       return Reply(s, wire::MsgType::kPolicyReply, seq, r);
@@ -1565,6 +1590,7 @@ class Server::Impl {
         const std::string name = s.name;
         const size_t regions = s.regions.size(), events = s.events.size();
         const std::vector<uint32_t> slabs = s.arena ? s.arena->owned_slabs() : std::vector<uint32_t>{};
+        const pid_t s_pid = s.peer.pid;
         UniqueFd pidfd = std::move(s.peer_pidfd);
         it = sessions_.erase(it);  // closes regions and events, quarantines slabs
         if (!slabs.empty()) Reclaim();
@@ -1581,9 +1607,7 @@ class Server::Impl {
                                           std::to_string(uid) + " until no process holds them)"
                                     : std::string());
         }
-        if (held != 0 && pidfd.valid() && Watch(pidfd.get(), SessionTag(id, kPeerExitKind)).ok()) {
-          exit_watch_[id] = std::move(pidfd);
-        }
+        if (held != 0) WatchPeerExit(s_pid, std::move(pidfd), slabs);
       } else {
         ++it;
       }
@@ -1594,11 +1618,31 @@ class Server::Impl {
   void Reclaim() {
     last_reclaim_ns_ = MonotonicNanos();
     pool_->ReclaimQuarantined();
-    if (pool_->quarantined_bytes() == 0) {
-      for (auto& [id, fd] : exit_watch_) Unwatch(fd.get());
-      exit_watch_.clear();
+    // A watch lasts only while some of its slabs are quarantined, or a client process that
+    // churns sessions would grow ferryd's fds while any other slab stays quarantined.
+    for (auto w = exit_watch_.begin(); w != exit_watch_.end();) {
+      std::erase_if(w->second.slabs, [&](uint32_t slab) { return !pool_->quarantined(slab); });
+      if (w->second.slabs.empty()) {
+        Unwatch(w->second.pidfd.get());
+        w = exit_watch_.erase(w);
+      } else {
+        ++w;
+      }
     }
     UpdatePoolCounters();
+  }
+
+  // Watches the exit of the client process `pid` (one pidfd per process) while `slabs` of its
+  // ended session are quarantined.
+  void WatchPeerExit(pid_t pid, UniqueFd pidfd, const std::vector<uint32_t>& slabs) {
+    auto w = exit_watch_.find(pid);
+    if (w == exit_watch_.end()) {
+      if (!pidfd.valid() || !Watch(pidfd.get(), SessionTag(static_cast<uint64_t>(pid), kPeerExitKind)).ok()) return;
+      w = exit_watch_.emplace(pid, PeerExitWatch{std::move(pidfd), {}}).first;
+    }
+    for (uint32_t slab : slabs) {
+      if (pool_->quarantined(slab)) w->second.slabs.insert(slab);
+    }
   }
 
   void UpdatePoolCounters() {
@@ -1643,7 +1687,11 @@ class Server::Impl {
   uint64_t next_session_id_ = 1;
   uint64_t bulk_cursor_ = 0;
   std::map<uint64_t, std::unique_ptr<Session>> sessions_;
-  std::map<uint64_t, UniqueFd> exit_watch_;  // session id -> its client's pidfd, while its slabs are quarantined
+  struct PeerExitWatch {
+    UniqueFd pidfd;
+    std::set<uint32_t> slabs;  // of its ended sessions, still quarantined
+  };
+  std::map<pid_t, PeerExitWatch> exit_watch_;  // client pid -> its pidfd, while its ended sessions' slabs are quarantined
   uint64_t last_reclaim_ns_ = 0;
   std::unordered_map<uint64_t, std::unique_ptr<Copy>> copies_;
   std::unordered_map<FenceId, FenceRef> fences_;

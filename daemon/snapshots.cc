@@ -326,6 +326,27 @@ Status SnapshotWriter::WriteNow() {
     return WriteAtomically(path, record);
   }();
   if (!written.ok()) {
+    // The window goes back, merged with what came in since, so the next try includes it.
+    l.lock();
+    auto merge = [](Samples& into, Samples& from) {
+      into.seen += from.seen;
+      into.sum += from.sum;
+      for (float v : from.kept) {
+        if (into.kept.size() >= kMaxSamples) break;
+        into.kept.push_back(v);
+      }
+    };
+    window_.copies += w.copies;
+    window_.failed += w.failed;
+    window_.bytes[0] += w.bytes[0];
+    window_.bytes[1] += w.bytes[1];
+    merge(window_.copy, w.copy);
+    merge(window_.queued, w.queued);
+    merge(window_.exposed, w.exposed);
+    window_.reported_copy_seconds += w.reported_copy_seconds;
+    window_.reports_refused += w.reports_refused;
+    window_start_ = start;
+    l.unlock();
     if (opt_.on_failure) opt_.on_failure("write");
     return written;
   }

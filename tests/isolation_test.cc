@@ -12,6 +12,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -293,6 +294,46 @@ TEST(Quarantine, AnEndedSessionsSlabIsNotReusedWhileItsClientStillMapsIt) {
   ASSERT_OK_AND_ASSIGN(HostBuffer last, b->AllocateHost(kSlab));
   EXPECT_TRUE(AllBytesAre(last.data(), kSlab, std::byte{0})) << "A's secret is gone";
   RoundTrip(*b, last, kSlab);
+}
+
+size_t OpenFdCount() {
+  size_t n = 0;
+  for ([[maybe_unused]] auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// Review of issue 19: ferryd watches an ended session's client (a pidfd) only while that
+// session's slabs are quarantined, not while any slab is. A client process that churns sessions
+// (each buffer briefly outliving its socket) while another slab stays quarantined all along
+// leaves ferryd's fd count where it was.
+TEST(Quarantine, ChurningSessionsWhileAnotherSlabStaysQuarantinedLeaksNoFds) {
+  Ferryd d(Config(4));
+  ASSERT_TRUE(d.ok());
+  constexpr uint64_t kSlab = 1 << 20;
+  std::optional<HostBuffer> held;  // quarantined all along
+  {
+    ASSERT_OK_AND_ASSIGN(auto c, d.Connect("holder"));
+    ASSERT_OK_AND_ASSIGN(HostBuffer buf, c->AllocateHost(4096));
+    held.emplace(std::move(buf));
+  }
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().pool_quarantined_bytes == kSlab; }));
+  const size_t baseline = OpenFdCount();
+  constexpr int kSessions = 40;
+  for (int i = 0; i < kSessions; ++i) {
+    std::optional<HostBuffer> kept;
+    {
+      ASSERT_OK_AND_ASSIGN(auto c, d.Connect("churn"));
+      ASSERT_OK_AND_ASSIGN(HostBuffer buf, c->AllocateHost(4096));
+      kept.emplace(std::move(buf));
+    }  // the socket closes before the buffer is unmapped
+    ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().pool_quarantined_bytes == 2 * kSlab; }))
+        << "session " << i;
+    kept.reset();
+    ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().pool_quarantined_bytes == kSlab; }, 5000))
+        << "session " << i;
+  }
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().sessions == 0; }));
+  EXPECT_LE(OpenFdCount(), baseline + 4) << "ferryd keeps a pidfd per ended session (" << kSessions << " sessions)";
 }
 
 // Issue 19 item 1, pages pinned without a description: a client that vmsplice()s a page of its

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <optional>
@@ -218,6 +219,55 @@ TEST(EventLoop, QueuedRepliesArriveInOrderOnceTheClientReads) {
     ASSERT_EQ(m->header.seq, seq) << "replies out of order";
   }
   EXPECT_TRUE(DaemonHarness::Eventually([&] { return d.counters().outbound_queued.load() == 0; }));
+  EXPECT_EQ(d.counters().evictions.load(), 0u);
+}
+
+size_t OpenFdCount() {
+  size_t n = 0;
+  for ([[maybe_unused]] auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// Review of issue 19: the reply queue was bounded in messages, not in the fds they carry (dup'd
+// slab fds), so a client that never reads made ferryd hold an fd per AllocBuffer it sent.
+// While replies wait, requests whose reply carries fds are refused with a clear message.
+TEST(EventLoop, AClientThatDoesNotReadCannotMakeFerrydHoldItsBuffersFds) {
+  DaemonHarness d(ManySessionsConfig());
+  const uint32_t fit = RepliesThatFitInASocket();
+  ASSERT_GT(fit, 0u);
+  RawClient slow;
+  ASSERT_OK(slow.Open(d.socket_path()));
+  slow.SendStats(1, fit + 1);
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().outbound_queued.load() > 0; }, 10000));
+  const size_t baseline = OpenFdCount();
+  constexpr uint32_t kAllocs = 40;  // queued with the one stats reply: under limits.outbound_messages
+  for (uint32_t i = 0; i < kAllocs; ++i) {
+    ASSERT_OK(Send(slow.sock(), wire::MsgType::kAllocBuffer, 100000 + i, wire::AllocBufferRequest{4096}));
+  }
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().outbound_queued.load() == kAllocs + 1; }, 10000))
+      << d.counters().outbound_queued.load() << " replies queued";
+  EXPECT_LE(OpenFdCount(), baseline + 4) << "ferryd holds the fds of replies the client does not read";
+
+  for (uint32_t seq = 1; seq <= fit + 1; ++seq) {
+    auto m = RecvMessage(slow.sock(), 5000);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    ASSERT_EQ(m->type(), wire::MsgType::kStatsReply);
+  }
+  for (uint32_t i = 0; i < kAllocs; ++i) {
+    auto m = RecvMessage(slow.sock(), 5000);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    ASSERT_EQ(m->type(), wire::MsgType::kAllocBufferReply);
+    const Status st = FromWire(m->As<wire::AllocBufferReply>().status);
+    EXPECT_EQ(st.code(), Code::kResourceExhausted) << st.ToString();
+    EXPECT_NE(st.message().find("waiting for this client to read them"), std::string::npos) << st.ToString();
+  }
+  // Once it has read them, it is served again.
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().outbound_queued.load() == 0; }));
+  ASSERT_OK(Send(slow.sock(), wire::MsgType::kAllocBuffer, 200000, wire::AllocBufferRequest{4096}));
+  auto m = RecvMessage(slow.sock(), 5000);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_EQ(m->type(), wire::MsgType::kAllocBufferReply);
+  EXPECT_TRUE(FromWire(m->As<wire::AllocBufferReply>().status).ok());
   EXPECT_EQ(d.counters().evictions.load(), 0u);
 }
 

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <regex>
+#include <stdexcept>
+#include <thread>
 
 #include "client/streaming_copy.hpp"
 #include "common/channel.hpp"
@@ -14,6 +16,7 @@
 #include "daemon/config.hpp"
 #include "daemon/pinned_pool.hpp"
 #include "daemon/poll_window.hpp"
+#include "daemon/policy_loader.hpp"
 #include "test_util.hpp"
 
 namespace ferry {
@@ -121,6 +124,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadConfig{"pool:\n  size: 64MiB\n  slab: 3MiB\n", "power of two"},
                       BadConfig{"pool:\n  size: 10MiB\n  slab: 4MiB\n", "multiple of pool.slab"},
                       BadConfig{"ring_entries: 100\n", "ring_entries must be a power of two"},
+                      BadConfig{"pool:\n  size: 64MiB\n  slab: 4MiB\nlimits:\n  pool_per_uid: 1MiB\n",
+                                "limits.pool_per_uid (1048576 bytes) is smaller than one pool.slab"},
                       BadConfig{"max_sessions: 0\n", "bad.yaml:1:15: value 0 out of range [1, 4096]"},
                       BadConfig{"runtime_dir: relative/dir\n", "absolute path"},
                       BadConfig{"spin_us: 500\nspin_max_us: 100\n",
@@ -195,6 +200,45 @@ TEST_F(PoolTest, StartsOnAHugePageBoundaryAndCountsTheHugePagesItGot) {
   }
   std::vector<std::byte> small(4096);
   EXPECT_EQ(daemon::MappedHugePageBytes(small.data(), small.size()), 0u) << "no shared-memory huge page there";
+}
+
+// Review of issue 19: an exception while renewing a reclaimed slab ended ferryd (it escaped the
+// zeroer thread). The slab now stays out of the pool, broken.
+TEST(PoolZeroer, ASlabWhoseRenewalThrowsStaysOutOfThePool) {
+  daemon::SlabReclaimHooks hooks;
+  hooks.pin = [](std::byte*, uint64_t) -> Status { throw std::runtime_error("backend hook threw"); };
+  auto p = daemon::PinnedPool::Create(4ull << 20, 1ull << 20, hooks);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  daemon::PinnedPool& pool = **p;
+  auto slab = pool.GrantRun(1, 1, ::getuid());
+  ASSERT_TRUE(slab.ok()) << slab.status().ToString();
+  pool.Quarantine(*slab);
+  EXPECT_EQ(pool.ReclaimQuarantined(), 1ull << 20);
+  for (int i = 0; i < 1000 && pool.broken_bytes() == 0; ++i) {
+    pool.CollectZeroed();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(pool.broken_bytes(), 1ull << 20);
+  EXPECT_EQ(pool.free_bytes(), 3ull << 20);
+}
+
+// Review of issue 19: the policy loader caught std::exception only; anything else thrown on its
+// worker ended ferryd. It is now the load's error.
+TEST(PolicyLoaderThread, AThrowThatIsNotAStdExceptionBecomesTheLoadsError) {
+  auto loader = daemon::PolicyLoader::Create([](const std::string&) { throw 42; });
+  ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+  daemon::PolicyLoad load;
+  load.path = "/nonexistent/policy.yaml";
+  load.name = "policy.yaml";
+  ASSERT_TRUE((*loader)->Submit(std::move(load)));
+  std::vector<daemon::PolicyLoad> done;
+  for (int i = 0; i < 1000 && done.empty(); ++i) {
+    done = (*loader)->TakeDone();
+    if (done.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status.code(), Code::kInternal) << done[0].status.ToString();
+  EXPECT_NE(done[0].status.message().find("reading the policy failed"), std::string::npos);
 }
 
 TEST_F(PoolTest, SessionsNeverShareASlab) {
