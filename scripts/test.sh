@@ -14,6 +14,7 @@ if [ "${FERRY_SANITIZERS:-1}" = 0 ]; then
   echo "sanitizer builds skipped (FERRY_SANITIZERS=0)"
   exit 0
 fi
+tsan_supp=$PWD/tests/tsan.supp  # races inside uninstrumented libraries, each with its reason
 for san in address thread; do
   dir=$build-$san
   echo "== $san sanitizer build and test ($dir)"
@@ -22,7 +23,7 @@ for san in address thread; do
   labels="unit|integration"
   [ $san = address ] && labels="unit|integration|fuzz"
   (cd "$dir" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp \
+     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$tsan_supp \
      ctest --output-on-failure -j"$jobs" --timeout 600 -L "$labels")
 done
 echo "all builds passed: plain, address+undefined, thread"
