@@ -373,8 +373,10 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     }
   }
 
-  // Caller holds ring_mu_. A probe with a start event recorded on the stream, or an empty one.
-  StallProbe StartStallProbeLocked(void* stream) {
+  // Records probe events around the stream's wait; a failure only loses the measurement.
+  // Caller holds ring_mu_.
+  Status MeasuredStreamWaitLocked(TransferState& t, void* stream) {
+    if (t.wait_reported) return device_->StreamWaitEvent(stream, t.event->ev.event);
     StallProbe p;
     if (!free_probes_.empty()) {
       p = free_probes_.back();
@@ -389,25 +391,17 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
         device_->DestroyEvent(*a);
       }
     }
-    if (p.start && !device_->RecordEvent(p.start, stream).ok()) {
-      free_probes_.push_back(p);
-      p = StallProbe{};
-    }
-    return p;
-  }
-
-  // Caller holds ring_mu_. Records the probe's end and queues it to be read (and reported once
-  // it has happened), or gives it back unused.
-  void FinishStallProbeLocked(StallProbe& p, TransferState& t, void* stream) {
-    if (!p.start) return;
-    if (!t.wait_reported && device_->RecordEvent(p.end, stream).ok()) {
+    const bool measured = p.start && device_->RecordEvent(p.start, stream).ok();
+    FERRY_RETURN_IF_ERROR(device_->StreamWaitEvent(stream, t.event->ev.event));
+    if (measured && device_->RecordEvent(p.end, stream).ok()) {
       t.wait_reported = true;
       p.tag = t.tag;
       p.direction = t.direction;
       stall_probes_.push_back(p);
-    } else {
+    } else if (p.start) {
       free_probes_.push_back(p);
     }
+    return Status::Ok();
   }
 
   void Break(const Status& why) {
@@ -523,30 +517,14 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     return false;
   }
 
-  // A stream wait's stall, measured on the GPU: a timing event is recorded on the stream before
-  // this thread blocks until ferryd has enqueued the copy, and another after the stream's wait
-  // on it. Between them lies all the time the stream was held up by this copy: waiting on the
-  // GPU for it, and idle while this thread was blocked for the hand-off (the stream has nothing
-  // queued then). A failure only loses the measurement.
   Status StreamWait(TransferState& t, void* stream) {
     if (device_->StreamWaitIsHostWait()) return Wait(t, 3600ull * 1'000'000'000ull, false);
     if (!t.event && !t.done) return InvalidArgument("StreamWait needs a copy submitted with stream_waitable = true");
-    StallProbe p;
-    {
-      std::lock_guard<std::mutex> l(ring_mu_);
-      if (!t.wait_reported) p = StartStallProbeLocked(stream);
-    }
-    Status st = Wait(t, 10ull * 1'000'000'000ull, true);
+    FERRY_RETURN_IF_ERROR(Wait(t, 10ull * 1'000'000'000ull, true));
     std::lock_guard<std::mutex> l(ring_mu_);
+    if (t.done) return t.status;  // already done: nothing left for the stream to wait on
     // Under ring_mu_, so the event cannot be recycled and re-recorded before this wait is enqueued.
-    if (st.ok() && !t.done) st = device_->StreamWaitEvent(stream, t.event->ev.event);
-    if (st.ok() && t.done) st = t.status;  // already done: nothing left for the stream to wait on
-    if (st.ok()) {
-      FinishStallProbeLocked(p, t, stream);
-    } else if (p.start) {
-      free_probes_.push_back(p);  // nothing to measure: the wait itself failed
-    }
-    return st;
+    return MeasuredStreamWaitLocked(t, stream);
   }
 
   UniqueFd sock_;
