@@ -7,10 +7,11 @@ cd "$(dirname "$0")/.."
 bash scripts/build.sh >/dev/null
 build=${FERRY_BUILD_DIR:-build}
 rt=$(mktemp -d /tmp/ferry-demo-XXXXXX)
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$rt"' EXIT
+trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$rt"' EXIT
 "$build/ferryd" --runtime-dir "$rt" --pool-size "${FERRY_POOL:-512MiB}" --metrics-address 127.0.0.1:0 >"$rt/ferryd.log" 2>&1 &
 pid=$!
-for _ in $(seq 200); do [ -S "$rt/ferryd.sock" ] && break; sleep 0.05; done
+# The pool is made and touched before ferryd listens: allow a minute on a slow machine.
+for _ in $(seq 1200); do [ -S "$rt/ferryd.sock" ] && break; kill -0 $pid 2>/dev/null || break; sleep 0.05; done
 [ -S "$rt/ferryd.sock" ] || { cat "$rt/ferryd.log"; exit 1; }
 grep -m1 "backend:" "$rt/ferryd.log" | sed 's/^/ferryd: /'
 grep -m1 "metrics on" "$rt/ferryd.log" | sed 's/^/ferryd: /'
