@@ -24,7 +24,7 @@ start_ferryd() {
     --policy "$(dirname "$0")/../policies/latency-bulk.yaml" >"$dir/ferryd-$instance.log" 2>&1 &
   dpid=$!
   # After a SIGKILL the old socket file is still there: wait for this ferryd to say it is ready.
-  for _ in $(seq 1200); do grep -q "\] ready$" "$dir/ferryd-$instance.log" && return 0; kill -0 $dpid 2>/dev/null || break; sleep 0.025; done
+  for _ in $(seq 1200); do grep -qs "\] ready$" "$dir/ferryd-$instance.log" && return 0; kill -0 $dpid 2>/dev/null || break; sleep 0.025; done
   fail "ferryd $instance did not start"
 }
 # One slot: runs clients one after another until told to stop. Exit 1 (a wrong byte) is recorded;
