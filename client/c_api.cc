@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ferry/client.hpp"
 #include "ferry/version.hpp"
@@ -144,6 +145,16 @@ ferry_status ferry_transfer_wait(ferry_transfer* t, uint64_t timeout_us) {
 ferry_status ferry_transfer_stream_wait(ferry_transfer* t, void* stream) {
   if (Null(t, "transfer")) return FERRY_INVALID_ARGUMENT;
   return Done(t->t.StreamWait(stream));
+}
+ferry_status ferry_stream_wait_all(ferry_client* client, ferry_transfer* const* transfers, size_t count, void* stream) {
+  if (Null(client, "client") || (count > 0 && Null(transfers, "transfers"))) return FERRY_INVALID_ARGUMENT;
+  std::vector<ferry::Transfer> batch;
+  batch.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    if (Null(transfers[i], "transfers[i]")) return FERRY_INVALID_ARGUMENT;
+    batch.push_back(transfers[i]->t);
+  }
+  return Done(client->c->StreamWait(batch, stream));
 }
 void ferry_transfer_free(ferry_transfer* t) { std::unique_ptr<ferry_transfer> owned(t); }
 

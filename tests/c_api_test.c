@@ -65,6 +65,18 @@ int main(int argc, char** argv) {
   ferry_transfer_free(t);
   CHECK(memcmp(hp, want, n) == 0, "bytes came back different");
 
+  /* Two halves back, waited on together (on the host backend a stream wait waits on the host). */
+  memset(hp, 0x5A, n);
+  ferry_copy_options waitable = {sizeof waitable, FERRY_PRIORITY_BULK, 1};
+  ferry_transfer* halves[2] = {NULL, NULL};
+  CHECK(ferry_copy(c, FERRY_DEVICE_TO_HOST, h, 0, d, 0, n / 2, &waitable, &halves[0]) == FERRY_OK, "d2h first half");
+  CHECK(ferry_copy(c, FERRY_DEVICE_TO_HOST, h, n / 2, d, n / 2, n - n / 2, &waitable, &halves[1]) == FERRY_OK,
+        "d2h second half");
+  CHECK(ferry_stream_wait_all(c, halves, 2, NULL) == FERRY_OK, "stream wait on both halves");
+  if (ferry_backend(c) == 0) CHECK(memcmp(hp, want, n) == 0, "a batch's stream wait returned before its bytes arrived");
+  ferry_transfer_free(halves[0]);
+  ferry_transfer_free(halves[1]);
+
   /* Pageable memory through the staged path. */
   unsigned char* pageable = malloc(n);
   unsigned char* back = malloc(n);

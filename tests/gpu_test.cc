@@ -256,6 +256,12 @@ double ExposedSumH2d(const std::string& scrape) {
   return std::stod(m[1]);
 }
 
+double ExposedCountH2d(const std::string& scrape) {
+  std::smatch m;
+  if (!std::regex_search(scrape, m, std::regex(R"(\nferry_exposed_seconds_count\{[^}]*direction="h2d"[^}]*\} ([0-9.e+-]+))"))) return -1;
+  return std::stod(m[1]);
+}
+
 TEST_F(GpuDaemon, AStreamsStallOnACopyIsMeasuredOnTheGpuAndExportedAsExposedTime) {
   constexpr size_t n = 512 << 20;  // ~10 ms on the bus: the idle stream stalls about that long
   ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(n));
@@ -278,6 +284,47 @@ TEST_F(GpuDaemon, AStreamsStallOnACopyIsMeasuredOnTheGpuAndExportedAsExposedTime
     return after - before >= 0.004;
   }, 5000)) << "exposed h2d seconds went from " << before << " to " << after << "; the stream waited ~10 ms";
   EXPECT_LT(after - before, 1.0);
+}
+
+TEST_F(GpuDaemon, AStreamWaitsOnABatchOfCopiesWithOneProbeAndOneReport) {
+  constexpr size_t kPiece = 64 << 20, kCount = 6;  // ~8 ms on the bus in all
+  constexpr size_t n = kPiece * kCount;
+  ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(n));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client_->AllocateDevice(n));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
+  void* mirror = nullptr;
+  ASSERT_CUDA(cudaMalloc(&mirror, n));
+  ASSERT_CUDA(cudaMemset(dev.data(), 0xA5, n));
+  ASSERT_CUDA(cudaMemset(mirror, 0x5A, n));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  FillRandom(host.data(), n, testing::RandomSeed());
+  const std::string first = ScrapeDaemon(daemon_->Output());
+  const double before = std::max(0.0, ExposedSumH2d(first));
+  const double reports_before = std::max(0.0, ExposedCountH2d(first));
+  std::vector<Transfer> batch;
+  for (size_t i = 0; i < kCount; ++i) {
+    ASSERT_OK_AND_ASSIGN(Transfer t, client_->Copy(Direction::kHostToDevice, host, i * kPiece, region, i * kPiece,
+                                                   kPiece, {.stream_waitable = true}));
+    batch.push_back(std::move(t));
+  }
+  ASSERT_OK(client_->StreamWait(batch, stream_));
+  ASSERT_CUDA(cudaMemcpyAsync(mirror, dev.data(), n, cudaMemcpyDeviceToDevice, stream_));
+  ASSERT_CUDA(cudaStreamSynchronize(stream_));
+  std::vector<std::byte> back = ReadBack(mirror, n);
+  EXPECT_EQ(FirstDifference(back.data(), host.data(), n), -1) << "the stream did not wait for every copy";
+  for (Transfer& t : batch) ASSERT_OK(t.Wait(1s));
+  ASSERT_OK_AND_ASSIGN(Transfer poke, client_->Copy(Direction::kHostToDevice, host, 0, region, 0, 4096));
+  ASSERT_OK(poke.Wait(1s));
+  double after = -1, reports = -1;
+  EXPECT_TRUE(testing::DaemonHarness::Eventually([&] {
+    const std::string scrape = ScrapeDaemon(daemon_->Output());
+    after = ExposedSumH2d(scrape);
+    reports = ExposedCountH2d(scrape);
+    return after - before >= 0.004 && reports - reports_before >= 2;
+  }, 5000)) << "exposed h2d seconds went from " << before << " to " << after << "; the stream waited ~8 ms";
+  // The batch's one report and the poke's host wait: six stream waits one by one would make seven.
+  EXPECT_EQ(reports - reports_before, 2);
+  cudaFree(mirror);
 }
 
 TEST_F(GpuDaemon, PageableMemoryIsStagedBothWays) {

@@ -129,6 +129,33 @@ uint64_t SleepsWhileCopyingEvery(DaemonHarness& d, Client& client, std::chrono::
 // A request that finds ferryd asleep waits for it to wake (~100 us on the H200's VM). So while a
 // client keeps copying every few milliseconds ferryd stays awake, and once it goes quiet ferryd
 // sleeps; with spin_max_us 0 it sleeps in every gap longer than spin_us.
+TEST(Daemon, AStreamWaitOnABatchWaitsForEveryCopyOfIt) {
+  DaemonHarness d;
+  ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
+  ASSERT_OK_AND_ASSIGN(auto other, d.Connect("other"));
+  constexpr size_t kPiece = (1 << 20) + 3, kCount = 6;
+  ASSERT_OK_AND_ASSIGN(HostBuffer src, client->AllocateHost(kPiece * kCount));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(kPiece * kCount));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  FillRandom(src.data(), src.size(), testing::RandomSeed());
+  Poison(static_cast<std::byte*>(dev.data()), dev.size());
+  std::vector<Transfer> ts;
+  for (size_t i = 0; i < kCount; ++i) {
+    ASSERT_OK_AND_ASSIGN(Transfer t, client->Copy(Direction::kHostToDevice, src, i * kPiece, region, i * kPiece, kPiece,
+                                                  {.stream_waitable = true}));
+    ts.push_back(std::move(t));
+  }
+  // The host backend's stream wait is a host wait: every byte is there when it returns.
+  ASSERT_OK(client->StreamWait(ts, nullptr));
+  EXPECT_EQ(FirstDifference(static_cast<std::byte*>(dev.data()), src.data(), src.size()), -1);
+  for (auto& t : ts) ASSERT_OK(t.Poll().status());
+  std::vector<Transfer> none;
+  EXPECT_TRUE(client->StreamWait(none, nullptr).ok());
+  std::vector<Transfer> empty(1);
+  EXPECT_EQ(client->StreamWait(empty, nullptr).code(), Code::kInvalidArgument);
+  EXPECT_EQ(other->StreamWait(ts, nullptr).code(), Code::kInvalidArgument) << "another client's transfers";
+}
+
 TEST(Daemon, StaysAwakeForAClientThatCopiesEveryFewMillisecondsAndSleepsOnceItStops) {
   auto config = DaemonHarness::SmallConfig();
   config.spin_us = 50;

@@ -274,12 +274,10 @@ Status Runner::RunSteps(Kind kind, int steps, std::vector<double>* times, double
         break;
       case Kind::kCopyFerry:
       case Kind::kFerryInStep:
-        for (Transfer& t : xfers[slot]) FERRY_RETURN_IF_ERROR(t.StreamWait(e_.stream()));
+        FERRY_RETURN_IF_ERROR(client_->StreamWait(xfers[slot], e_.stream()));
         break;
       case Kind::kFerryPipelined:
-        if (k >= 1) {
-          for (Transfer& t : xfers[prev]) FERRY_RETURN_IF_ERROR(t.StreamWait(e_.stream()));
-        }
+        if (k >= 1) FERRY_RETURN_IF_ERROR(client_->StreamWait(xfers[prev], e_.stream()));
         break;
       default:
         break;

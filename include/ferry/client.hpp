@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "ferry/status.hpp"
@@ -177,6 +178,12 @@ class Client {
   // buffers stay with this client for reuse (they count against its pool quota).
   Status CopyStaged(Direction direction, void* host, const DeviceRegion& device, size_t device_offset, size_t bytes,
                     const StagedCopyOptions& options = {});
+
+  // Makes `cuda_stream` wait on the GPU for every copy in `transfers` (all of this client,
+  // each stream_waitable); returns without blocking on the copies themselves. Waiting on a
+  // step's copies together costs the stream one pair of timing events instead of a pair each,
+  // and their stall is reported to ferryd as one wait. On the host backend, waits on the host.
+  Status StreamWait(std::span<Transfer> transfers, void* cuda_stream);
 
   Result<DaemonStats> Stats();
 

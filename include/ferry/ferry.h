@@ -82,6 +82,10 @@ ferry_status ferry_copy_staged(ferry_client* client, ferry_direction direction, 
 ferry_status ferry_transfer_poll(ferry_transfer* transfer, int* done);
 ferry_status ferry_transfer_wait(ferry_transfer* transfer, uint64_t timeout_us);
 ferry_status ferry_transfer_stream_wait(ferry_transfer* transfer, void* cuda_stream);
+/* Makes cuda_stream wait for every one of count transfers (all of this client): one pair of
+ * timing events for the batch instead of one pair each, and one exposed-time report. */
+ferry_status ferry_stream_wait_all(ferry_client* client, ferry_transfer* const* transfers, size_t count,
+                                   void* cuda_stream);
 void ferry_transfer_free(ferry_transfer* transfer);
 
 #ifdef __cplusplus
