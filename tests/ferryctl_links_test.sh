@@ -14,11 +14,11 @@ command -v readelf >/dev/null && command -v nm >/dev/null || fail "readelf and n
 needed=$(readelf -d "$ctl" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
 echo "ferryctl needs: $(echo $needed)"
 [ -n "$needed" ] || fail "no NEEDED entries read from $ctl"
-echo "$needed" | grep -Eiq "cudart|cublas|libcuda|ferry_daemon" && fail "ferryctl needs a GPU or daemon library: $needed"
+grep -Eiq "cudart|cublas|libcuda|ferry_daemon" <<<"$needed" && fail "ferryctl needs a GPU or daemon library: $needed"
 symbols=$(nm -C "$ctl") || fail "nm $ctl"
 [ -n "$symbols" ] || fail "no symbols in $ctl (stripped? the check needs them)"
-echo "$symbols" | grep -q "ferry::policy::ParsePolicy" || fail "the check is blind: ferry::policy::ParsePolicy not found in ferryctl"
-daemon=$(echo "$symbols" | grep -E "ferry::daemon::|cublas|cudaMalloc|cudaStream" | head -5)
+grep -q "ferry::policy::ParsePolicy" <<<"$symbols" || fail "the check is blind: ferry::policy::ParsePolicy not found in ferryctl"
+daemon=$(grep -E "ferry::daemon::|cublas|cudaMalloc|cudaStream" <<<"$symbols" | head -5)
 [ -z "$daemon" ] || fail "ferryctl holds daemon or CUDA code: $daemon"
 
 # Forwarding: help, an argument error's exit code, a --socket before the command.
@@ -40,7 +40,7 @@ cp "$ctl" "$scratch/ferryctl"
 out=$(env PATH="$scratch" LD_LIBRARY_PATH="$(dirname "$(readlink -f "$ctl")")" "$scratch/ferryctl" bench overlap --quick 2>&1)
 rc=$?
 [ $rc = 127 ] || fail "ferryctl bench without ferry-bench exited $rc, not 127: $out"
-echo "$out" | grep -q "ferry-bench" || fail "the error does not name ferry-bench: $out"
+grep -q "ferry-bench" <<<"$out" || fail "the error does not name ferry-bench: $out"
 # ... and found on PATH when not beside ferryctl.
 ln -s "$(readlink -f "$bench")" "$scratch/ferry-bench"
 help=$(env PATH="$scratch:/usr/bin:/bin" "$scratch/ferryctl" tune --help)
