@@ -62,10 +62,11 @@ options:
   -h, --help         this help
 )";
 
-constexpr const char* kTransferUsage = R"(usage: ferryctl [--socket PATH] bench transfer [ferry-bench transfer options]
+constexpr const char* kTransferUsage = R"(usage: ferry-bench transfer [options]
+       ferryctl [--socket PATH] bench transfer [options]
 
-What is the fastest way to move a tensor to the GPU, and why are timings odd? Runs
-ferry-bench transfer (installed next to ferryctl; the sweep needs the CUDA toolkit): pageable vs pinned vs the
+What is the fastest way to move a tensor to the GPU, and why are timings odd? Runs the
+transfer sweep (built with the CUDA toolkit; needs a GPU): pageable vs pinned vs the
 ferry pool vs ferry staged from pageable memory over a size sweep, warm-up, device events,
 medians with min/max, outliers counted, the copy engine's own time from device events beside
 the host clock. See `ferry-bench transfer --help` for its options; and:

@@ -1,6 +1,6 @@
-// ferry-bench tune (also `ferryctl tune`): re-tunes the policy on the live GPU. Coordinate descent over the settings that
-// matter (chunk schedule, streams per direction, batching threshold, stream priority), each
-// candidate scored by the overlap workload's exposed copy time through ferryd (correctness
+// ferry-bench tune (also `ferryctl tune`): re-tunes the policy on the live GPU. Coordinate
+// descent over the settings that matter (chunk schedule, streams per direction, batching
+// threshold, stream priority), each candidate scored by the overlap workload's exposed copy time through ferryd (correctness
 // checks must pass) with a transfer sweep guarding bandwidth; writes the best as a policy file
 // and a signed report that the next run compares against (environment and settings).
 #include <unistd.h>

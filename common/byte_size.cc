@@ -23,8 +23,15 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
     const char* name;
     uint64_t mult;
   };
-  static constexpr U kUnits[] = {{"", 1}, {"B", 1}, {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30},
-                                 {"TiB", 1ull << 40}, {"KB", 1000}, {"MB", 1000000}, {"GB", 1000000000ull}};
+  static constexpr U kUnits[] = {{"", 1},
+                                 {"B", 1},
+                                 {"KiB", 1ull << 10},
+                                 {"MiB", 1ull << 20},
+                                 {"GiB", 1ull << 30},
+                                 {"TiB", 1ull << 40},
+                                 {"KB", 1000},
+                                 {"MB", 1000000},
+                                 {"GB", 1000000000ull}};
   for (const U& u : kUnits) {
     if (unit == u.name) {
       if (v > std::numeric_limits<uint64_t>::max() / u.mult) return InvalidArgument("size overflows 64 bits");

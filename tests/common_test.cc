@@ -78,11 +78,16 @@ TEST(Cli, WalksOptionsValuesAndOperands) {
   bool quick = false;
   uint64_t max_size = 0;
   while (a.Next()) {
-    if (a.Is("--out")) out = a.Value();
-    else if (a.Is("--n")) ASSERT_TRUE(a.IntValue(64, 16384, n));
-    else if (a.Is("--quick")) quick = true;
-    else if (a.Is("--max-size")) ASSERT_TRUE(a.ByteSizeValue(64 << 10, 1ull << 32, max_size));
-    else operand = a.current();
+    if (a.Is("--out"))
+      out = a.Value();
+    else if (a.Is("--n"))
+      ASSERT_TRUE(a.IntValue(64, 16384, n));
+    else if (a.Is("--quick"))
+      quick = true;
+    else if (a.Is("--max-size"))
+      ASSERT_TRUE(a.ByteSizeValue(64 << 10, 1ull << 32, max_size));
+    else
+      operand = a.current();
   }
   EXPECT_EQ(out, "x.yaml");
   EXPECT_EQ(n, 96);
