@@ -1,5 +1,6 @@
 #include "daemon/config.hpp"
 
+#include "common/backend_name.hpp"
 #include "common/yaml_util.hpp"
 
 namespace ferry::daemon {
@@ -18,9 +19,9 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
   if (auto n = root["allowed_group"]) { FERRY_ASSIGN_OR_RETURN(c.allowed_group, GetString(file, n)); }
   if (auto n = root["backend"]) {
     FERRY_ASSIGN_OR_RETURN(std::string b, GetString(file, n));
+    auto kind = ParseBackendName(b);
     if (b == "auto") c.backend = BackendChoice::kAuto;
-    else if (b == "cuda") c.backend = BackendChoice::kCuda;
-    else if (b == "host") c.backend = BackendChoice::kHost;
+    else if (kind) c.backend = *kind == wire::BackendKind::kCuda ? BackendChoice::kCuda : BackendChoice::kHost;
     else return ErrorAt(file, n, "backend '" + b + "' unknown (expected auto, cuda or host)");
   }
   if (auto n = root["device"]) { FERRY_ASSIGN_OR_RETURN(c.device, GetInt(file, n, 0, 63)); }
@@ -142,8 +143,8 @@ bool RegistersSlabBySlab(const DaemonConfig& c) {
 std::string_view BackendChoiceName(BackendChoice b) {
   switch (b) {
     case BackendChoice::kAuto: return "auto";
-    case BackendChoice::kCuda: return "cuda";
-    case BackendChoice::kHost: return "host";
+    case BackendChoice::kCuda: return BackendName(wire::BackendKind::kCuda);
+    case BackendChoice::kHost: return BackendName(wire::BackendKind::kHost);
   }
   return "?";
 }

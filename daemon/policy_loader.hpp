@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "common/fd.hpp"
-#include "daemon/policy.hpp"
+#include "policy/policy.hpp"
 #include "ferry/status.hpp"
 
 namespace ferry::daemon {

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "daemon/config.hpp"
-#include "daemon/policy.hpp"
+#include "policy/policy.hpp"
 #include "ferry/status.hpp"
 
 namespace ferry::daemon {

@@ -11,7 +11,7 @@
 
 #include "daemon/backend.hpp"
 #include "daemon/config.hpp"
-#include "daemon/policy.hpp"
+#include "policy/policy.hpp"
 #include "ferry/status.hpp"
 
 namespace ferry::daemon {

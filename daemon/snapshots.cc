@@ -13,39 +13,15 @@
 #include <sstream>
 
 #include "common/fd.hpp"
+#include "common/json.hpp"
 #include "common/log.hpp"
+#include "common/time_format.hpp"
 #include "common/yaml_util.hpp"
 
 namespace ferry::daemon {
 namespace {
 
-std::string IsoTime(std::chrono::system_clock::time_point t) {
-  const std::time_t s = std::chrono::system_clock::to_time_t(t);
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count() % 1000;
-  std::tm tm{};
-  gmtime_r(&s, &tm);
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-                tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
-  return buf;
-}
-
-std::string Json(std::string_view s) {  // a JSON string literal
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\u%04x", c);
-      out += b;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
+std::string IsoTime(std::chrono::system_clock::time_point t) { return IsoTimeUtc(t, IsoPrecision::kMilliseconds); }
 
 std::string Num(double v) {
   char b[40];
@@ -287,18 +263,18 @@ Status SnapshotWriter::WriteNow() {
   j << "{\n"
     << "  \"format\": \"ferry-snapshot/2\",\n"
     << "  \"seq\": " << seq << ",\n"
-    << "  \"chain\": " << Json(chain) << ",\n";
-  if (!broken.empty()) j << "  \"previous_chain_broken\": " << Json(broken) << ",\n";
-  j << "  \"issued_at\": " << Json(IsoTime(end)) << ",\n"
-    << "  \"window\": {\"start\": " << Json(IsoTime(start)) << ", \"end\": " << Json(IsoTime(end))
+    << "  \"chain\": " << json::String(chain) << ",\n";
+  if (!broken.empty()) j << "  \"previous_chain_broken\": " << json::String(broken) << ",\n";
+  j << "  \"issued_at\": " << json::String(IsoTime(end)) << ",\n"
+    << "  \"window\": {\"start\": " << json::String(IsoTime(start)) << ", \"end\": " << json::String(IsoTime(end))
     << ", \"seconds\": " << Num(secs) << "},\n"
-    << "  \"host_id\": " << Json(opt_.host_id) << ",\n"
-    << "  \"gpu\": {\"name\": " << Json(opt_.gpu_name) << ", \"uuid\": " << Json(opt_.gpu_uuid)
-    << ", \"driver\": " << Json(opt_.driver) << ", \"cuda_runtime\": " << Json(opt_.cuda_runtime)
-    << ", \"cublas\": " << Json(opt_.cublas) << "},\n"
-    << "  \"ferry_version\": " << Json(opt_.version) << ",\n"
-    << "  \"key_id\": " << Json(signing::KeyIdHex(key_.id)) << ",\n"
-    << "  \"policy\": {\"name\": " << Json(policy_name) << ", \"hash\": " << Json(policy_hash) << "},\n"
+    << "  \"host_id\": " << json::String(opt_.host_id) << ",\n"
+    << "  \"gpu\": {\"name\": " << json::String(opt_.gpu_name) << ", \"uuid\": " << json::String(opt_.gpu_uuid)
+    << ", \"driver\": " << json::String(opt_.driver) << ", \"cuda_runtime\": " << json::String(opt_.cuda_runtime)
+    << ", \"cublas\": " << json::String(opt_.cublas) << "},\n"
+    << "  \"ferry_version\": " << json::String(opt_.version) << ",\n"
+    << "  \"key_id\": " << json::String(signing::KeyIdHex(key_.id)) << ",\n"
+    << "  \"policy\": {\"name\": " << json::String(policy_name) << ", \"hash\": " << json::String(policy_hash) << "},\n"
     << "  \"measured_by_ferryd\": {\"copies\": " << w.copies << ", \"copies_failed\": " << w.failed
     << ", \"bytes_h2d\": " << w.bytes[0] << ", \"bytes_d2h\": " << w.bytes[1]
     << ", \"bandwidth_h2d_bytes_per_second\": " << Num(static_cast<double>(w.bytes[0]) / secs)
@@ -313,7 +289,7 @@ Status SnapshotWriter::WriteNow() {
     << ", \"exposed_p99_seconds\": " << Num(Percentile(w.exposed.kept, 0.99))
     << ", \"exposed_seconds_sum\": " << Num(w.exposed.sum)
     << ", \"reported_copies_seconds_sum_measured_by_ferryd\": " << Num(w.reported_copy_seconds) << "},\n"
-    << "  \"prev_sha256\": " << Json(prev) << "\n"
+    << "  \"prev_sha256\": " << json::String(prev) << "\n"
     << "}\n";
   const std::string record = j.str();
   const std::string id = signing::RecordId(record);

@@ -22,10 +22,10 @@
 #include "common/signing.hpp"
 #include "common/yaml_util.hpp"
 #include "daemon/config.hpp"
-#include "daemon/policy.hpp"
+#include "policy/policy.hpp"
 #include "process_util.hpp"
 #include "test_util.hpp"
-#include "tools/control.hpp"
+#include "ferryctl/control.hpp"
 
 namespace ferry {
 namespace {
@@ -395,7 +395,7 @@ TEST(PolicyLoader, AnotherClientsCopyCompletesWhileAPolicyIsBeingParsed) {
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   Status run_status;
   std::thread loop([&] { run_status = (*server)->Run(); });
-  Result<tools::PolicyInfo> applied = Internal("not applied");
+  Result<ctl::PolicyInfo> applied = Internal("not applied");
   std::thread apply;
   // Whatever fails below: let the parse go, then join both threads.
   struct Joiner {
@@ -420,7 +420,7 @@ TEST(PolicyLoader, AnotherClientsCopyCompletesWhileAPolicyIsBeingParsed) {
   ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
 
   apply = std::thread([&] {
-    tools::Control c;
+    ctl::Control c;
     Status st = c.Open(config.SocketPath());
     applied = st.ok() ? c.ApplyPolicyText("name: slow\nschedule: {kind: serial}\n", "slow.yaml") : st;
   });

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/policy.hpp"
+#include "policy/policy.hpp"
 #include "test_util.hpp"
 
 namespace ferry {

@@ -21,7 +21,7 @@
 
 #include "daemon/server.hpp"
 #include "ferry/client.hpp"
-#include "tools/bench_util.hpp"
+#include "bench/bench_util.hpp"
 
 namespace ferry::testing {
 

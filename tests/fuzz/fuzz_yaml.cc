@@ -4,7 +4,7 @@
 #include <string>
 
 #include "daemon/config.hpp"
-#include "daemon/policy.hpp"
+#include "policy/policy.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -1,0 +1,250 @@
+// The overlap workload's GPU engine: cuBLAS sgemm on one stream of this process, timing events
+// for the step marks, and (for the in-process baselines) pinned buffers and a copy stream.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cctype>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "common/cuda_status.hpp"
+#include "bench/overlap.hpp"
+
+namespace ferry::overlap {
+namespace {
+
+Status CublasStatus(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return Status::Ok();
+  return Internal(std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(s)));
+}
+
+std::string DriverVersion() {
+  // "NVRM version: NVIDIA UNIX [Open ]Kernel Module [for x86_64]  580.159.04  Release Build ...":
+  // the first token after "Module" that is digits and dots names the driver release.
+  std::ifstream f("/proc/driver/nvidia/version");
+  std::string line;
+  if (!std::getline(f, line)) return "unknown";
+  const auto k = line.find("Module");
+  std::istringstream words(k == std::string::npos ? line : line.substr(k));
+  for (std::string w; words >> w;) {
+    if (!w.empty() && std::isdigit(static_cast<unsigned char>(w[0])) &&
+        w.find_first_not_of("0123456789.") == std::string::npos)
+      return w;
+  }
+  return "unknown";
+}
+
+std::string CudaVersionText(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
+
+class CudaStepEngine : public StepEngine {
+ public:
+  CudaStepEngine(int device, int n) : device_(device), n_(n) {}
+
+  Status Init() {
+    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    const size_t bytes = output_bytes();
+    FERRY_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&a_), bytes));
+    FERRY_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&b_), bytes));
+    for (int i = 0; i < 2; ++i) {
+      FERRY_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&c_[i]), bytes));
+      FERRY_CUDA_RETURN_IF_ERROR(cudaMallocHost(&pinned_[i], bytes));
+    }
+    FERRY_RETURN_IF_ERROR(CublasStatus(cublasCreate(&blas_), "cublasCreate"));
+    FERRY_RETURN_IF_ERROR(CublasStatus(cublasSetStream(blas_, stream_), "cublasSetStream"));
+    // Plain FP32 (no TF32 tensor-op math): the bounds of the correctness checks are written for it.
+    FERRY_RETURN_IF_ERROR(CublasStatus(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
+    for (auto& e : ready_) FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    for (auto& e : done_) FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    marks_.assign(kMaxMarks, nullptr);
+    return Status::Ok();
+  }
+
+  ~CudaStepEngine() override {
+    cudaSetDevice(device_);
+    if (stream_) cudaStreamSynchronize(stream_);
+    if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+    for (cudaStream_t s : lane_streams_) cudaStreamSynchronize(s);
+    if (blas_) cublasDestroy(blas_);
+    for (cublasHandle_t h : lane_blas_) cublasDestroy(h);
+    for (cudaStream_t s : lane_streams_) cudaStreamDestroy(s);
+    for (cudaEvent_t e : lane_done_)
+      if (e) cudaEventDestroy(e);
+    if (fork_) cudaEventDestroy(fork_);
+    for (cudaEvent_t e : marks_)
+      if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : ready_)
+      if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : done_)
+      if (e) cudaEventDestroy(e);
+    cudaFree(a_);
+    cudaFree(b_);
+    for (int i = 0; i < 2; ++i) {
+      cudaFree(c_[i]);
+      cudaFreeHost(pinned_[i]);
+    }
+    if (stream_) cudaStreamDestroy(stream_);
+    if (copy_stream_) cudaStreamDestroy(copy_stream_);
+  }
+
+  std::string kind() const override { return "cuda"; }
+  int n() const override { return n_; }
+
+  std::vector<std::pair<std::string, std::string>> Environment() override {
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, device_);
+    int driver = 0, runtime = 0, cublas = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    cublasGetVersion(blas_, &cublas);
+    char uuid[64];
+    const auto* u = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+    std::snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+                  u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    return {{"chip", prop.name},
+            {"gpu_uuid", uuid},
+            {"driver", DriverVersion()},
+            {"driver_cuda", CudaVersionText(driver)},
+            {"cuda_runtime", CudaVersionText(runtime)},
+            {"cublas", std::to_string(cublas / 10000) + "." + std::to_string(cublas / 100 % 100) + "." +
+                           std::to_string(cublas % 100)},
+            {"copy_engines", std::to_string(prop.asyncEngineCount)}};
+  }
+
+  Status SetInputs(const std::vector<float>& a, const std::vector<float>& b) override {
+    FERRY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    FERRY_CUDA_RETURN_IF_ERROR(cudaMemcpy(a_, a.data(), output_bytes(), cudaMemcpyHostToDevice));
+    FERRY_CUDA_RETURN_IF_ERROR(cudaMemcpy(b_, b.data(), output_bytes(), cudaMemcpyHostToDevice));
+    return Status::Ok();
+  }
+  void* output(int buf) override { return c_[buf]; }
+
+  Status Gemm(int buf, int col0, int col1, int lane) override {
+    if (lane < 0 || lane >= lanes()) return InvalidArgument("no compute lane " + std::to_string(lane));
+    const float one = 1, zero = 0;
+    return CublasStatus(
+        cublasSgemm(lane == 0 ? blas_ : lane_blas_[lane - 1], CUBLAS_OP_N, CUBLAS_OP_N, n_, col1 - col0, n_, &one, a_,
+                    n_, b_ + static_cast<size_t>(col0) * n_, n_, &zero, c_[buf] + static_cast<size_t>(col0) * n_, n_),
+        "cublasSgemm");
+  }
+
+  // Lane 0 is the step stream; each other lane has a stream and a cuBLAS handle of its own (a
+  // handle's workspace must not be shared by kernels running at once).
+  Status SetLanes(int lanes) override {
+    if (lanes < 1 || lanes > 8) return InvalidArgument("1 to 8 compute lanes");
+    while (this->lanes() < lanes) {
+      cudaStream_t s;
+      FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      lane_streams_.push_back(s);
+      cublasHandle_t h;
+      FERRY_RETURN_IF_ERROR(CublasStatus(cublasCreate(&h), "cublasCreate"));
+      lane_blas_.push_back(h);
+      FERRY_RETURN_IF_ERROR(CublasStatus(cublasSetStream(h, s), "cublasSetStream"));
+      FERRY_RETURN_IF_ERROR(CublasStatus(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
+      for (cudaEvent_t* e : {&fork_, &lane_done_[lane_streams_.size() - 1]}) {
+        if (*e == nullptr) FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+      }
+    }
+    active_lanes_ = lanes;
+    return Status::Ok();
+  }
+  Status ForkLanes() override {
+    if (active_lanes_ == 1) return Status::Ok();
+    FERRY_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_, stream_));
+    for (int l = 1; l < active_lanes_; ++l)
+      FERRY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lane_streams_[l - 1], fork_, 0));
+    return Status::Ok();
+  }
+  Status JoinLanes() override {
+    for (int l = 1; l < active_lanes_; ++l) {
+      FERRY_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane_done_[l - 1], lane_streams_[l - 1]));
+      FERRY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, lane_done_[l - 1], 0));
+    }
+    return Status::Ok();
+  }
+  Status PoisonOutput(int buf, uint8_t byte) override {
+    return CudaStatus(cudaMemsetAsync(c_[buf], byte, output_bytes(), stream_), "cudaMemsetAsync");
+  }
+  void* stream(int lane) override { return lane <= 0 || lane >= lanes() ? stream_ : lane_streams_[lane - 1]; }
+
+  Status Mark(int i) override {
+    if (i < 0 || i >= kMaxMarks) return InvalidArgument("mark out of range");
+    if (!marks_[i]) FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreate(&marks_[i]));
+    return CudaStatus(cudaEventRecord(marks_[i], stream_), "cudaEventRecord");
+  }
+  Result<double> MarkSeconds(int a, int b) override {
+    float ms = 0;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, marks_[a], marks_[b]));
+    return static_cast<double>(ms) * 1e-3;
+  }
+  Status WaitMark(int i) override { return CudaStatus(cudaEventSynchronize(marks_[i]), "cudaEventSynchronize"); }
+  Status Sync() override {
+    for (cudaStream_t s : lane_streams_) FERRY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    FERRY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_stream_));
+    return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+  Status ReadOutput(int buf, std::vector<float>& out) override {
+    FERRY_RETURN_IF_ERROR(Sync());
+    out.resize(static_cast<size_t>(n_) * n_);
+    return CudaStatus(cudaMemcpy(out.data(), c_[buf], output_bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  }
+
+  bool has_in_process() const override { return true; }
+  std::byte* pinned(int buf) override { return static_cast<std::byte*>(pinned_[buf]); }
+  Status CopyOnStream(int buf, size_t offset, size_t bytes) override {
+    return CudaStatus(
+        cudaMemcpyAsync(static_cast<std::byte*>(pinned_[buf]) + offset, reinterpret_cast<std::byte*>(c_[buf]) + offset,
+                        bytes, cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync");
+  }
+  Result<int> CopyOnSideStream(int buf, size_t offset, size_t bytes, int lane) override {
+    const int t = next_token_++ % static_cast<int>(done_.size());
+    FERRY_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_[t], static_cast<cudaStream_t>(stream(lane))));
+    FERRY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, ready_[t], 0));
+    FERRY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<std::byte*>(pinned_[buf]) + offset,
+                                               reinterpret_cast<std::byte*>(c_[buf]) + offset, bytes,
+                                               cudaMemcpyDeviceToHost, copy_stream_));
+    FERRY_CUDA_RETURN_IF_ERROR(cudaEventRecord(done_[t], copy_stream_));
+    return t;
+  }
+  Status StreamWaitCopy(int token) override {
+    return CudaStatus(cudaStreamWaitEvent(stream_, done_[token], 0), "cudaStreamWaitEvent");
+  }
+
+ private:
+  int device_, n_;
+  cudaStream_t stream_ = nullptr, copy_stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  float* a_ = nullptr;
+  float* b_ = nullptr;
+  float* c_[2] = {nullptr, nullptr};
+  void* pinned_[2] = {nullptr, nullptr};
+  std::vector<cudaEvent_t> marks_;
+  int lanes() const { return 1 + static_cast<int>(lane_streams_.size()); }
+  std::vector<cudaStream_t> lane_streams_;  // lanes 1.. (lane 0 is stream_)
+  std::vector<cublasHandle_t> lane_blas_;
+  std::array<cudaEvent_t, 8> lane_done_{};
+  cudaEvent_t fork_ = nullptr;
+  int active_lanes_ = 1;
+  // Tokens are reused after 64 copies; the step loop keeps far fewer in flight.
+  std::array<cudaEvent_t, 64> ready_{}, done_{};
+  int next_token_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<StepEngine>> MakeCudaStepEngine(int device, int n) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || device >= count) {
+    cudaGetLastError();
+    return Unavailable("no CUDA device " + std::to_string(device) + " in this process");
+  }
+  auto e = std::make_unique<CudaStepEngine>(device, n);
+  FERRY_RETURN_IF_ERROR(e->Init());
+  return std::unique_ptr<StepEngine>(std::move(e));
+}
+
+}  // namespace ferry::overlap

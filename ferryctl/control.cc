@@ -1,0 +1,59 @@
+#include "ferryctl/control.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "common/yaml_util.hpp"
+#include "ferry/client.hpp"
+
+namespace ferry::ctl {
+
+Status Control::Open(const std::string& socket) {
+  FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(socket.empty() ? DefaultSocketPath() : socket, 10000));
+  wire::HelloRequest h{};
+  h.client_version = wire::kVersion;
+  CopyCString(h.name, "ferryctl");
+  FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kHello, h));
+  if (m.type() != wire::MsgType::kHelloReply) return ProtocolError("unexpected reply to hello");
+  return FromWire(m.As<wire::HelloReply>().status);
+}
+
+Result<std::string> Control::RunningPolicyText(bool as_yaml) {
+  wire::GetPolicyRequest req{};
+  req.format = as_yaml ? wire::kPolicyFormatYaml : wire::kPolicyFormatCanonical;
+  FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kGetPolicy, req));
+  if (m.type() != wire::MsgType::kPolicyReply) return ProtocolError("unexpected reply");
+  FERRY_RETURN_IF_ERROR(FromWire(m.As<wire::PolicyReply>().status));
+  if (m.fds.size() != 1) return ProtocolError("policy reply without its text");
+  return ReadWholeFd(m.fds[0].get(), yamlutil::kMaxYamlBytes);
+}
+
+Result<PolicyInfo> Control::RunningPolicy() {
+  FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kGetPolicy, wire::GetPolicyRequest{}));
+  if (m.type() != wire::MsgType::kPolicyReply) return ProtocolError("unexpected reply");
+  auto r = m.As<wire::PolicyReply>();
+  FERRY_RETURN_IF_ERROR(FromWire(r.status));
+  return PolicyInfo{ReadCString(r.name), ReadCString(r.hash), ""};
+}
+
+Result<PolicyInfo> Control::ApplyPolicyFd(int fd, const std::string& source, bool dry_run) {
+  wire::ApplyPolicyRequest req{};
+  CopyCString(req.source, source);
+  req.dry_run = dry_run ? 1 : 0;
+  FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kApplyPolicy, req, fd));
+  if (m.type() != wire::MsgType::kPolicyReply) return ProtocolError("unexpected reply");
+  auto r = m.As<wire::PolicyReply>();
+  FERRY_RETURN_IF_ERROR(FromWire(r.status));
+  return PolicyInfo{ReadCString(r.name), ReadCString(r.hash), ReadCString(r.previous_hash)};
+}
+
+Result<PolicyInfo> Control::ApplyPolicyText(const std::string& text, const std::string& source, bool dry_run) {
+  FERRY_ASSIGN_OR_RETURN(UniqueFd fd, CreateSealedMemfd("ferry-policy", text.size()));
+  if (::pwrite(fd.get(), text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+    return ErrnoStatus("pwrite", errno);
+  }
+  return ApplyPolicyFd(fd.get(), source, dry_run);
+}
+
+}  // namespace ferry::ctl

@@ -1,0 +1,104 @@
+// Scheduling policies (policies/*.yaml): how ferryd cuts copies into pieces, how many copy
+// streams it feeds, how much it keeps on the engines at once, and how it shares them between
+// clients. A Policy is immutable once parsed; the server holds the current one by shared_ptr and
+// every accepted copy keeps the one it started under. The model alone (parse, print, compare):
+// ferryd and the operator's tools share it without the tools linking the daemon.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/status.hpp"
+
+namespace ferry::policy {
+
+enum class Schedule {
+  kSerial,      // whole copies, one at a time, one stream: the baseline
+  kSideStream,  // whole copies on their own streams, running under the clients' compute
+  kChunked,     // fixed-size chunks over N streams
+  kGeometric,   // chunks shrinking toward the tail, so the last (exposed) piece is small
+};
+
+enum class StreamPriority { kGreatest, kLeast };
+
+struct ClientClass {
+  std::string name;
+  uint32_t weight = 1;            // share of the copy engines against other clients with bulk work
+  bool latency_allowed = true;    // may its latency-class copies use the latency stream
+};
+
+struct ClientRule {
+  std::string name_glob;  // fnmatch(3) against the client's name
+  int64_t uid = -1;       // -1: any
+  std::string class_name;
+};
+
+struct Policy {
+  // The defaults are policies/chunked.yaml (a test keeps the two equal).
+  std::string name = "chunked";
+  std::string description;
+  Schedule schedule = Schedule::kChunked;
+  uint64_t chunk_bytes = 64ull << 20;     // chunked
+  uint64_t first_chunk_bytes = 0;         // geometric: 0 = (1 - ratio) of the copy
+  double ratio = 0.5;                     // geometric: each chunk this fraction of the one before
+  uint64_t min_chunk_bytes = 1ull << 20;  // geometric: no chunk smaller (except a copy's remainder)
+  uint32_t bulk_streams = 2;              // per direction
+  StreamPriority bulk_priority = StreamPriority::kLeast;
+  uint64_t in_flight_bytes = 128ull << 20;        // per direction: bulk bytes on the engines at once, all clients
+  uint64_t client_in_flight_bytes = 0;            // per client; 0: same as in_flight_bytes
+  uint32_t max_copies_in_flight = 0;              // 0: unlimited (serial: 1)
+  uint64_t latency_max_bytes = 1ull << 20;        // larger "latency" copies are scheduled as bulk
+  uint64_t batch_threshold_bytes = 1ull << 20;    // pieces up to this size are batched per stream
+  // Staging pageable memory (Client::CopyStaged): the client library's threads copy each chunk
+  // (at most this size) into one of this many pool buffers together while ferryd DMAs the
+  // chunks already staged. 12 threads: on the H200's host, with streaming stores, 12 reached 40
+  // GB/s at every size from 64 MiB in both rounds of an A/B where 8 did in one and 16 in none
+  // (README "Pageable memory", run 20). The client uses at most the CPUs it may run on.
+  uint64_t staging_chunk_bytes = 8ull << 20;
+  uint32_t staging_threads = 12;
+  uint32_t staging_buffers = 16;
+  std::vector<ClientClass> classes{{"default", 1, true}};
+  std::vector<ClientRule> clients;
+  std::string default_class = "default";
+
+  // Every setting, one "key: value" per line, sorted: what `policy show` prints and what the
+  // hash covers (so two files that say the same thing have the same hash).
+  std::string Canonical() const;
+  std::string Hash() const;  // first 16 hex digits of SHA-256(Canonical())
+  // A policy file that parses back to this policy (same Canonical()): what `ferryctl tune`
+  // writes and what a tool saves to restore the running policy later.
+  std::string ToYaml() const;
+  const ClientClass& ClassFor(const std::string& client_name, int64_t uid) const;
+  // The piece lengths for a copy of `length` bytes under this policy.
+  void Pieces(uint64_t length, std::vector<uint64_t>& out) const;
+};
+
+inline constexpr uint32_t kMaxBulkStreams = 8;  // == daemon's kBulkStreamsPerBank
+
+// Every error names file:line:col and what was expected.
+Result<std::shared_ptr<const Policy>> ParsePolicy(const std::string& text, const std::string& name);
+Result<std::shared_ptr<const Policy>> LoadPolicyFile(const std::string& path);
+// "key: old -> new" for each setting that differs.
+std::vector<std::string> DiffPolicies(const Policy& a, const Policy& b);
+// The same, from canonical text (what `policy show` prints; "#" lines are ignored).
+std::vector<std::string> DiffCanonical(const std::string& a, const std::string& b);
+std::string_view ScheduleName(Schedule s);
+
+}  // namespace ferry::policy
+
+// ferryd's code names the model as its own (the policy was the daemon's before it was a library).
+namespace ferry::daemon {
+using policy::ClientClass;
+using policy::ClientRule;
+using policy::DiffCanonical;
+using policy::DiffPolicies;
+using policy::kMaxBulkStreams;
+using policy::LoadPolicyFile;
+using policy::ParsePolicy;
+using policy::Policy;
+using policy::Schedule;
+using policy::ScheduleName;
+using policy::StreamPriority;
+}  // namespace ferry::daemon
