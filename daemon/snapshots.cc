@@ -248,7 +248,7 @@ void SnapshotWriter::OnExposed(const ExposedRecord& r) {
 }
 
 void SnapshotWriter::OnRejected(std::string_view reason) {
-  if (reason != "wait_report") return;
+  if (reason != RejectReasonName(RejectReason::kWaitReport)) return;
   std::lock_guard<std::mutex> l(mu_);
   window_.reports_refused++;
 }
@@ -293,9 +293,9 @@ Status SnapshotWriter::WriteNow() {
     << "  \"window\": {\"start\": " << Json(IsoTime(start)) << ", \"end\": " << Json(IsoTime(end))
     << ", \"seconds\": " << Num(secs) << "},\n"
     << "  \"host_id\": " << Json(opt_.host_id) << ",\n"
-    << "  \"gpu\": {\"name\": " << Json(opt_.gpu_name) << ", \"uuid\": " << Json(opt_.gpu_uuid)
-    << ", \"driver\": " << Json(opt_.driver) << ", \"cuda_runtime\": " << Json(opt_.cuda_runtime)
-    << ", \"cublas\": " << Json(opt_.cublas) << "},\n"
+    << "  \"gpu\": {\"name\": " << Json(opt_.device.name) << ", \"uuid\": " << Json(opt_.device.uuid)
+    << ", \"driver\": " << Json(opt_.device.driver) << ", \"cuda_runtime\": " << Json(opt_.device.runtime)
+    << ", \"cublas\": " << Json(opt_.device.cublas) << "},\n"
     << "  \"ferry_version\": " << Json(opt_.version) << ",\n"
     << "  \"key_id\": " << Json(signing::KeyIdHex(key_.id)) << ",\n"
     << "  \"policy\": {\"name\": " << Json(policy_name) << ", \"hash\": " << Json(policy_hash) << "},\n"
