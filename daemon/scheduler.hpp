@@ -55,10 +55,10 @@ struct FinishedCopy {
   Direction direction = Direction::kHostToDevice;
   bool latency = false;
   uint64_t bytes = 0;
-  Status status;            // the first failure, or Ok
-  std::string_view policy;  // the name of the policy it was planned under
+  Status status;                                                 // the first failure, or Ok
+  std::string_view policy;                                       // the name of the policy it was planned under
   uint64_t accepted_ns = 0, first_dispatch_ns = 0, done_ns = 0;  // first_dispatch_ns: 0 if it never went out
-  uint64_t buffer_offset = 0;  // as in its CopyRequest
+  uint64_t buffer_offset = 0;                                    // as in its CopyRequest
   uint32_t region_id = 0;
 };
 
@@ -105,7 +105,7 @@ class Scheduler {
   // as they are); the ones on the engines finish first.
   void CancelSession(uint64_t session_id);
 
-  bool idle() const { return copies_.empty(); }      // no copy accepted and unfinished
+  bool idle() const { return copies_.empty(); }         // no copy accepted and unfinished
   size_t fences_out() const { return fences_.size(); }  // pieces (groups) on the engines
   // The loop must not sleep: results come only by polling, or held copies wait on events.
   bool needs_polling() const { return (!fences_.empty() && backend_.completion_fd() < 0) || !held_.empty(); }

@@ -95,8 +95,8 @@ class SchedulerTest : public ::testing::Test {
  protected:
   void Start(std::shared_ptr<const Policy> policy) {
     policy_ = std::make_unique<RunningPolicy>(std::move(policy));
-    scheduler_ = std::make_unique<Scheduler>(backend_, PoolGeometry{pool_.data(), kSlab}, *policy_, counters_,
-                                             listener_);
+    scheduler_ =
+        std::make_unique<Scheduler>(backend_, PoolGeometry{pool_.data(), kSlab}, *policy_, counters_, listener_);
   }
   CopyRequest Copy(uint64_t id, uint64_t session, uint64_t pool_offset, uint64_t bytes, bool latency = false) {
     CopyRequest r;
