@@ -69,17 +69,20 @@ struct FenceResult {
   Status status;
 };
 
+// The device a ferryd drives, as its log, metrics and snapshots name it: one struct, passed along.
 struct DeviceInfo {
-  std::string name;  // e.g. "NVIDIA H200"; "host" on the host backend
-  std::string uuid;  // "GPU-..."; empty on the host backend
-  std::string driver, runtime;
-  std::string cublas;  // the cuBLAS next to the runtime ("none" without CUDA)
+  std::string backend;  // "cuda" | "host"
+  int ordinal = 0;      // the CUDA device ordinal
+  std::string name;     // e.g. "NVIDIA H200"; "host" on the host backend
+  std::string uuid;     // "GPU-..."; empty on the host backend
+  std::string driver, runtime;  // CUDA versions, e.g. "13000"
+  std::string cublas;           // the cuBLAS next to the runtime ("none" without CUDA)
 };
 
 class Backend {
  public:
   virtual ~Backend() = default;
-  virtual DeviceInfo device_info() const { return {"host", "", "", "", "none"}; }
+  virtual DeviceInfo device_info() const { return {"host", device_ordinal(), "host", "", "", "", "none"}; }
 
   virtual wire::BackendKind kind() const = 0;
   virtual std::string Describe() const = 0;  // one line for logs and `ferryctl status`

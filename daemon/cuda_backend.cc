@@ -76,7 +76,7 @@ class CudaBackend : public Backend {
     const unsigned char* u = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
     std::snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
                   u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
-    info_ = DeviceInfo{prop.name, uuid, std::to_string(driver), std::to_string(runtime), ""};
+    info_ = DeviceInfo{"cuda", device_, prop.name, uuid, std::to_string(driver), std::to_string(runtime), ""};
     describe_ = std::string("cuda: ") + prop.name + " (sm_" + std::to_string(prop.major) +
                 std::to_string(prop.minor) + ", " + uuid + "), " + std::to_string(prop.asyncEngineCount) +
                 " copy engines, driver " + std::to_string(driver) + ", runtime " + std::to_string(runtime);

@@ -159,19 +159,18 @@ int main(int argc, char** argv) {
     *field = *v;
   }
   // The same checks for --check-config and for a start: what passes here fails later only for
-  // what needs the GPU (or changed in between).
-  auto preflight = daemon::Preflight(config);
-  if (!preflight.ok()) {
-    std::fprintf(stderr, "ferryd: %s%s\n", check_only ? "" : "cannot start: ", preflight.status().message().c_str());
+  // what needs the GPU (or changed in between). The server is built from what they passed.
+  auto checked = daemon::Preflight(config);
+  if (!checked.ok()) {
+    std::fprintf(stderr, "ferryd: %s%s\n", check_only ? "" : "cannot start: ", checked.status().message().c_str());
     return 2;
   }
-  std::shared_ptr<const daemon::Policy> running = *preflight;
   if (check_only) {
     std::printf("socket %s\nbackend %s\npool %llu bytes in slabs of %llu\nring_entries %u\npolicy %s (%s)\n",
                 config.SocketPath().c_str(), std::string(daemon::BackendChoiceName(config.backend)).c_str(),
                 static_cast<unsigned long long>(config.pool_bytes), static_cast<unsigned long long>(config.slab_bytes),
                 config.ring_entries, config.policy_path.empty() ? "built-in default" : config.policy_path.c_str(),
-                running->Hash().c_str());
+                checked->policy->Hash().c_str());
     if (config.spin_max_us == 0) {
       std::printf("polls %u us after its last activity, then sleeps\n", config.spin_us);
     } else {
@@ -200,10 +199,7 @@ int main(int argc, char** argv) {
   FERRY_LOG(kInfo) << (*be)->Describe();
   std::unique_ptr<daemon::MetricsExporter> metrics;
   if (!config.metrics_address.empty()) {
-    const daemon::DeviceInfo dev = (*be)->device_info();
-    auto m = daemon::MetricsExporter::Create(
-        config.metrics_address, {kVersionString, (*be)->kind() == wire::BackendKind::kCuda ? "cuda" : "host", dev.uuid,
-                                 dev.name, (*be)->device_ordinal(), dev.driver, dev.runtime});
+    auto m = daemon::MetricsExporter::Create(config.metrics_address, {kVersionString, (*be)->device_info()});
     if (!m.ok()) {
       std::fprintf(stderr, "ferryd: %s\n", m.status().ToString().c_str());
       return 1;
@@ -214,17 +210,12 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<daemon::SnapshotWriter> snapshots;
   if (!config.snapshot_dir.empty()) {
-    const daemon::DeviceInfo dev = (*be)->device_info();
     daemon::SnapshotOptions so;
     so.dir = config.snapshot_dir;
     so.key_path = config.snapshot_key;
     so.interval = std::chrono::milliseconds(config.snapshot_interval_ms);
     so.version = kVersionString;
-    so.gpu_name = dev.name;
-    so.gpu_uuid = dev.uuid;
-    so.driver = dev.driver;
-    so.cuda_runtime = dev.runtime;
-    so.cublas = dev.cublas;
+    so.device = (*be)->device_info();
     if (daemon::MetricsExporter* m = metrics.get()) {
       so.on_written = [m](uint64_t seq, const std::string& id, const std::string& chain) { m->OnSnapshotWritten(seq, id, chain); };
       so.on_failure = [m](std::string_view reason) { m->OnSnapshotFailed(reason); };
@@ -240,11 +231,9 @@ int main(int argc, char** argv) {
   daemon::ObserverTee observers;
   observers.Add(metrics.get());
   observers.Add(snapshots.get());
-  auto server = daemon::Server::Create(
-      config, std::move(*be),
-      {.policy = running,
-       .policy_source = config.policy_path.empty() ? "built-in default" : config.policy_path,
-       .observer = observers.empty() ? nullptr : &observers});
+  daemon::ServerOptions options;
+  options.observer = observers.empty() ? nullptr : &observers;
+  auto server = daemon::Server::Create(std::move(*checked), std::move(*be), std::move(options));
   if (!server.ok()) {
     std::fprintf(stderr, "ferryd: %s\n", server.status().ToString().c_str());
     return 1;

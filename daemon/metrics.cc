@@ -358,15 +358,15 @@ Result<std::unique_ptr<MetricsExporter>> MetricsExporter::Create(const std::stri
       .Name("ferry_build_info")
       .Help("ferry's version and what it was built with; always 1.")
       .Register(r)
-      .Add({{"version", info.version}, {"backend", info.backend}, {"cuda_driver", info.cuda_driver},
-            {"cuda_runtime", info.cuda_runtime}})
+      .Add({{"version", info.version}, {"backend", info.device.backend}, {"cuda_driver", info.device.driver},
+            {"cuda_runtime", info.device.runtime}})
       .Set(1);
-  if (!info.gpu_uuid.empty()) {
+  if (!info.device.uuid.empty()) {
     prometheus::BuildGauge()
         .Name("ferry_gpu_info")
         .Help("The GPU this ferryd drives; always 1.")
         .Register(r)
-        .Add({{"gpu_uuid", info.gpu_uuid}, {"name", info.gpu_name}, {"ordinal", std::to_string(info.gpu_ordinal)}})
+        .Add({{"gpu_uuid", info.device.uuid}, {"name", info.device.name}, {"ordinal", std::to_string(info.device.ordinal)}})
         .Set(1);
   }
   impl->copies = &prometheus::BuildCounter()
@@ -421,9 +421,7 @@ Result<std::unique_ptr<MetricsExporter>> MetricsExporter::Create(const std::stri
                            .Register(r);
   for (const char* d : {"h2d", "d2h"}) impl->bytes->Add({{"direction", d}});
   // Known label values start at 0, so "none yet" reads as 0 rather than as no data.
-  for (const char* reason : {"exhausted", "permission", "not_found", "protocol", "invalid", "wait_report"}) {
-    impl->rejected->Add({{"reason", reason}});
-  }
+  for (RejectReason reason : kAllRejectReasons) impl->rejected->Add({{"reason", std::string(RejectReasonName(reason))}});
   impl->reloads->Add({{"result", "ok"}});
   impl->reloads->Add({{"result", "failed"}});
   impl->dropped_counter = &prometheus::BuildCounter()

@@ -16,12 +16,7 @@ namespace ferry::daemon {
 
 struct MetricsInfo {
   std::string version;
-  std::string backend;      // host | cuda
-  std::string gpu_uuid;     // empty on the host backend
-  std::string gpu_name;
-  int gpu_ordinal = 0;
-  std::string cuda_driver;  // e.g. "13000"
-  std::string cuda_runtime;
+  DeviceInfo device;  // ferry_gpu_info only where it has a uuid (not on the host backend)
 };
 
 class MetricsExporter : public ServerObserver {

@@ -88,11 +88,17 @@ Status CheckMetricsAddress(const std::string& address) {
   return Status::Ok();
 }
 
-Result<std::shared_ptr<const Policy>> Preflight(const DaemonConfig& config) {
+Result<CheckedConfig> Preflight(const DaemonConfig& config) {
   FERRY_RETURN_IF_ERROR(ValidateConfig(config).WithContext("invalid config"));
-  if (!config.allowed_group.empty() && ::getgrnam(config.allowed_group.c_str()) == nullptr) {
-    return NotFound("allowed_group '" + config.allowed_group +
-                    "' does not exist (create it, or leave allowed_group unset to allow only ferryd's own user)");
+  CheckedConfig checked;
+  checked.config = config;
+  if (!config.allowed_group.empty()) {
+    const group* g = ::getgrnam(config.allowed_group.c_str());
+    if (g == nullptr) {
+      return NotFound("allowed_group '" + config.allowed_group +
+                      "' does not exist (create it, or leave allowed_group unset to allow only ferryd's own user)");
+    }
+    checked.allowed_gid = g->gr_gid;
   }
   if (::access(config.runtime_dir.c_str(), F_OK) == 0) {
     FERRY_RETURN_IF_ERROR(CheckRuntimeDir(config.runtime_dir));
@@ -105,8 +111,14 @@ Result<std::shared_ptr<const Policy>> Preflight(const DaemonConfig& config) {
     FERRY_RETURN_IF_ERROR(signing::LoadSecretKey(config.snapshot_key, key).WithContext("snapshots.key"));
     FERRY_RETURN_IF_ERROR(CheckWritableDir(config.snapshot_dir, "snapshots.dir"));
   }
-  if (config.policy_path.empty()) return std::make_shared<const Policy>();
-  return LoadPolicyFile(config.policy_path);
+  if (config.policy_path.empty()) {
+    checked.policy = std::make_shared<const Policy>();
+    checked.policy_source = "built-in default";
+  } else {
+    FERRY_ASSIGN_OR_RETURN(checked.policy, LoadPolicyFile(config.policy_path));
+    checked.policy_source = config.policy_path;
+  }
+  return checked;
 }
 
 }  // namespace ferry::daemon

@@ -1,5 +1,7 @@
 // ferryd's server: the control socket, the sessions, the rings and the event loop that feeds
 // the backend. One thread runs Run(); Stop() may be called from any thread or a signal handler.
+// Its rooms: server.cc (the event loop and lifecycle), sessions.hpp (sessions and their control
+// messages), rings.hpp (the shared-memory rings), scheduler.hpp (pieces, fair dispatch, finishing).
 #pragma once
 
 #include <atomic>
@@ -11,6 +13,8 @@
 
 #include "daemon/backend.hpp"
 #include "daemon/config.hpp"
+#include "daemon/preflight.hpp"
+#include "daemon/reject_reason.hpp"
 #include "policy/policy.hpp"
 #include "ferry/status.hpp"
 
@@ -73,12 +77,14 @@ class ServerObserver {
   virtual void OnExposed(const ExposedRecord& r) = 0;
   virtual void OnPolicy(const Policy& now) = 0;
   virtual void OnPolicyRefused() = 0;
-  virtual void OnRejected(std::string_view reason) = 0;  // a bounded set: see RejectReason in server.cc
+  virtual void OnRejected(std::string_view reason) = 0;  // RejectReasonName: a bounded set
 };
 
 struct ServerOptions {
-  std::shared_ptr<const Policy> policy;  // null: config.policy_path, or the built-in default
-  std::string policy_source;             // where `policy` came from, for the log
+  // Tests: a policy to start with instead of the checked config's (config.policy_path's, or
+  // the built-in default), and where it came from, for the log.
+  std::shared_ptr<const Policy> policy;
+  std::string policy_source;
   ServerObserver* observer = nullptr;    // must outlive the server
   // Test seam: runs on the pool's zeroer thread before a reclaimed slab gets fresh pages.
   std::function<void(std::byte* slab, uint64_t bytes)> before_slab_renewal = nullptr;
@@ -89,7 +95,11 @@ struct ServerOptions {
 
 class Server {
  public:
-  // Creates the pool, registers it with the backend, and listens on config.SocketPath().
+  // Builds the server from what Preflight passed: creates the pool, registers it with the
+  // backend, and listens on config.SocketPath().
+  static Result<std::unique_ptr<Server>> Create(CheckedConfig checked, std::unique_ptr<Backend> backend,
+                                                ServerOptions options = {});
+  // The same, after Preflight(config).
   static Result<std::unique_ptr<Server>> Create(const DaemonConfig& config, std::unique_ptr<Backend> backend,
                                                 ServerOptions options = {});
   ~Server();
@@ -109,9 +119,8 @@ class Server {
   Backend& backend();
   uint64_t pool_bytes() const;
 
-  class Impl;
-
  private:
+  class Impl;
   explicit Server(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

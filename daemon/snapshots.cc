@@ -224,7 +224,7 @@ void SnapshotWriter::OnExposed(const ExposedRecord& r) {
 }
 
 void SnapshotWriter::OnRejected(std::string_view reason) {
-  if (reason != "wait_report") return;
+  if (reason != RejectReasonName(RejectReason::kWaitReport)) return;
   std::lock_guard<std::mutex> l(mu_);
   window_.reports_refused++;
 }
@@ -269,9 +269,9 @@ Status SnapshotWriter::WriteNow() {
     << "  \"window\": {\"start\": " << json::String(IsoTime(start)) << ", \"end\": " << json::String(IsoTime(end))
     << ", \"seconds\": " << Num(secs) << "},\n"
     << "  \"host_id\": " << json::String(opt_.host_id) << ",\n"
-    << "  \"gpu\": {\"name\": " << json::String(opt_.gpu_name) << ", \"uuid\": " << json::String(opt_.gpu_uuid)
-    << ", \"driver\": " << json::String(opt_.driver) << ", \"cuda_runtime\": " << json::String(opt_.cuda_runtime)
-    << ", \"cublas\": " << json::String(opt_.cublas) << "},\n"
+    << "  \"gpu\": {\"name\": " << json::String(opt_.device.name) << ", \"uuid\": " << json::String(opt_.device.uuid)
+    << ", \"driver\": " << json::String(opt_.device.driver) << ", \"cuda_runtime\": " << json::String(opt_.device.runtime)
+    << ", \"cublas\": " << json::String(opt_.device.cublas) << "},\n"
     << "  \"ferry_version\": " << json::String(opt_.version) << ",\n"
     << "  \"key_id\": " << json::String(signing::KeyIdHex(key_.id)) << ",\n"
     << "  \"policy\": {\"name\": " << json::String(policy_name) << ", \"hash\": " << json::String(policy_hash) << "},\n"

@@ -27,7 +27,8 @@ struct SnapshotOptions {
   std::string key_path;
   std::chrono::milliseconds interval{60000};
   std::string host_id;  // empty: /etc/machine-id
-  std::string version, gpu_name, gpu_uuid, driver, cuda_runtime, cublas;
+  std::string version;
+  DeviceInfo device;
   // Told (on the writer's thread) about each record written, and each one not written with a
   // bounded reason ("key_permissions", "write"); the metrics exporter listens.
   std::function<void(uint64_t seq, const std::string& record_id, const std::string& chain)> on_written;

@@ -1,0 +1,232 @@
+// The control requests of a session that said hello: buffers, device regions, events, stats,
+// staging settings and policies (Sessions, declared in sessions.hpp).
+#include <unistd.h>
+
+#include <cerrno>
+#include <vector>
+
+#include "common/log.hpp"
+#include "daemon/fd_usage.hpp"
+#include "daemon/sessions.hpp"
+
+namespace ferry::daemon {
+
+// Queued replies hold dup'd fds (an AllocBuffer reply up to kMaxFdsPerMessage), so requests
+// whose reply carries fds are refused while replies wait for the client to read them: the
+// fds ferryd holds for a client that does not read stay bounded by one reply's.
+Status Sessions::RefuseFdsWhileRepliesWait(const Session& s) {
+  if (s.outbound.empty()) return Status::Ok();
+  Status st = ResourceExhausted(std::to_string(s.outbound.size()) +
+                                " replies are waiting for this client to read them; read them, then ask again");
+  svc_.rejections.Count(st);
+  return st;
+}
+
+void Sessions::HandleAlloc(Session& s, uint32_t seq, const wire::AllocBufferRequest& req) {
+  wire::AllocBufferReply r{};
+  if (Status waiting = RefuseFdsWhileRepliesWait(s); !waiting.ok()) {
+    r.status = ToWire(waiting);
+    return Reply(s, wire::MsgType::kAllocBufferReply, seq, r);
+  }
+  auto a = s.arena->Allocate(req.size);
+  if (!a.ok()) {
+    r.status = ToWire(a.status());
+    svc_.rejections.Count(a.status());
+    return Reply(s, wire::MsgType::kAllocBufferReply, seq, r);
+  }
+  if (a->slab_count > wire::kMaxFdsPerMessage) {
+    s.arena->Free(a->pool_offset).ok();
+    r.status = ToWire(InvalidArgument("buffer spans more than " + std::to_string(wire::kMaxFdsPerMessage) +
+                                      " slabs; raise pool.slab"));
+    return Reply(s, wire::MsgType::kAllocBufferReply, seq, r);
+  }
+  // Fresh descriptions, closed once sent: the client's (and whoever it passes them to) are the
+  // only ones outside ferryd, which is what the quarantine's probe counts.
+  std::vector<UniqueFd> grants;
+  std::vector<int> fds;
+  for (uint32_t i = 0; i < a->slab_count; ++i) {
+    auto fd = svc_.pool.OpenForClient(a->first_slab + i);
+    if (!fd.ok()) {
+      s.arena->Free(a->pool_offset).ok();
+      r.status = ToWire(fd.status());
+      return Reply(s, wire::MsgType::kAllocBufferReply, seq, r);
+    }
+    fds.push_back(fd->get());
+    grants.push_back(std::move(*fd));
+  }
+  UpdatePoolCounters(svc_.pool, svc_.counters);
+  r.status = ToWire(Status::Ok());
+  r.pool_offset = a->pool_offset;
+  r.size = a->size;
+  r.first_slab = a->first_slab;
+  r.slab_count = a->slab_count;
+  Reply(s, wire::MsgType::kAllocBufferReply, seq, r, fds.data(), fds.size());
+}
+
+void Sessions::HandleRegisterDevice(Session& s, uint32_t seq, const wire::RegisterDeviceRequest& req, UniqueFd fd) {
+  wire::RegisterDeviceReply r{};
+  auto refuse = [&](const Status& st) {
+    r.status = ToWire(st);
+    svc_.rejections.Count(st);
+    Reply(s, wire::MsgType::kRegisterDeviceReply, seq, r);
+  };
+  // Each region is a mapping or a device handle in ferryd: bounded per session and per uid, so
+  // that no client can use up the process's map count (vm.max_map_count) or fds for the others.
+  const Limits& lim = config_.limits;
+  if (s.regions.size() >= lim.regions_per_session) {
+    return refuse(ResourceExhausted("this session already has " + std::to_string(s.regions.size()) +
+                                    " device regions (limits.regions_per_session): unregister some first"));
+  }
+  uint64_t of_uid = 0;
+  for (auto& [id, sp] : svc_.map) {
+    if (sp->peer.uid == s.peer.uid) of_uid += sp->regions.size();
+  }
+  if (of_uid >= lim.regions_per_uid) {
+    return refuse(ResourceExhausted("uid " + std::to_string(s.peer.uid) + " already has " + std::to_string(of_uid) +
+                                    " device regions over all its sessions (limits.regions_per_uid): unregister "
+                                    "some first"));
+  }
+  auto region = svc_.backend.OpenDeviceRegion(req, std::move(fd));
+  if (!region.ok()) {
+    if (region.status().code() == Code::kResourceExhausted) {
+      FERRY_LOG(kWarning) << "session " << s.id << " '" << s.name << "' (uid " << s.peer.uid
+                          << "): cannot open a device region: " << region.status().message() << " (" << FdUsage()
+                          << ")";
+    }
+    return refuse(region.status());
+  }
+  uint32_t id = s.next_region_id++;
+  s.regions[id].region = std::move(*region);
+  r.status = ToWire(Status::Ok());
+  r.region_id = id;
+  Reply(s, wire::MsgType::kRegisterDeviceReply, seq, r);
+}
+
+void Sessions::HandleUnregister(Session& s, uint32_t seq, const wire::UnregisterDeviceRequest& req) {
+  auto it = s.regions.find(req.region_id);
+  if (it == s.regions.end() || it->second.unregistering) {
+    return ReplySimple(s, seq, NotFound("no device region " + std::to_string(req.region_id)));
+  }
+  if (it->second.in_flight > 0) {
+    it->second.unregistering = true;
+  } else {
+    s.regions.erase(it);
+  }
+  ReplySimple(s, seq, Status::Ok());
+}
+
+void Sessions::HandleRegisterEvent(Session& s, uint32_t seq, const wire::RegisterEventRequest& req) {
+  wire::RegisterEventReply r{};
+  if (s.events.size() >= config_.limits.events_per_session) {
+    r.status = ToWire(ResourceExhausted("this session already has " + std::to_string(s.events.size()) +
+                                        " events (limits.events_per_session)"));
+    svc_.rejections.Count(RejectReason::kExhausted);
+    return Reply(s, wire::MsgType::kRegisterEventReply, seq, r);
+  }
+  auto ev = svc_.backend.OpenEvent(req);
+  if (!ev.ok()) {
+    r.status = ToWire(ev.status());
+    return Reply(s, wire::MsgType::kRegisterEventReply, seq, r);
+  }
+  uint32_t id = s.next_event_id++;
+  s.events[id] = std::move(*ev);
+  r.status = ToWire(Status::Ok());
+  r.event_id = id;
+  Reply(s, wire::MsgType::kRegisterEventReply, seq, r);
+}
+
+void Sessions::HandleStats(Session& s, uint32_t seq) {
+  const ServerCounters& c = svc_.counters;
+  wire::StatsReply r{};
+  r.status = ToWire(Status::Ok());
+  r.sessions = c.sessions;
+  r.copies_completed = c.copies_completed;
+  r.bytes_h2d = c.bytes_h2d;
+  r.bytes_d2h = c.bytes_d2h;
+  r.pool_bytes = svc_.pool.size();
+  r.pool_free_bytes = svc_.pool.free_bytes();
+  r.evictions = c.evictions;
+  r.rejected = c.rejected;
+  r.backend = static_cast<uint32_t>(svc_.backend.kind());
+  Reply(s, wire::MsgType::kStatsReply, seq, r);
+}
+
+void Sessions::HandleGetStaging(Session& s, uint32_t seq) {
+  wire::StagingReply r{};
+  r.status = ToWire(Status::Ok());
+  r.chunk_bytes = svc_.policy->staging_chunk_bytes;
+  r.threads = svc_.policy->staging_threads;
+  r.buffers = svc_.policy->staging_buffers;
+  Reply(s, wire::MsgType::kStagingReply, seq, r);
+}
+
+// Policies change how every client is served: only ferryd's own user (or root) may apply one.
+// The file is read and parsed on the policy loader's thread; ReplyPolicyLoaded answers.
+void Sessions::HandleApplyPolicy(Session& s, uint32_t seq, const wire::ApplyPolicyRequest& req, UniqueFd fd) {
+  wire::PolicyReply r{};
+  const std::string source = ReadCString(req.source) + " (ferryctl, pid " + std::to_string(s.peer.pid) + ")";
+  auto reply = [&](const Status& st) {
+    r.status = ToWire(st);
+    CopyCString(r.name, svc_.policy->name);
+    CopyCString(r.hash, svc_.policy->Hash());
+    Reply(s, wire::MsgType::kPolicyReply, seq, r);
+  };
+  if (s.peer.uid != 0 && s.peer.uid != ::geteuid()) {
+    svc_.rejections.Count(RejectReason::kPermission);
+    return reply(PermissionDenied("only ferryd's user or root may apply a policy"));
+  }
+  if (!fd.valid()) return reply(InvalidArgument("apply-policy carries the policy file as a file descriptor"));
+  PolicyLoad load;
+  load.fd = std::move(fd);
+  load.name = ReadCString(req.source);
+  load.session_id = s.id;
+  load.seq = seq;
+  load.dry_run = req.dry_run != 0;
+  load.source = source;
+  if (!svc_.policy_loader.Submit(std::move(load))) {
+    return reply(ResourceExhausted("ferryd is already reading " + std::to_string(PolicyLoader::kMaxQueued) +
+                                   " policy files; try again when they are done"));
+  }
+}
+
+void Sessions::ReplyPolicyLoaded(const PolicyLoad& load, const std::string& previous_hash) {
+  auto it = svc_.map.find(load.session_id);
+  if (load.reload || it == svc_.map.end() || it->second->dead) return;  // reloads, and applies whose client has gone
+  Session& s = *it->second;
+  wire::PolicyReply r{};
+  r.status = ToWire(load.status);
+  const Policy& named = load.status.ok() ? *load.policy : *svc_.policy;
+  CopyCString(r.name, named.name);
+  CopyCString(r.hash, named.Hash());
+  if (load.status.ok()) CopyCString(r.previous_hash, previous_hash);
+  Reply(s, wire::MsgType::kPolicyReply, load.seq, r);
+}
+
+void Sessions::HandleGetPolicy(Session& s, uint32_t seq, const wire::GetPolicyRequest& req) {
+  wire::PolicyReply r{};
+  if (Status waiting = RefuseFdsWhileRepliesWait(s); !waiting.ok()) {
+    r.status = ToWire(waiting);
+    return Reply(s, wire::MsgType::kPolicyReply, seq, r);
+  }
+  if (req.format != wire::kPolicyFormatCanonical && req.format != wire::kPolicyFormatYaml) {
+    r.status = ToWire(InvalidArgument("unknown policy format " + std::to_string(req.format)));
+    return Reply(s, wire::MsgType::kPolicyReply, seq, r);
+  }
+  const Policy& running = *svc_.policy;
+  const std::string text = req.format == wire::kPolicyFormatYaml
+                               ? "# running policy " + running.Hash() + ", as a policy file\n" + running.ToYaml()
+                               : "# running policy, canonical form\n" + running.Canonical();
+  CopyCString(r.name, running.name);
+  CopyCString(r.hash, running.Hash());
+  auto fd = CreateSealedMemfd("ferry-policy", text.size());
+  Status st = fd.ok() ? Status::Ok() : fd.status();
+  if (st.ok() && ::pwrite(fd->get(), text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+    st = ErrnoStatus("pwrite", errno);
+  }
+  r.status = ToWire(st);
+  if (!st.ok()) return Reply(s, wire::MsgType::kPolicyReply, seq, r);
+  int f = fd->get();
+  Reply(s, wire::MsgType::kPolicyReply, seq, r, &f, 1);
+}
+
+}  // namespace ferry::daemon

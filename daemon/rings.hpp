@@ -1,0 +1,67 @@
+// The data plane's shared memory. Each session has one ring segment (a sealed memfd): a
+// submission ring the client writes copies into, and a completion ring ferryd posts results to.
+// Here every submission entry is read once, into ferryd's memory (the client may rewrite its
+// slot at any time), and validated before the scheduler sees it; results are posted as the
+// completion ring has room, and the client's doorbell rung when it waits. Wait reports (exposed
+// copy time) arrive on the ring too and are judged here. Event-loop thread only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "daemon/rejections.hpp"
+#include "daemon/running_policy.hpp"
+#include "daemon/scheduler.hpp"
+#include "daemon/server.hpp"
+#include "daemon/session.hpp"
+#include "ferry/status.hpp"
+
+namespace ferry::daemon {
+
+class Rings : public Scheduler::Listener {
+ public:
+  // Per session per loop turn: fairness between clients.
+  static constexpr uint32_t kSubmissionsPerTurn = 64;
+
+  // All must outlive the rings.
+  Rings(SessionMap& sessions, ServerCounters& counters, ServerObserver* observer, Rejections& rejections,
+        const RunningPolicy& policy)
+      : sessions_(sessions), counters_(counters), observer_(observer), rejections_(rejections), policy_(policy) {}
+
+  // At hello: the session's ring segment (ring_entries submissions, twice that completions)
+  // and its two doorbells.
+  Status Attach(Session& s, uint32_t ring_entries);
+
+  // Reads what `s` submitted since the last turn (at most kSubmissionsPerTurn, and no more than
+  // fit in its completion ring when done) and hands its copies to `scheduler`. True if it read
+  // any. An error: the session broke the ring's protocol and must be evicted, for that reason.
+  Result<bool> ReadSubmissions(Session& s, Scheduler& scheduler);
+  // Posts the session's waiting results as its completion ring has room, and rings its doorbell
+  // if it waits for them. An error: evict it, for that reason.
+  Status PostCompletions(Session& s);
+
+  // Tells every client's ring whether the loop sleeps (then a submission needs the doorbell).
+  void SetSleeping(bool sleeping);
+  bool AnySubmissionPending() const;
+
+  // Scheduler::Listener: a copy's results go to its session's completion ring.
+  void OnCopyEnqueued(uint64_t session_id, uint64_t user_tag, uint64_t bytes) override;
+  void OnCopyFinished(const FinishedCopy& copy) override;
+
+ private:
+  void HandleSubmission(Session& s, const wire::SubmissionEntry& e, Scheduler& scheduler);
+  void HandleWaitReport(Session& s, const wire::SubmissionEntry& e);
+  void Reject(Session& s, uint64_t tag, const Status& st);
+  void RememberForReports(Session& s, uint64_t copy_id, uint64_t user_tag, uint64_t accepted_ns, Direction direction);
+  static void Complete(Session& s, uint64_t tag, const Status& st, wire::CompletionKind kind, uint64_t bytes,
+                       uint64_t ns);
+
+  SessionMap& sessions_;
+  ServerCounters& counters_;
+  ServerObserver* observer_;
+  Rejections& rejections_;
+  const RunningPolicy& policy_;
+  uint64_t next_copy_id_ = 1;
+};
+
+}  // namespace ferry::daemon

@@ -1,0 +1,315 @@
+#include "daemon/scheduler.hpp"
+
+#include <algorithm>
+
+#include "common/fd.hpp"
+
+namespace ferry::daemon {
+namespace {
+
+constexpr int kMaxDispatchRounds = 128;
+
+}  // namespace
+
+bool Scheduler::Copy::WholeAtOnce() const {
+  return latency || signal != nullptr || policy->schedule == Schedule::kSerial;
+}
+
+uint64_t Scheduler::Copy::NextDispatchBytes() const {
+  if (!WholeAtOnce()) return pieces[next].length;
+  uint64_t n = 0;
+  for (size_t i = next; i < pieces.size(); ++i) n += pieces[i].length;
+  return n;
+}
+
+Scheduler::Scheduler(Backend& backend, PoolGeometry pool, const RunningPolicy& policy, ServerCounters& counters,
+                     Listener& listener)
+    : backend_(backend), pool_(pool), policy_(policy), counters_(counters), listener_(listener) {}
+
+void Scheduler::AddSession(uint64_t session_id, uint32_t weight) { sessions_[session_id].weight = weight; }
+
+void Scheduler::SetWeight(uint64_t session_id, uint32_t weight) {
+  if (SessionQueues* q = QueuesOf(session_id)) q->weight = weight;
+}
+
+void Scheduler::RemoveSession(uint64_t session_id) { sessions_.erase(session_id); }
+
+Scheduler::SessionQueues* Scheduler::QueuesOf(uint64_t session_id) {
+  auto it = sessions_.find(session_id);
+  return it == sessions_.end() ? nullptr : &it->second;
+}
+
+void Scheduler::Submit(const CopyRequest& r) {
+  auto c = std::make_unique<Copy>();
+  c->id = r.id;
+  c->session_id = r.session_id;
+  c->user_tag = r.user_tag;
+  c->bytes = r.bytes;
+  c->accepted_ns = r.accepted_ns;
+  c->buffer_offset = r.buffer_offset;
+  c->region_id = r.region_id;
+  c->direction = r.direction;
+  c->wait = r.wait;
+  c->signal = r.signal;
+  c->policy = policy_.shared();
+  c->latency = r.latency_requested && r.bytes <= policy_->latency_max_bytes && backend_.streams_per_direction() > 1;
+  PlanPieces(*c, r.pool_offset, r.device);
+  counters_.in_flight++;
+  Copy& ref = *c;
+  copies_.emplace(c->id, std::move(c));
+  if (ref.wait != nullptr) {
+    held_.push_back(ref.id);
+    return;
+  }
+  Schedule(ref);
+}
+
+void Scheduler::Schedule(Copy& c) {
+  if (c.latency) {
+    DispatchNext(QueuesOf(c.session_id), c);  // the latency stream: never queued behind bulk work
+    MaybeFinish(c);
+  } else {
+    SessionQueues* q = QueuesOf(c.session_id);
+    if (q != nullptr) q->queue[static_cast<int>(c.direction)].push_back(c.id);
+    counters_.queued_bytes += c.bytes;
+  }
+}
+
+// Schedules the held copies whose "after" event has happened (see Backend::EventHappened).
+bool Scheduler::ReleaseHeld() {
+  bool any = false;
+  for (size_t i = 0; i < held_.size();) {
+    Copy& c = *copies_.at(held_[i]);
+    auto happened = backend_.EventHappened(*c.wait);
+    if (happened.ok() && !*happened) {
+      ++i;
+      continue;
+    }
+    held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(i));
+    any = true;
+    c.wait = nullptr;
+    if (!happened.ok()) {
+      c.status = happened.status().WithContext("waiting for the copy's event");
+      c.next = c.pieces.size();
+      MaybeFinish(c);
+    } else {
+      Schedule(c);
+    }
+  }
+  return any;
+}
+
+// Cuts a copy as its policy says, and also at slab boundaries when the backend registered the
+// pool slab by slab (a session's buffer sits in consecutive slabs of one mapping, so otherwise
+// a piece may cross them). Latency copies are one piece: they are small by definition.
+void Scheduler::PlanPieces(Copy& c, uint64_t pool_offset, std::byte* device) {
+  const uint64_t slab = pool_.slab_bytes;
+  const bool per_slab = backend_.pieces_stay_in_one_slab();
+  lengths_.clear();
+  if (c.latency) {
+    lengths_.push_back(c.bytes);
+  } else {
+    c.policy->Pieces(c.bytes, lengths_);
+  }
+  uint64_t host_off = pool_offset;
+  uint64_t dev_off = 0;
+  for (uint64_t len : lengths_) {
+    while (len > 0) {
+      uint64_t n = per_slab ? std::min(len, slab - host_off % slab) : len;
+      c.pieces.push_back(
+          CopyPiece{0, pool_.base + host_off, device + dev_off, n, n <= c.policy->batch_threshold_bytes});
+      host_off += n;
+      dev_off += n;
+      len -= n;
+    }
+  }
+}
+
+// The stream for the next bulk piece of `c`: round robin over its policy's bulk streams, in
+// the bank of its bulk priority.
+uint32_t Scheduler::BulkStream(const Copy& c) {
+  const uint32_t n = std::min(c.policy->bulk_streams, kMaxBulkStreams);
+  const uint32_t bank = c.policy->bulk_priority == StreamPriority::kLeast ? 1 : 1 + kMaxBulkStreams;
+  return bank + static_cast<uint32_t>(bulk_cursor_++ % n);
+}
+
+// Hands the next piece of `c` (or all of it, when it goes whole) to the backend.
+void Scheduler::DispatchNext(SessionQueues* q, Copy& c) {
+  CopyPlan plan;
+  plan.direction = c.direction;
+  plan.accepted_ns = c.accepted_ns;
+  const bool whole = c.WholeAtOnce();
+  const size_t end = whole ? c.pieces.size() : c.next + 1;
+  uint64_t bytes = 0;
+  for (size_t i = c.next; i < end; ++i) {
+    CopyPiece p = c.pieces[i];
+    p.stream = c.latency ? 0 : BulkStream(c);  // a whole bulk copy spreads over the streams too
+    plan.pieces.push_back(p);
+    bytes += p.length;
+  }
+  const bool last = end == c.pieces.size();
+  if (last) plan.signal = c.signal;
+  c.next = end;
+  if (c.first_dispatch_ns == 0) c.first_dispatch_ns = MonotonicNanos();
+  auto fence = backend_.Submit(plan);
+  if (!fence.ok()) {
+    if (c.status.ok()) c.status = fence.status();
+    c.next = c.pieces.size();  // nothing more of it goes out
+    return;
+  }
+  c.out++;
+  fences_[*fence] = FenceRef{c.id, bytes, !c.latency};
+  if (!c.latency) {
+    if (q != nullptr) q->bulk_out_bytes[static_cast<int>(c.direction)] += bytes;
+    bulk_out_bytes_[static_cast<int>(c.direction)] += bytes;
+  }
+  counters_.in_flight_bytes += bytes;
+  if (last && c.signal != nullptr) listener_.OnCopyEnqueued(c.session_id, c.user_tag, c.bytes);
+}
+
+// Deficit round robin over the sessions with queued bulk work, within the running policy's
+// in-flight limits. A visit adds weight x quantum to the session's deficit; the session
+// dispatches while its next piece fits in the deficit. A visit cut short by full engines stays
+// open, so the session resumes first when they drain: shares follow the weights even when
+// every completion frees room for one piece only.
+bool Scheduler::Dispatch() { return DispatchBulk(0) | DispatchBulk(1); }
+
+bool Scheduler::Blocked(int d, const Copy& c) const {
+  const Policy& pol = *policy_;
+  return c.first_dispatch_ns == 0 && pol.max_copies_in_flight != 0 && copies_started_[d] >= pol.max_copies_in_flight;
+}
+
+bool Scheduler::DispatchBulk(int d) {
+  const Policy& pol = *policy_;
+  const uint64_t client_limit = pol.client_in_flight_bytes ? pol.client_in_flight_bytes : pol.in_flight_bytes;
+  auto engines_full = [&] { return bulk_out_bytes_[d] >= pol.in_flight_bytes; };
+  bool any = false;
+  size_t idle_visits = 0;  // visits in a row that dispatched nothing
+  while (!engines_full() && !sessions_.empty() && idle_visits <= 2 * sessions_.size() + kMaxDispatchRounds) {
+    auto it = visit_open_[d] ? sessions_.lower_bound(rr_cursor_[d]) : sessions_.upper_bound(rr_cursor_[d]);
+    if (it == sessions_.end()) it = sessions_.begin();
+    if (visit_open_[d] && it->first != rr_cursor_[d]) visit_open_[d] = false;  // that session is gone
+    rr_cursor_[d] = it->first;
+    SessionQueues& s = it->second;
+    if (s.queue[d].empty() || s.bulk_out_bytes[d] >= client_limit || Blocked(d, *copies_.at(s.queue[d].front()))) {
+      visit_open_[d] = false;
+      ++idle_visits;
+      if (idle_visits > sessions_.size() && !AnyDispatchable(d, client_limit)) break;
+      continue;
+    }
+    if (!visit_open_[d]) {
+      s.deficit[d] = std::min<uint64_t>(s.deficit[d] + kQuantumBytes * s.weight, kMaxDeficitBytes);
+      visit_open_[d] = true;
+    }
+    bool sent = false;
+    while (!s.queue[d].empty() && !engines_full() && s.bulk_out_bytes[d] < client_limit) {
+      Copy& c = *copies_.at(s.queue[d].front());
+      if (Blocked(d, c)) break;
+      const uint64_t need = c.NextDispatchBytes();
+      if (need > s.deficit[d] && s.deficit[d] < kMaxDeficitBytes) break;
+      s.deficit[d] -= std::min(need, s.deficit[d]);
+      if (c.first_dispatch_ns == 0) copies_started_[d]++;
+      DispatchNext(&s, c);
+      sent = any = true;
+      if (c.next == c.pieces.size()) {
+        s.queue[d].pop_front();
+        counters_.queued_bytes -= c.bytes;
+        MaybeFinish(c);  // done already if its dispatch failed
+      }
+    }
+    if (s.queue[d].empty()) s.deficit[d] = 0;
+    if (engines_full() && !s.queue[d].empty()) return any;  // the visit stays open
+    visit_open_[d] = false;
+    idle_visits = sent ? 0 : idle_visits + 1;
+  }
+  return any;
+}
+
+bool Scheduler::AnyDispatchable(int d, uint64_t client_limit) const {
+  for (const auto& [id, s] : sessions_) {
+    if (!s.queue[d].empty() && s.bulk_out_bytes[d] < client_limit && !Blocked(d, *copies_.at(s.queue[d].front()))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Finishes a copy once nothing of it is queued or out: counters, then the listener (the
+// session's completion, resources, the observer).
+void Scheduler::MaybeFinish(Copy& c) {
+  if (c.out != 0 || c.next != c.pieces.size()) return;
+  const uint64_t now = MonotonicNanos();
+  if (!c.latency && c.first_dispatch_ns != 0) copies_started_[static_cast<int>(c.direction)]--;
+  counters_.in_flight--;
+  if (c.status.ok()) {
+    counters_.copies_completed++;
+    (c.direction == Direction::kHostToDevice ? counters_.bytes_h2d : counters_.bytes_d2h) += c.bytes;
+  } else {
+    counters_.copies_failed++;
+  }
+  listener_.OnCopyFinished({c.id, c.session_id, c.user_tag, c.direction, c.latency, c.bytes, c.status, c.policy->name,
+                            c.accepted_ns, c.first_dispatch_ns, now, c.buffer_offset, c.region_id});
+  copies_.erase(c.id);
+}
+
+bool Scheduler::PollBackend() {
+  done_.clear();
+  backend_.PollCompleted(done_);
+  for (const FenceResult& r : done_) {
+    auto it = fences_.find(r.fence);
+    if (it == fences_.end()) continue;
+    const FenceRef f = it->second;
+    fences_.erase(it);
+    counters_.in_flight_bytes -= f.bytes;
+    auto cit = copies_.find(f.copy_id);
+    if (cit == copies_.end()) continue;
+    Copy& c = *cit->second;
+    c.out--;
+    if (!r.status.ok() && c.status.ok()) c.status = r.status;
+    SessionQueues* q = QueuesOf(c.session_id);
+    if (f.bulk) {
+      const int d = static_cast<int>(c.direction);
+      bulk_out_bytes_[d] -= f.bytes;
+      if (q != nullptr) q->bulk_out_bytes[d] -= f.bytes;
+    }
+    // A piece failed: the rest of the copy does not go out.
+    if (!c.status.ok() && c.next < c.pieces.size() && q != nullptr) DropQueued(*q, c);
+    MaybeFinish(c);
+  }
+  return !done_.empty();
+}
+
+// Takes a copy's undispatched pieces out of its session's queue.
+void Scheduler::DropQueued(SessionQueues& q, Copy& c) {
+  c.next = c.pieces.size();
+  auto& queue = q.queue[static_cast<int>(c.direction)];
+  auto it = std::find(queue.begin(), queue.end(), c.id);
+  if (it != queue.end()) {
+    queue.erase(it);
+    counters_.queued_bytes -= c.bytes;
+  }
+}
+
+void Scheduler::CancelSession(uint64_t session_id) {
+  if (SessionQueues* q = QueuesOf(session_id)) {
+    std::vector<uint64_t> queued(q->queue[0].begin(), q->queue[0].end());
+    queued.insert(queued.end(), q->queue[1].begin(), q->queue[1].end());
+    for (uint64_t id : queued) {
+      Copy& c = *copies_.at(id);
+      DropQueued(*q, c);
+      MaybeFinish(c);
+    }
+  }
+  for (size_t i = 0; i < held_.size();) {
+    Copy& c = *copies_.at(held_[i]);
+    if (c.session_id != session_id) {
+      ++i;
+      continue;
+    }
+    held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(i));
+    c.next = c.pieces.size();
+    MaybeFinish(c);
+  }
+}
+
+}  // namespace ferry::daemon
