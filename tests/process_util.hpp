@@ -59,7 +59,7 @@ class Child {
     std::ifstream f(out_path_);
     return std::string(std::istreambuf_iterator<char>(f), {});
   }
-  bool WaitForOutput(const std::string& needle, std::chrono::milliseconds timeout = 10s) {
+  bool WaitForOutput(const std::string& needle, std::chrono::milliseconds timeout = 30s) {
     for (auto end = std::chrono::steady_clock::now() + timeout; std::chrono::steady_clock::now() < end;) {
       if (Output().find(needle) != std::string::npos) return true;
       std::this_thread::sleep_for(5ms);
