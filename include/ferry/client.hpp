@@ -30,7 +30,7 @@ struct HostBufferState;
 struct DeviceRegionState;
 struct EventState;
 struct DeviceAllocationState;
-class Stager;
+struct ClientImpl;
 }  // namespace detail
 
 enum class Direction { kHostToDevice, kDeviceToHost };
@@ -189,8 +189,7 @@ class Client {
 
  private:
   explicit Client(std::shared_ptr<detail::ClientCore> core);
-  std::shared_ptr<detail::ClientCore> core_;
-  std::shared_ptr<detail::Stager> stager_;
+  std::unique_ptr<detail::ClientImpl> impl_;
 };
 
 }  // namespace ferry
