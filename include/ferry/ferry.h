@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ferry/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -50,43 +52,43 @@ typedef struct ferry_copy_options {
   uint32_t stream_waitable; /* non-zero: ferry_transfer_stream_wait() allowed */
 } ferry_copy_options;
 
-const char* ferry_last_error(void);
-const char* ferry_version(void);
+FERRY_EXPORT const char* ferry_last_error(void);
+FERRY_EXPORT const char* ferry_version(void);
 
-ferry_status ferry_connect(const ferry_connect_options* options, ferry_client** out);
-void ferry_disconnect(ferry_client* client);
+FERRY_EXPORT ferry_status ferry_connect(const ferry_connect_options* options, ferry_client** out);
+FERRY_EXPORT void ferry_disconnect(ferry_client* client);
 /* 0: host backend (no GPU), 1: cuda */
-int ferry_backend(const ferry_client* client);
+FERRY_EXPORT int ferry_backend(const ferry_client* client);
 
-ferry_status ferry_host_alloc(ferry_client* client, size_t bytes, ferry_host_buffer** out);
-void* ferry_host_data(const ferry_host_buffer* buffer);
-size_t ferry_host_size(const ferry_host_buffer* buffer);
-void ferry_host_free(ferry_host_buffer* buffer);
+FERRY_EXPORT ferry_status ferry_host_alloc(ferry_client* client, size_t bytes, ferry_host_buffer** out);
+FERRY_EXPORT void* ferry_host_data(const ferry_host_buffer* buffer);
+FERRY_EXPORT size_t ferry_host_size(const ferry_host_buffer* buffer);
+FERRY_EXPORT void ferry_host_free(ferry_host_buffer* buffer);
 
 /* device_ptr: a CUDA device pointer (cuda backend) or one from ferry_device_alloc (host backend). */
-ferry_status ferry_device_register(ferry_client* client, void* device_ptr, size_t bytes, ferry_device_region** out);
+FERRY_EXPORT ferry_status ferry_device_register(ferry_client* client, void* device_ptr, size_t bytes, ferry_device_region** out);
 /* Allocates device memory for the daemon's backend and registers it; ferry_device_data() gives its pointer. */
-ferry_status ferry_device_alloc(ferry_client* client, size_t bytes, ferry_device_region** out);
-void* ferry_device_data(const ferry_device_region* region);
-void ferry_device_unregister(ferry_device_region* region);
+FERRY_EXPORT ferry_status ferry_device_alloc(ferry_client* client, size_t bytes, ferry_device_region** out);
+FERRY_EXPORT void* ferry_device_data(const ferry_device_region* region);
+FERRY_EXPORT void ferry_device_unregister(ferry_device_region* region);
 
-ferry_status ferry_copy(ferry_client* client, ferry_direction direction, ferry_host_buffer* host, size_t host_offset,
+FERRY_EXPORT ferry_status ferry_copy(ferry_client* client, ferry_direction direction, ferry_host_buffer* host, size_t host_offset,
                         ferry_device_region* device, size_t device_offset, size_t bytes,
                         const ferry_copy_options* options /* may be NULL */, ferry_transfer** out);
 /* Copies between any host memory (pageable) and device memory through pool buffers, with
  * client threads staging chunks while ferryd moves them; blocks until done. chunk_bytes and
  * threads 0: what the running policy says. */
-ferry_status ferry_copy_staged(ferry_client* client, ferry_direction direction, void* host, ferry_device_region* device,
+FERRY_EXPORT ferry_status ferry_copy_staged(ferry_client* client, ferry_direction direction, void* host, ferry_device_region* device,
                                size_t device_offset, size_t bytes, size_t chunk_bytes, int threads);
 /* *done = 1 once complete; returns the copy's error if it failed. */
-ferry_status ferry_transfer_poll(ferry_transfer* transfer, int* done);
-ferry_status ferry_transfer_wait(ferry_transfer* transfer, uint64_t timeout_us);
-ferry_status ferry_transfer_stream_wait(ferry_transfer* transfer, void* cuda_stream);
+FERRY_EXPORT ferry_status ferry_transfer_poll(ferry_transfer* transfer, int* done);
+FERRY_EXPORT ferry_status ferry_transfer_wait(ferry_transfer* transfer, uint64_t timeout_us);
+FERRY_EXPORT ferry_status ferry_transfer_stream_wait(ferry_transfer* transfer, void* cuda_stream);
 /* Makes cuda_stream wait for every one of count transfers (all of this client): one pair of
  * timing events for the batch instead of one pair each, and one exposed-time report. */
-ferry_status ferry_stream_wait_all(ferry_client* client, ferry_transfer* const* transfers, size_t count,
+FERRY_EXPORT ferry_status ferry_stream_wait_all(ferry_client* client, ferry_transfer* const* transfers, size_t count,
                                    void* cuda_stream);
-void ferry_transfer_free(ferry_transfer* transfer);
+FERRY_EXPORT void ferry_transfer_free(ferry_transfer* transfer);
 
 #ifdef __cplusplus
 }
