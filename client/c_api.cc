@@ -1,6 +1,9 @@
 // The C API: handles wrap the C++ objects; errors are kept per thread for ferry_last_error().
 #include "ferry/ferry.h"
 
+#include <algorithm>
+#include <climits>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,9 +26,62 @@ struct ferry_transfer {
   ferry::Transfer t;
 };
 
+// ferry_status values are Status::Code values: Fail() passes codes through unchanged.
+static_assert(FERRY_OK == static_cast<int>(ferry::Code::kOk));
+static_assert(FERRY_INVALID_ARGUMENT == static_cast<int>(ferry::Code::kInvalidArgument));
+static_assert(FERRY_NOT_FOUND == static_cast<int>(ferry::Code::kNotFound));
+static_assert(FERRY_PERMISSION_DENIED == static_cast<int>(ferry::Code::kPermissionDenied));
+static_assert(FERRY_RESOURCE_EXHAUSTED == static_cast<int>(ferry::Code::kResourceExhausted));
+static_assert(FERRY_UNAVAILABLE == static_cast<int>(ferry::Code::kUnavailable));
+static_assert(FERRY_TIMEOUT == static_cast<int>(ferry::Code::kTimeout));
+static_assert(FERRY_PROTOCOL == static_cast<int>(ferry::Code::kProtocol));
+static_assert(FERRY_DEVICE == static_cast<int>(ferry::Code::kDevice));
+static_assert(FERRY_NOT_SUPPORTED == static_cast<int>(ferry::Code::kNotSupported));
+static_assert(FERRY_INTERNAL == static_cast<int>(ferry::Code::kInternal));
+static_assert(FERRY_ABORTED == static_cast<int>(ferry::Code::kAborted));
+
 namespace {
 
 thread_local std::string g_last_error;
+
+// Where each versioned struct's first published layout ends (ferry 0.1; tests/c_abi_v1.h has
+// copies of those layouts). A caller's struct_size may not be smaller. Never change these.
+constexpr size_t kConnectOptionsFirstSize = offsetof(ferry_connect_options, timeout_ms) + sizeof(uint32_t);
+constexpr size_t kCopyOptionsFirstSize = offsetof(ferry_copy_options, stream_waitable) + sizeof(uint32_t);
+constexpr size_t kStagedCopyOptionsFirstSize =
+    offsetof(ferry_staged_copy_options, priority) + sizeof(ferry_priority);
+// No options struct comes near this: a larger struct_size is garbage, not a newer header.
+constexpr size_t kMaxStructSize = 4096;
+
+// Reads a caller's versioned struct into `out`, which holds the defaults, by ferry.h's rule: from
+// the first published size up; fields past the caller's struct_size keep their defaults; bytes past
+// the ones this library knows must be zero (a newer header's options this library does not have).
+template <typename T>
+ferry::Status ReadVersioned(const T& in, size_t first_size, const char* name, T& out) {
+  const size_t size = in.struct_size;
+  if (size < first_size || size > kMaxStructSize) {
+    return ferry::InvalidArgument(std::string(name) + ".struct_size is " + std::to_string(size) +
+                                  (size < first_size ? ", below its first published size of " +
+                                                           std::to_string(first_size) + " bytes"
+                                                     : ", larger than any " + std::string(name)) +
+                                  ": set it to sizeof(" + name + ")");
+  }
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&in);
+  if (std::any_of(bytes + std::min(size, sizeof(T)), bytes + size, [](unsigned char b) { return b != 0; })) {
+    return ferry::NotSupported(std::string(name) + " of " + std::to_string(size) + " bytes (a newer ferry.h) sets " +
+                               "options that this libferry (" + ferry::kVersionString + ", " +
+                               std::to_string(sizeof(T)) + " bytes) does not have");
+  }
+  std::memcpy(&out, &in, std::min(size, sizeof(T)));
+  return ferry::Status::Ok();
+}
+
+ferry::Direction FromC(ferry_direction d) {
+  return d == FERRY_HOST_TO_DEVICE ? ferry::Direction::kHostToDevice : ferry::Direction::kDeviceToHost;
+}
+ferry::Priority FromC(ferry_priority p) {
+  return p == FERRY_PRIORITY_LATENCY ? ferry::Priority::kLatency : ferry::Priority::kBulk;
+}
 
 ferry_status Fail(const ferry::Status& s) {
   g_last_error = s.ToString();
@@ -53,12 +109,13 @@ ferry_status ferry_connect(const ferry_connect_options* options, ferry_client** 
   if (Null(out, "out")) return FERRY_INVALID_ARGUMENT;
   ferry::ConnectOptions o;
   if (options != nullptr) {
-    if (options->struct_size < sizeof(uint32_t)) return Fail(ferry::InvalidArgument("ferry_connect_options.struct_size unset"));
-    if (options->socket_path) o.socket_path = options->socket_path;
-    if (options->name) o.name = options->name;
-    if (options->struct_size >= offsetof(ferry_connect_options, timeout_ms) + sizeof(uint32_t) && options->timeout_ms) {
-      o.timeout = std::chrono::milliseconds(options->timeout_ms);
+    ferry_connect_options in{};
+    if (auto st = ReadVersioned(*options, kConnectOptionsFirstSize, "ferry_connect_options", in); !st.ok()) {
+      return Fail(st);
     }
+    if (in.socket_path) o.socket_path = in.socket_path;
+    if (in.name) o.name = in.name;
+    if (in.timeout_ms) o.timeout = std::chrono::milliseconds(in.timeout_ms);
   }
   auto c = ferry::Client::Connect(o);
   if (!c.ok()) return Fail(c.status());
@@ -112,23 +169,31 @@ ferry_status ferry_copy(ferry_client* client, ferry_direction direction, ferry_h
   }
   ferry::CopyOptions o;
   if (options != nullptr) {
-    if (options->struct_size < sizeof(ferry_copy_options)) return Fail(ferry::InvalidArgument("ferry_copy_options.struct_size too small"));
-    o.priority = options->priority == FERRY_PRIORITY_LATENCY ? ferry::Priority::kLatency : ferry::Priority::kBulk;
-    o.stream_waitable = options->stream_waitable != 0;
+    ferry_copy_options in{};
+    if (auto st = ReadVersioned(*options, kCopyOptionsFirstSize, "ferry_copy_options", in); !st.ok()) return Fail(st);
+    o.priority = FromC(in.priority);
+    o.stream_waitable = in.stream_waitable != 0;
   }
-  auto t = client->c->Copy(direction == FERRY_HOST_TO_DEVICE ? ferry::Direction::kHostToDevice : ferry::Direction::kDeviceToHost,
-                           host->b, host_offset, device->r, device_offset, bytes, o);
+  auto t = client->c->Copy(FromC(direction), host->b, host_offset, device->r, device_offset, bytes, o);
   if (!t.ok()) return Fail(t.status());
   *out = std::make_unique<ferry_transfer>(ferry_transfer{std::move(*t)}).release();
   return Done(ferry::Status::Ok());
 }
 
 ferry_status ferry_copy_staged(ferry_client* client, ferry_direction direction, void* host, ferry_device_region* device,
-                               size_t device_offset, size_t bytes, size_t chunk_bytes, int threads) {
+                               size_t device_offset, size_t bytes, const ferry_staged_copy_options* options) {
   if (Null(client, "client") || Null(host, "host") || Null(device, "device")) return FERRY_INVALID_ARGUMENT;
-  return Done(client->c->CopyStaged(
-      direction == FERRY_HOST_TO_DEVICE ? ferry::Direction::kHostToDevice : ferry::Direction::kDeviceToHost, host,
-      device->r, device_offset, bytes, {.chunk_bytes = chunk_bytes, .threads = threads}));
+  ferry::StagedCopyOptions o;
+  if (options != nullptr) {
+    ferry_staged_copy_options in{};
+    if (auto st = ReadVersioned(*options, kStagedCopyOptionsFirstSize, "ferry_staged_copy_options", in); !st.ok()) {
+      return Fail(st);
+    }
+    o.chunk_bytes = in.chunk_bytes;
+    o.threads = static_cast<int>(std::min<uint32_t>(in.threads, INT_MAX));
+    o.priority = FromC(in.priority);
+  }
+  return Done(client->c->CopyStaged(FromC(direction), host, device->r, device_offset, bytes, o));
 }
 
 ferry_status ferry_transfer_poll(ferry_transfer* t, int* done) {

@@ -82,9 +82,15 @@ int main(int argc, char** argv) {
   unsigned char* back = malloc(n);
   fill(pageable, n, 7);
   memset(back, 0xA5, n);
-  CHECK(ferry_copy_staged(c, FERRY_HOST_TO_DEVICE, pageable, d, 0, n, 1u << 20, 3) == FERRY_OK, "staged h2d");
-  CHECK(ferry_copy_staged(c, FERRY_DEVICE_TO_HOST, back, d, 0, n, 0, 0) == FERRY_OK, "staged d2h, policy settings");
+  ferry_staged_copy_options so = {sizeof so, 1u << 20, 3, FERRY_PRIORITY_BULK};
+  CHECK(ferry_copy_staged(c, FERRY_HOST_TO_DEVICE, pageable, d, 0, n, &so) == FERRY_OK, "staged h2d");
+  CHECK(ferry_copy_staged(c, FERRY_DEVICE_TO_HOST, back, d, 0, n, NULL) == FERRY_OK, "staged d2h, policy settings");
   CHECK(memcmp(back, pageable, n) == 0, "staged bytes came back different");
+  ferry_staged_copy_options latency = {sizeof latency, 0, 0, FERRY_PRIORITY_LATENCY};
+  memset(back, 0xA5, n);
+  CHECK(ferry_copy_staged(c, FERRY_DEVICE_TO_HOST, back, d, 0, n, &latency) == FERRY_OK,
+        "staged d2h, latency priority, policy settings");
+  CHECK(memcmp(back, pageable, n) == 0, "staged bytes at latency priority came back different");
 
   /* Errors: a clear status and message, nothing copied. */
   t = NULL;

@@ -183,6 +183,14 @@ TEST_F(RealDaemon, TheCApiWorksFromAPlainCProgram) {
   EXPECT_NE(c.Output().find("all checks passed"), std::string::npos) << c.Output();
 }
 
+TEST_F(RealDaemon, ACProgramBuiltAgainstTheFirstPublishedStructsStillWorks) {
+  Child c({FERRY_C_API_V1_TEST_PATH, socket_}, dir_ + "/c_v1.log");
+  int st = c.Wait();
+  ASSERT_TRUE(WIFEXITED(st)) << c.Output();
+  EXPECT_EQ(WEXITSTATUS(st), 0) << c.Output();
+  EXPECT_NE(c.Output().find("all checks passed"), std::string::npos) << c.Output();
+}
+
 TEST_F(RealDaemon, TheSocketIsNotWorldAccessible) {
   struct stat st{};
   ASSERT_EQ(::stat(socket_.c_str(), &st), 0);

@@ -19,6 +19,7 @@
 #include <span>
 #include <string>
 
+#include "ferry/export.h"
 #include "ferry/status.hpp"
 
 namespace ferry {
@@ -30,7 +31,7 @@ struct HostBufferState;
 struct DeviceRegionState;
 struct EventState;
 struct DeviceAllocationState;
-class Stager;
+struct ClientImpl;
 }  // namespace detail
 
 enum class Direction { kHostToDevice, kDeviceToHost };
@@ -38,7 +39,7 @@ enum class Priority { kBulk, kLatency };
 enum class BackendKind { kHost, kCuda };
 
 // The default control socket: $FERRY_SOCKET, else /run/ferry/ferryd.sock.
-std::string DefaultSocketPath();
+FERRY_EXPORT std::string DefaultSocketPath();
 
 struct ConnectOptions {
   std::string socket_path;  // empty: DefaultSocketPath()
@@ -48,7 +49,7 @@ struct ConnectOptions {
 
 // A buffer in ferryd's pinned pool, mapped into this process: write into data() and copy from
 // it with no host-side copy. Freed when destroyed.
-class HostBuffer {
+class FERRY_EXPORT HostBuffer {
  public:
   HostBuffer(HostBuffer&&) noexcept;
   HostBuffer& operator=(HostBuffer&&) noexcept;
@@ -64,7 +65,7 @@ class HostBuffer {
 
 // Device memory registered with ferryd (by CUDA IPC handle on the cuda backend). Copies address
 // it by offset from the registered pointer. Unregistered when destroyed.
-class DeviceRegion {
+class FERRY_EXPORT DeviceRegion {
  public:
   DeviceRegion(DeviceRegion&&) noexcept;
   DeviceRegion& operator=(DeviceRegion&&) noexcept;
@@ -81,7 +82,7 @@ class DeviceRegion {
 // Device memory allocated by the client library for the daemon's backend: cudaMalloc on the
 // cuda backend; on the host backend, a sealed memory segment standing in for the GPU, whose
 // data() the process can read and write directly (host_visible()).
-class DeviceAllocation {
+class FERRY_EXPORT DeviceAllocation {
  public:
   DeviceAllocation(DeviceAllocation&&) noexcept;
   DeviceAllocation& operator=(DeviceAllocation&&) noexcept;
@@ -99,7 +100,7 @@ class DeviceAllocation {
 // A CUDA interprocess event shared with ferryd. Record it on your stream, then pass it as
 // CopyOptions::after: the copy starts on the GPU once your stream reaches the record, with no
 // CPU round trip. On the host backend, recording is a no-op and `after` is always satisfied.
-class SharedEvent {
+class FERRY_EXPORT SharedEvent {
  public:
   SharedEvent(SharedEvent&&) noexcept;
   SharedEvent& operator=(SharedEvent&&) noexcept;
@@ -119,7 +120,7 @@ struct CopyOptions {
 };
 
 // One submitted copy.
-class Transfer {
+class FERRY_EXPORT Transfer {
  public:
   Transfer() = default;
   // true once done; the copy's error if it failed.
@@ -151,7 +152,7 @@ struct DaemonStats {
   uint64_t sessions, copies_completed, bytes_h2d, bytes_d2h, pool_bytes, pool_free_bytes, evictions, rejected;
 };
 
-class Client {
+class FERRY_EXPORT Client {
  public:
   static Result<std::unique_ptr<Client>> Connect(const ConnectOptions& options);
   ~Client();
@@ -189,8 +190,7 @@ class Client {
 
  private:
   explicit Client(std::shared_ptr<detail::ClientCore> core);
-  std::shared_ptr<detail::ClientCore> core_;
-  std::shared_ptr<detail::Stager> stager_;
+  std::unique_ptr<detail::ClientImpl> impl_;
 };
 
 }  // namespace ferry

@@ -3,12 +3,19 @@
  * Conventions: every function returns a ferry_status (FERRY_OK == 0); on error,
  * ferry_last_error() returns a message for the calling thread, valid until its next ferry call.
  * Option structs are versioned by their first field, struct_size: set it to sizeof the struct
- * you compiled against, so that newer libraries accept older callers. */
+ * you compiled against. Every later libferry accepts a struct_size from the struct's first
+ * published size up: fields that an older caller's struct lacks take their defaults (the values a
+ * zeroed field means); a larger struct from a newer ferry.h is accepted when the bytes this library
+ * does not know are zero, and refused with FERRY_NOT_SUPPORTED when they set an option it does not
+ * have. A struct_size below the first published size (or above 4096) is FERRY_INVALID_ARGUMENT.
+ * New fields are only ever appended past the struct's last sizeof, never into its padding. */
 #ifndef FERRY_FERRY_H_
 #define FERRY_FERRY_H_
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "ferry/export.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -50,43 +57,51 @@ typedef struct ferry_copy_options {
   uint32_t stream_waitable; /* non-zero: ferry_transfer_stream_wait() allowed */
 } ferry_copy_options;
 
-const char* ferry_last_error(void);
-const char* ferry_version(void);
+typedef struct ferry_staged_copy_options {
+  uint32_t struct_size;  /* sizeof(ferry_staged_copy_options) */
+  uint64_t chunk_bytes;  /* 0: what the running policy says */
+  uint32_t threads;      /* 0: what the running policy says */
+  ferry_priority priority;
+} ferry_staged_copy_options;
 
-ferry_status ferry_connect(const ferry_connect_options* options, ferry_client** out);
-void ferry_disconnect(ferry_client* client);
+FERRY_EXPORT const char* ferry_last_error(void);
+FERRY_EXPORT const char* ferry_version(void);
+
+FERRY_EXPORT ferry_status ferry_connect(const ferry_connect_options* options, ferry_client** out);
+FERRY_EXPORT void ferry_disconnect(ferry_client* client);
 /* 0: host backend (no GPU), 1: cuda */
-int ferry_backend(const ferry_client* client);
+FERRY_EXPORT int ferry_backend(const ferry_client* client);
 
-ferry_status ferry_host_alloc(ferry_client* client, size_t bytes, ferry_host_buffer** out);
-void* ferry_host_data(const ferry_host_buffer* buffer);
-size_t ferry_host_size(const ferry_host_buffer* buffer);
-void ferry_host_free(ferry_host_buffer* buffer);
+FERRY_EXPORT ferry_status ferry_host_alloc(ferry_client* client, size_t bytes, ferry_host_buffer** out);
+FERRY_EXPORT void* ferry_host_data(const ferry_host_buffer* buffer);
+FERRY_EXPORT size_t ferry_host_size(const ferry_host_buffer* buffer);
+FERRY_EXPORT void ferry_host_free(ferry_host_buffer* buffer);
 
 /* device_ptr: a CUDA device pointer (cuda backend) or one from ferry_device_alloc (host backend). */
-ferry_status ferry_device_register(ferry_client* client, void* device_ptr, size_t bytes, ferry_device_region** out);
+FERRY_EXPORT ferry_status ferry_device_register(ferry_client* client, void* device_ptr, size_t bytes,
+                                                ferry_device_region** out);
 /* Allocates device memory for the daemon's backend and registers it; ferry_device_data() gives its pointer. */
-ferry_status ferry_device_alloc(ferry_client* client, size_t bytes, ferry_device_region** out);
-void* ferry_device_data(const ferry_device_region* region);
-void ferry_device_unregister(ferry_device_region* region);
+FERRY_EXPORT ferry_status ferry_device_alloc(ferry_client* client, size_t bytes, ferry_device_region** out);
+FERRY_EXPORT void* ferry_device_data(const ferry_device_region* region);
+FERRY_EXPORT void ferry_device_unregister(ferry_device_region* region);
 
-ferry_status ferry_copy(ferry_client* client, ferry_direction direction, ferry_host_buffer* host, size_t host_offset,
-                        ferry_device_region* device, size_t device_offset, size_t bytes,
-                        const ferry_copy_options* options /* may be NULL */, ferry_transfer** out);
+FERRY_EXPORT ferry_status ferry_copy(ferry_client* client, ferry_direction direction, ferry_host_buffer* host,
+                                     size_t host_offset, ferry_device_region* device, size_t device_offset, size_t bytes,
+                                     const ferry_copy_options* options /* may be NULL */, ferry_transfer** out);
 /* Copies between any host memory (pageable) and device memory through pool buffers, with
- * client threads staging chunks while ferryd moves them; blocks until done. chunk_bytes and
- * threads 0: what the running policy says. */
-ferry_status ferry_copy_staged(ferry_client* client, ferry_direction direction, void* host, ferry_device_region* device,
-                               size_t device_offset, size_t bytes, size_t chunk_bytes, int threads);
+ * client threads staging chunks while ferryd moves them; blocks until done. */
+FERRY_EXPORT ferry_status ferry_copy_staged(ferry_client* client, ferry_direction direction, void* host,
+                                            ferry_device_region* device, size_t device_offset, size_t bytes,
+                                            const ferry_staged_copy_options* options /* may be NULL */);
 /* *done = 1 once complete; returns the copy's error if it failed. */
-ferry_status ferry_transfer_poll(ferry_transfer* transfer, int* done);
-ferry_status ferry_transfer_wait(ferry_transfer* transfer, uint64_t timeout_us);
-ferry_status ferry_transfer_stream_wait(ferry_transfer* transfer, void* cuda_stream);
+FERRY_EXPORT ferry_status ferry_transfer_poll(ferry_transfer* transfer, int* done);
+FERRY_EXPORT ferry_status ferry_transfer_wait(ferry_transfer* transfer, uint64_t timeout_us);
+FERRY_EXPORT ferry_status ferry_transfer_stream_wait(ferry_transfer* transfer, void* cuda_stream);
 /* Makes cuda_stream wait for every one of count transfers (all of this client): one pair of
  * timing events for the batch instead of one pair each, and one exposed-time report. */
-ferry_status ferry_stream_wait_all(ferry_client* client, ferry_transfer* const* transfers, size_t count,
-                                   void* cuda_stream);
-void ferry_transfer_free(ferry_transfer* transfer);
+FERRY_EXPORT ferry_status ferry_stream_wait_all(ferry_client* client, ferry_transfer* const* transfers,
+                                                size_t count, void* cuda_stream);
+FERRY_EXPORT void ferry_transfer_free(ferry_transfer* transfer);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,8 @@
 #include <utility>
 #include <variant>
 
+#include "ferry/export.h"
+
 namespace ferry {
 
 enum class Code : int32_t {
@@ -25,9 +27,9 @@ enum class Code : int32_t {
   kAborted = 11,          // the operation was cancelled (session ended, shutdown)
 };
 
-std::string_view CodeName(Code code);
+FERRY_EXPORT std::string_view CodeName(Code code);
 
-class [[nodiscard]] Status {
+class [[nodiscard]] FERRY_EXPORT Status {
  public:
   Status() = default;
   Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
@@ -58,7 +60,7 @@ inline Status NotSupported(std::string m) { return {Code::kNotSupported, std::mo
 inline Status Internal(std::string m) { return {Code::kInternal, std::move(m)}; }
 inline Status Aborted(std::string m) { return {Code::kAborted, std::move(m)}; }
 // errno-based: "what: strerror(errno)"
-Status ErrnoStatus(std::string_view what, int err);
+FERRY_EXPORT Status ErrnoStatus(std::string_view what, int err);
 
 template <typename T>
 class [[nodiscard]] Result {

@@ -1,0 +1,468 @@
+#include "client/client_core.hpp"
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "client/spin_wait.hpp"
+
+namespace ferry::detail {
+
+ClientCore::~ClientCore() {
+  // EventState's destructor cannot reach a core that is going away: release events here.
+  for (auto& e : free_events_) {
+    device_->DestroyEvent(e->ev.event);
+    e->ev.event = nullptr;
+  }
+  for (auto* list : {&stall_probes_, &free_probes_}) {
+    for (StallProbe& p : *list) {
+      device_->DestroyEvent(p.start);
+      device_->DestroyEvent(p.end);
+    }
+  }
+}
+
+Status ClientCore::Connect(const ConnectOptions& o) {
+  timeout_ms_ = static_cast<int>(o.timeout.count());
+  const std::string path = o.socket_path.empty() ? DefaultSocketPath() : o.socket_path;
+  FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(path, timeout_ms_));
+  wire::HelloRequest h{};
+  h.client_version = wire::kVersion;
+  std::string name = o.name;
+  if (name.empty()) name = program_invocation_short_name;
+  CopyCString(h.name, name);
+  auto hello = Call(wire::MsgType::kHello, h, wire::MsgType::kHelloReply);
+  if (!hello.ok() && hello.status().code() == Code::kUnavailable) {
+    return Unavailable("ferryd at " + path + " closed the connection before answering hello: it may be at its " +
+                       "limit of connections that have not said hello yet (limits.pending_connections*) or out " +
+                       "of file descriptors; its log says why");
+  }
+  FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, std::move(hello));
+  auto r = m.As<wire::HelloReply>();
+  FERRY_RETURN_IF_ERROR(FromWire(r.status).WithContext("ferryd refused the connection"));
+  if (m.fds.size() != 3)
+    return ProtocolError("hello reply carries " + std::to_string(m.fds.size()) + " fds, 3 expected");
+  if (r.sq_entries == 0 || (r.sq_entries & (r.sq_entries - 1)) != 0 || r.cq_entries == 0 ||
+      (r.cq_entries & (r.cq_entries - 1)) != 0 || r.ring_bytes != wire::RingSegmentBytes(r.sq_entries, r.cq_entries)) {
+    return ProtocolError("hello reply has an inconsistent ring geometry");
+  }
+  FERRY_ASSIGN_OR_RETURN(ring_, MapShared(m.fds[0].get(), r.ring_bytes));
+  submit_efd_ = std::move(m.fds[1]);
+  complete_efd_ = std::move(m.fds[2]);
+  hdr_ = reinterpret_cast<wire::RingHeader*>(ring_.data());
+  if (hdr_->magic != wire::kRingMagic) return ProtocolError("ring segment has a bad magic");
+  sq_entries_ = r.sq_entries;
+  cq_entries_ = r.cq_entries;
+  sq_ = wire::SubmissionEntries(ring_.data());
+  cq_ = wire::CompletionEntries(ring_.data(), sq_entries_);
+  session_id_ = r.session_id;
+  slab_bytes_ = r.slab_bytes;
+  device_ordinal_ = r.device_ordinal;
+  backend_ = r.backend == static_cast<uint32_t>(wire::BackendKind::kCuda) ? BackendKind::kCuda : BackendKind::kHost;
+  if (backend_ == BackendKind::kCuda) {
+    FERRY_ASSIGN_OR_RETURN(device_, MakeCudaClientDevice(device_ordinal_));
+  } else {
+    device_ = MakeHostClientDevice();
+  }
+  if (const char* s = std::getenv("FERRY_SPIN_US")) spin_ns_ = std::strtoull(s, nullptr, 10) * 1000;
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<HostBufferState>> ClientCore::AllocateHost(size_t bytes) {
+  wire::AllocBufferRequest req{bytes};
+  FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kAllocBuffer, req, wire::MsgType::kAllocBufferReply));
+  auto r = m.As<wire::AllocBufferReply>();
+  FERRY_RETURN_IF_ERROR(FromWire(r.status));
+  auto s = std::make_shared<HostBufferState>();
+  s->core = weak_from_this();
+  s->pool_offset = r.pool_offset;
+  s->size = bytes;
+  const uint64_t in_map = r.pool_offset - static_cast<uint64_t>(r.first_slab) * slab_bytes_;
+  if (m.fds.size() != r.slab_count || r.slab_count == 0 || in_map + bytes > r.slab_count * slab_bytes_) {
+    (void)CallSimple(wire::MsgType::kFreeBuffer, wire::FreeBufferRequest{r.pool_offset});
+    return ProtocolError("allocation reply does not match its slabs");
+  }
+  if (r.slab_count == 1) {
+    std::lock_guard<std::mutex> l(map_mu_);
+    auto& weak = slab_maps_[r.first_slab];
+    s->mapping = weak.lock();
+    if (!s->mapping) {
+      auto mapped = MapShared(m.fds[0].get(), slab_bytes_);
+      if (!mapped.ok()) return mapped.status();
+      s->mapping = std::make_shared<SlabMapping>(SlabMapping{std::move(*mapped)});
+      weak = s->mapping;
+    }
+  } else {
+    std::vector<int> raw;
+    for (auto& f : m.fds) raw.push_back(f.get());
+    FERRY_ASSIGN_OR_RETURN(Mapping mapped, MapSideBySide(raw.data(), raw.size(), slab_bytes_));
+    ::madvise(mapped.data(), mapped.size(), MADV_HUGEPAGE);  // map ferryd's huge pages as such, where it got them
+    s->mapping = std::make_shared<SlabMapping>(SlabMapping{std::move(mapped)});
+  }
+  s->data = s->mapping->m.data() + in_map;
+  return s;
+}
+
+Result<std::shared_ptr<DeviceRegionState>> ClientCore::Register(void* ptr, size_t bytes) {
+  if (bytes == 0) return InvalidArgument("device region of 0 bytes");
+  FERRY_ASSIGN_OR_RETURN(ExportedMemory e, device_->Export(ptr, bytes));
+  const int fds[1] = {e.fd};
+  FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kRegisterDevice, e.request,
+                                                 wire::MsgType::kRegisterDeviceReply, fds, e.fd >= 0 ? 1 : 0));
+  auto r = m.As<wire::RegisterDeviceReply>();
+  FERRY_RETURN_IF_ERROR(FromWire(r.status).WithContext("registering device memory"));
+  auto s = std::make_shared<DeviceRegionState>();
+  s->core = weak_from_this();
+  s->id = r.region_id;
+  s->ptr = ptr;
+  s->size = bytes;
+  s->offset_in_base = e.offset_in_base;
+  return s;
+}
+
+Result<std::shared_ptr<EventState>> ClientCore::NewEvent() {
+  FERRY_ASSIGN_OR_RETURN(DeviceEvent ev, device_->CreateEvent());
+  auto s = std::make_shared<EventState>();
+  s->core = weak_from_this();
+  s->ev = ev;
+  FERRY_ASSIGN_OR_RETURN(ReceivedMessage m,
+                         Call(wire::MsgType::kRegisterEvent, ev.request, wire::MsgType::kRegisterEventReply));
+  auto r = m.As<wire::RegisterEventReply>();
+  FERRY_RETURN_IF_ERROR(FromWire(r.status).WithContext("registering an event"));
+  s->id = r.event_id;
+  return s;
+}
+
+Result<std::shared_ptr<TransferState>> ClientCore::Submit(wire::SubmissionEntry e, std::shared_ptr<TransferState> t,
+                                                          bool want_event) {
+  if (want_event) {
+    std::shared_ptr<EventState> ev;
+    {
+      std::lock_guard<std::mutex> l(ring_mu_);
+      if (!free_events_.empty()) {
+        ev = std::move(free_events_.back());
+        free_events_.pop_back();
+      }
+    }
+    if (!ev) {
+      FERRY_ASSIGN_OR_RETURN(ev, NewEvent());
+    }
+    e.signal_event_id = ev->id;
+    t->event = std::move(ev);
+  }
+  const uint64_t deadline = MonotonicNanos() + 1'000'000'000ull;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> l(ring_mu_);
+      FERRY_RETURN_IF_ERROR(broken_);
+      ReapLocked();
+      const uint32_t head = hdr_->sq_head.value.load(std::memory_order_acquire);
+      if (outstanding_ < sq_entries_ && sq_tail_ - head < sq_entries_) {
+        e.user_tag = t->tag = next_tag_++;
+        t->submit_ns = MonotonicNanos();
+        pending_[t->tag] = t;
+        ++outstanding_;
+        sq_[sq_tail_ & (sq_entries_ - 1)] = e;
+        ++sq_tail_;
+        hdr_->sq_tail.value.store(sq_tail_, std::memory_order_release);
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        if (hdr_->daemon_state.value.load(std::memory_order_relaxed) & wire::kDaemonSleeping) {
+          RingDoorbell(submit_efd_.get());
+        }
+        return t;
+      }
+    }
+    if (MonotonicNanos() > deadline) {
+      return ResourceExhausted("submission ring full: " + std::to_string(outstanding_) +
+                               " copies in flight for 1 s; wait on some before submitting more");
+    }
+    WaitForProgress(1'000'000);
+  }
+}
+
+// Tells ferryd how long this thread was blocked on a copy: the exposed time its metrics show.
+// Best effort: skipped when the ring is full. Caller holds ring_mu_.
+void ClientCore::ReportWaitLocked(uint64_t tag, uint32_t direction, uint64_t blocked_ns) {
+  const uint32_t head = hdr_->sq_head.value.load(std::memory_order_acquire);
+  if (sq_tail_ - head >= sq_entries_) return;
+  wire::SubmissionEntry e{};
+  e.opcode = static_cast<uint16_t>(wire::Opcode::kReportWait);
+  e.user_tag = tag;
+  e.length = blocked_ns;
+  e.device_offset = direction;
+  sq_[sq_tail_ & (sq_entries_ - 1)] = e;
+  ++sq_tail_;
+  hdr_->sq_tail.value.store(sq_tail_, std::memory_order_release);
+}
+
+// Caller holds ring_mu_.
+void ClientCore::ReapLocked() {
+  const uint32_t tail = hdr_->cq_tail.value.load(std::memory_order_acquire);
+  if (tail - cq_head_ > cq_entries_) {
+    Break(ProtocolError("completion ring tail out of range"));
+    return;
+  }
+  bool any = false;
+  while (cq_head_ != tail) {
+    wire::CompletionEntry c = cq_[cq_head_ & (cq_entries_ - 1)];
+    ++cq_head_;
+    any = true;
+    auto it = pending_.find(c.user_tag);
+    if (it == pending_.end()) continue;
+    TransferState& t = *it->second;
+    if (c.kind == static_cast<uint16_t>(wire::CompletionKind::kEnqueued)) {
+      t.enqueued = true;
+      continue;
+    }
+    t.done = true;
+    t.enqueued = true;
+    t.complete_ns = MonotonicNanos();
+    if (c.status != 0) {
+      int32_t code = c.status;
+      Code k = (code > 0 && code <= static_cast<int32_t>(Code::kAborted)) ? static_cast<Code>(code) : Code::kInternal;
+      t.status = Status(k, "ferryd failed the copy (" + std::string(CodeName(k)) + "; its log has the reason)");
+    }
+    if (t.event) free_events_.push_back(std::move(t.event));
+    t.host_keep.reset();
+    t.region_keep.reset();
+    pending_.erase(it);
+    --outstanding_;
+  }
+  if (any) hdr_->cq_head.value.store(cq_head_, std::memory_order_release);
+  reaped_to_.store(cq_head_, std::memory_order_release);
+  if (!stall_probes_.empty()) CollectStallsLocked();
+}
+
+// Caller holds ring_mu_.
+void ClientCore::CollectStallsLocked() {
+  // A few a call: each look is a driver call, and reaps sit on the submit path.
+  int looks = 8;
+  for (size_t i = 0; i < stall_probes_.size() && looks-- > 0;) {
+    StallProbe& p = stall_probes_[i];
+    auto ns = device_->ElapsedIfDone(p.start, p.end);
+    if (ns.ok() && *ns < 0) {
+      ++i;
+      continue;
+    }
+    if (ns.ok()) ReportWaitLocked(p.tag, p.direction, static_cast<uint64_t>(*ns));
+    free_probes_.push_back(p);
+    stall_probes_[i] = stall_probes_.back();
+    stall_probes_.pop_back();
+  }
+}
+
+// Caller holds ring_mu_. A probe with no events when none could be made: waits go unmeasured.
+ClientCore::StallProbe ClientCore::TakeProbeLocked() {
+  StallProbe p;
+  if (!free_probes_.empty()) {
+    p = free_probes_.back();
+    free_probes_.pop_back();
+  } else if (stall_probes_.size() < kMaxStallProbes) {
+    auto a = device_->CreateTimingEvent();
+    auto b = a.ok() ? device_->CreateTimingEvent() : a;
+    if (a.ok() && b.ok()) {
+      p.start = *a;
+      p.end = *b;
+    } else if (a.ok()) {
+      device_->DestroyEvent(*a);
+    }
+  }
+  return p;
+}
+
+void ClientCore::Break(const Status& why) {
+  if (!broken_.ok()) return;
+  broken_ = why;
+  broken_flag_.store(true, std::memory_order_release);
+  for (auto& [tag, t] : pending_) {
+    t->done = true;
+    t->status = why;
+    t->host_keep.reset();
+    t->region_keep.reset();
+  }
+  pending_.clear();
+  outstanding_ = 0;
+}
+
+// Sleeps until the daemon signals completions, the connection drops, or timeout_ns passes.
+// Several threads may wait at once (the staged path does): one of them watches the doorbell
+// and wakes the others when it rings, since reading an eventfd wakes only its reader.
+void ClientCore::WaitForProgress(uint64_t timeout_ns) {
+  std::unique_lock<std::mutex> wl(wait_mu_);
+  if (waiters_++ == 0) hdr_->client_state.value.store(wire::kClientWaiting, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const bool ready =
+      hdr_->cq_tail.value.load(std::memory_order_acquire) != reaped_to_.load(std::memory_order_acquire) ||
+      broken_flag_.load(std::memory_order_acquire);
+  if (!ready && polling_) {
+    const uint64_t gen = wake_gen_;
+    wake_cv_.wait_for(wl, std::chrono::nanoseconds(timeout_ns), [&] { return wake_gen_ != gen; });
+  } else if (!ready) {
+    polling_ = true;
+    wl.unlock();
+    // On the socket only a hang-up matters here: a readable reply belongs to another thread's
+    // call in flight.
+    pollfd p[2] = {{complete_efd_.get(), POLLIN, 0}, {sock_.get(), POLLRDHUP, 0}};
+    const timespec ts{static_cast<time_t>(timeout_ns / 1'000'000'000), static_cast<long>(timeout_ns % 1'000'000'000)};
+    int n = ::ppoll(p, 2, &ts, nullptr);
+    if (n > 0 && (p[0].revents & POLLIN)) DrainDoorbell(complete_efd_.get());
+    if (n > 0 && (p[1].revents & (POLLHUP | POLLERR | POLLRDHUP))) {
+      std::lock_guard<std::mutex> l(ring_mu_);
+      ReapLocked();
+      Break(Unavailable("ferryd went away (connection closed); reconnect once it is back"));
+    }
+    wl.lock();
+    polling_ = false;
+    ++wake_gen_;
+    wake_cv_.notify_all();
+  }
+  if (--waiters_ == 0) hdr_->client_state.value.store(0, std::memory_order_relaxed);
+}
+
+// Waits without burning a core for long copies and without a wake-up's delay for short ones:
+// a copy of n bytes cannot complete before n / kFastestBus after it was submitted, so sleep
+// through most of that, spin across the moment it may land (until it would have taken twice
+// that, plus spin_ns_), and only then block on the doorbell. Twice: both directions at once run
+// at ~50 GB/s each on the H200, past a quarter's slack, and the doorbell's wake-up then cost
+// every such copy tens of microseconds (ferryd --trace-engine showed ~100 us between a
+// both-ways pair's engine time and what the client saw). cudaStreamSynchronize spins all along.
+Status ClientCore::Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueued) {
+  constexpr uint64_t kFastestBusBytesPerUs = 64'000;  // above PCIe Gen5 x16
+  constexpr uint64_t kWakeAheadNs = 100'000;          // covers the kernel's default timer slack
+  const uint64_t start = MonotonicNanos();
+  const uint64_t earliest = until_enqueued ? 0 : t.bytes * 1000 / kFastestBusBytesPerUs;
+  const uint64_t sleep_until = t.submit_ns + (earliest > kWakeAheadNs ? earliest - kWakeAheadNs : 0);
+  // A stream wait waits only for ferryd to enqueue the copy, which for a copy "after" an event
+  // is when the client's kernel reaches it: usually soon, and the caller's stream stalls while
+  // this thread sleeps. Spinning through it took the in-step exposed time of the overlap
+  // workload on the H200 from 0.18 to 0.15 ms (a doorbell wake-up costs tens of us).
+  const uint64_t spin = until_enqueued ? std::max<uint64_t>(spin_ns_, kEnqueueSpinNs) : spin_ns_;
+  const uint64_t spin_until = std::max(start, t.submit_ns + 2 * earliest) + spin;
+  for (bool first = true;; first = false) {
+    // Spinning threads look at the ring without the lock, and take it only when completions
+    // arrived: many threads waiting at once (the staged path) must not starve submitters.
+    if (!first && hdr_->cq_tail.value.load(std::memory_order_acquire) == reaped_to_.load(std::memory_order_acquire) &&
+        MonotonicNanos() - start < timeout_ns) {
+      const uint64_t now = MonotonicNanos();
+      if (now >= sleep_until && now < spin_until) {
+        CpuRelax();
+        continue;
+      }
+    }
+    {
+      std::lock_guard<std::mutex> l(ring_mu_);
+      ReapLocked();
+      if (t.done) {
+        if (!until_enqueued && !t.wait_reported) {
+          t.wait_reported = true;
+          ReportWaitLocked(t.tag, t.direction, first ? 0 : MonotonicNanos() - start);
+        }
+        return t.status;
+      }
+      if (until_enqueued && t.enqueued) return Status::Ok();
+      FERRY_RETURN_IF_ERROR(broken_);
+    }
+    const uint64_t now = MonotonicNanos();
+    if (now - start >= timeout_ns) return Timeout("copy not done after " + std::to_string(timeout_ns / 1000) + " us");
+    const uint64_t left = timeout_ns - (now - start);
+    if (now < sleep_until) {
+      WaitForProgress(std::min(sleep_until - now, left));
+    } else if (now >= spin_until) {
+      WaitForProgress(std::min<uint64_t>(left, 50'000'000));
+    }
+  }
+}
+
+Result<bool> ClientCore::Poll(TransferState& t) {
+  std::lock_guard<std::mutex> l(ring_mu_);
+  ReapLocked();
+  if (t.done) {
+    if (!t.status.ok()) return t.status;
+    return true;
+  }
+  FERRY_RETURN_IF_ERROR(broken_);
+  return false;
+}
+
+// One probe spans the whole batch: a probe's two timing events cost the stream ~1 us each
+// (H200), which a stall measured between them leaves out, so six waits probed one by one read
+// ~14 us a step below what the stream lost (docs/design.md, "Measured and reported figures").
+// The probe starts before this thread waits for ferryd to enqueue the copies: meanwhile the
+// stream has nothing of the caller's to run, and that is exposed time too. The stall is
+// reported against the batch's newest copy, whose lifetime at ferryd bounds the whole span.
+Status ClientCore::StreamWait(std::span<TransferState* const> batch, void* stream) {
+  if (device_->StreamWaitIsHostWait()) {
+    for (TransferState* t : batch) FERRY_RETURN_IF_ERROR(Wait(*t, 3600ull * 1'000'000'000ull, false));
+    return Status::Ok();
+  }
+  for (TransferState* t : batch) {
+    if (!t->event && !t->done) return InvalidArgument("StreamWait needs a copy submitted with stream_waitable = true");
+  }
+  StallProbe p;
+  {
+    std::lock_guard<std::mutex> l(ring_mu_);
+    for (TransferState* t : batch) {
+      if (!t->done && !t->wait_reported) {
+        p = TakeProbeLocked();
+        break;
+      }
+    }
+  }
+  const bool measured = p.start && device_->RecordEvent(p.start, stream).ok();
+  auto give_back = [&] {
+    std::lock_guard<std::mutex> l(ring_mu_);
+    if (p.start) free_probes_.push_back(p);
+  };
+  for (TransferState* t : batch) {
+    if (Status s = Wait(*t, 10ull * 1'000'000'000ull, true); !s.ok()) {
+      give_back();
+      return s;
+    }
+  }
+  std::lock_guard<std::mutex> l(ring_mu_);
+  TransferState* newest = nullptr;
+  for (TransferState* t : batch) {
+    if (t->done) {
+      if (!t->status.ok()) {
+        if (p.start) free_probes_.push_back(p);
+        return t->status;
+      }
+      continue;  // done already: nothing left for the stream to wait on
+    }
+    // Under ring_mu_, so the event cannot be recycled and re-recorded before this wait is enqueued.
+    if (Status s = device_->StreamWaitEvent(stream, t->event->ev.event); !s.ok()) {
+      if (p.start) free_probes_.push_back(p);
+      return s;
+    }
+    if (!t->wait_reported && (newest == nullptr || t->submit_ns >= newest->submit_ns)) newest = t;
+  }
+  if (measured && newest != nullptr && device_->RecordEvent(p.end, stream).ok()) {
+    for (TransferState* t : batch) t->wait_reported = true;  // the batch's stall is this one report
+    p.tag = newest->tag;
+    p.direction = newest->direction;
+    stall_probes_.push_back(p);
+  } else if (p.start) {
+    free_probes_.push_back(p);
+  }
+  return Status::Ok();
+}
+
+EventState::~EventState() {
+  // The daemon closes its side when the session ends; the client's event goes now.
+  if (auto c = core.lock()) c->device().DestroyEvent(ev.event);
+}
+
+HostBufferState::~HostBufferState() {
+  if (auto c = core.lock()) (void)c->CallSimple(wire::MsgType::kFreeBuffer, wire::FreeBufferRequest{pool_offset});
+}
+
+DeviceRegionState::~DeviceRegionState() {
+  if (auto c = core.lock()) (void)c->CallSimple(wire::MsgType::kUnregisterDevice, wire::UnregisterDeviceRequest{id, 0});
+}
+
+}  // namespace ferry::detail

@@ -1,0 +1,180 @@
+// The session core of libferry: one connection to ferryd (hello, control calls) and its shared
+// rings (submit, reap, waits, the stall probes of stream waits). The public objects of
+// ferry/client.hpp are thin handles on the states below.
+//
+// Thread-safety: every method may be called from several threads at once.
+// Ownership: a state's `core` is weak; a Transfer holds its core, so a copy can be waited on after
+// its Client is gone.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "client/device_api.hpp"
+#include "common/channel.hpp"
+#include "ferry/client.hpp"
+
+namespace ferry::detail {
+
+class ClientCore;
+
+struct SlabMapping {
+  Mapping m;
+};
+
+struct EventState {
+  std::weak_ptr<ClientCore> core;
+  DeviceEvent ev;
+  uint32_t id = 0;
+  ~EventState();
+};
+
+struct HostBufferState {
+  std::weak_ptr<ClientCore> core;
+  uint64_t pool_offset = 0;
+  size_t size = 0;
+  std::byte* data = nullptr;
+  std::shared_ptr<SlabMapping> mapping;  // shared between buffers of one slab
+  ~HostBufferState();
+};
+
+struct DeviceRegionState {
+  std::weak_ptr<ClientCore> core;
+  uint32_t id = 0;
+  void* ptr = nullptr;
+  size_t size = 0;
+  uint64_t offset_in_base = 0;
+  ~DeviceRegionState();
+};
+
+struct TransferState {
+  uint64_t tag = 0;
+  size_t bytes = 0;
+  uint32_t direction = 0;  // 0 h2d, 1 d2h
+  bool enqueued = false;
+  bool done = false;
+  bool wait_reported = false;  // ferryd believes one wait report per copy: the first
+  Status status;
+  uint64_t submit_ns = 0, complete_ns = 0;
+  std::shared_ptr<EventState> event;           // completion event, when stream-waitable
+  std::shared_ptr<HostBufferState> host_keep;  // buffers stay mapped while the copy runs
+  std::shared_ptr<DeviceRegionState> region_keep;
+};
+
+class ClientCore : public std::enable_shared_from_this<ClientCore> {
+ public:
+  ~ClientCore();
+
+  // Connects and says hello: maps the rings and sets up the device the daemon's backend uses.
+  Status Connect(const ConnectOptions& o);
+
+  // One request, one reply, under the control lock.
+  template <typename T>
+  Result<ReceivedMessage> Call(wire::MsgType type, const T& payload, wire::MsgType reply_type, const int* fds = nullptr,
+                               size_t nfds = 0) {
+    std::lock_guard<std::mutex> l(ctl_mu_);
+    if (!sock_.valid()) return Unavailable("not connected to ferryd");
+    const uint32_t seq = ++seq_;
+    Status st = Send(sock_.get(), type, seq, payload, fds, nfds);
+    if (!st.ok()) return Unavailable("ferryd went away: " + st.message());
+    auto m = RecvMessage(sock_.get(), timeout_ms_);
+    if (!m.ok()) {
+      if (m.status().code() == Code::kUnavailable) return Unavailable("ferryd closed the connection");
+      return m.status();
+    }
+    if (m->type() != reply_type || m->header.seq != seq) return ProtocolError("unexpected reply from ferryd");
+    return m;
+  }
+
+  Status CallSimple(wire::MsgType type, const auto& payload) {
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(type, payload, wire::MsgType::kSimpleReply));
+    return FromWire(m.As<wire::SimpleReply>().status);
+  }
+
+  Result<std::shared_ptr<HostBufferState>> AllocateHost(size_t bytes);
+  Result<std::shared_ptr<DeviceRegionState>> Register(void* ptr, size_t bytes);
+  Result<std::shared_ptr<EventState>> NewEvent();
+
+  // Puts `e` on the submission ring for `t` (waiting up to 1 s for room), with a completion
+  // event when `want_event`.
+  Result<std::shared_ptr<TransferState>> Submit(wire::SubmissionEntry e, std::shared_ptr<TransferState> t,
+                                                bool want_event);
+  // Until `t` is done (or, `until_enqueued`, until ferryd has enqueued it), at most timeout_ns.
+  Status Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueued);
+  Result<bool> Poll(TransferState& t);
+  // Makes `stream` wait on the GPU for every copy in `batch`.
+  Status StreamWait(std::span<TransferState* const> batch, void* stream);
+
+  BackendKind backend() const { return backend_; }
+  int device_ordinal() const { return device_ordinal_; }
+  uint64_t session_id() const { return session_id_; }
+  ClientDevice& device() { return *device_; }
+
+ private:
+  // A stream's stall on a StreamWait, measured on the GPU by timing events recorded around
+  // the wait, and reported like a host wait once the second event has happened.
+  struct StallProbe {
+    void* start = nullptr;
+    void* end = nullptr;
+    uint64_t tag = 0;
+    uint32_t direction = 0;
+  };
+  static constexpr size_t kMaxStallProbes = 256;  // beyond this many unread, waits go unmeasured
+
+  // The methods named *Locked are called with ring_mu_ held.
+  void ReportWaitLocked(uint64_t tag, uint32_t direction, uint64_t blocked_ns);
+  void ReapLocked();
+  void CollectStallsLocked();
+  StallProbe TakeProbeLocked();
+  void Break(const Status& why);
+  void WaitForProgress(uint64_t timeout_ns);
+
+  UniqueFd sock_;
+  std::mutex ctl_mu_;
+  uint32_t seq_ = 0;
+  int timeout_ms_ = 5000;
+
+  Mapping ring_;
+  wire::RingHeader* hdr_ = nullptr;
+  wire::SubmissionEntry* sq_ = nullptr;
+  wire::CompletionEntry* cq_ = nullptr;
+  uint32_t sq_entries_ = 0, cq_entries_ = 0;
+  UniqueFd submit_efd_, complete_efd_;
+
+  std::mutex ring_mu_;  // guards the rings' local indices, pending_, free_events_, the probes, broken_
+  uint32_t sq_tail_ = 0, cq_head_ = 0;
+  uint64_t next_tag_ = 1;
+  uint32_t outstanding_ = 0;
+  std::unordered_map<uint64_t, std::shared_ptr<TransferState>> pending_;
+  std::vector<std::shared_ptr<EventState>> free_events_;
+  std::vector<StallProbe> stall_probes_, free_probes_;
+  Status broken_;
+
+  std::mutex wait_mu_;  // guards the four below
+  int waiters_ = 0;
+  bool polling_ = false;  // a waiter is in ppoll on the doorbell
+  uint64_t wake_gen_ = 0;
+  std::condition_variable wake_cv_;
+  std::atomic<bool> broken_flag_{false};  // broken_ is not ok (readable without ring_mu_)
+  uint64_t spin_ns_ = 50'000;
+  static constexpr uint64_t kEnqueueSpinNs = 3'000'000;
+  std::atomic<uint32_t> reaped_to_{0};  // cq_head_ after the last reap, readable without ring_mu_
+
+  std::mutex map_mu_;
+  std::map<uint32_t, std::weak_ptr<SlabMapping>> slab_maps_;
+
+  uint64_t session_id_ = 0;
+  uint64_t slab_bytes_ = 0;
+  int device_ordinal_ = 0;
+  BackendKind backend_ = BackendKind::kHost;
+  std::unique_ptr<ClientDevice> device_;
+};
+
+}  // namespace ferry::detail
