@@ -23,7 +23,7 @@
 #include "common/json.hpp"
 #include "common/time_format.hpp"
 #include "common/fd.hpp"
-#include "ferryctl/control.hpp"
+#include "client/operator_control.hpp"
 
 namespace ferry::overlap {
 namespace {

@@ -25,7 +25,7 @@
 #include "common/byte_size.hpp"
 #include "common/json.hpp"
 #include "common/time_format.hpp"
-#include "ferryctl/control.hpp"
+#include "client/operator_control.hpp"
 
 namespace ferry::bench {
 namespace {

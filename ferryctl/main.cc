@@ -24,7 +24,7 @@
 #include "policy/policy.hpp"
 #include "ferry/client.hpp"
 #include "ferry/version.hpp"
-#include "ferryctl/control.hpp"
+#include "client/operator_control.hpp"
 #include "ferryctl/run_bench.hpp"
 #include "ferryctl/verify.hpp"
 

@@ -25,7 +25,7 @@
 #include "policy/policy.hpp"
 #include "process_util.hpp"
 #include "test_util.hpp"
-#include "ferryctl/control.hpp"
+#include "client/operator_control.hpp"
 
 namespace ferry {
 namespace {

@@ -1,4 +1,4 @@
-#include "ferryctl/control.hpp"
+#include "client/operator_control.hpp"
 
 #include <unistd.h>
 
