@@ -41,8 +41,6 @@ size_t wire::PayloadLength(MsgType type) {
     case MsgType::kApplyPolicy: return sizeof(PayloadOf<MsgType::kApplyPolicy>::type);
     case MsgType::kPolicyReply: return sizeof(PayloadOf<MsgType::kPolicyReply>::type);
     case MsgType::kGetPolicy: return sizeof(PayloadOf<MsgType::kGetPolicy>::type);
-    case MsgType::kGetStaging: return sizeof(PayloadOf<MsgType::kGetStaging>::type);
-    case MsgType::kStagingReply: return sizeof(PayloadOf<MsgType::kStagingReply>::type);
   }
   return 0;
 }
@@ -205,13 +203,30 @@ Result<ReceivedMessage> RecvMessage(int fd, int timeout_ms) {
   if (static_cast<size_t>(n) < sizeof out.header) return ProtocolError("control message shorter than its header");
   const wire::MsgHeader& h = out.header;
   if (h.magic != wire::kMagic) return ProtocolError("bad magic on control message");
+  const size_t got = static_cast<size_t>(n) - sizeof h;
   if (h.version != wire::kVersion) {
+    // A hello's layout is frozen across versions: it reaches ferryd, which answers naming both.
+    const bool frozen_hello = h.type == static_cast<uint16_t>(wire::MsgType::kHello) &&
+                              h.length == sizeof(wire::HelloRequest) && got == sizeof(wire::HelloRequest);
+    if (frozen_hello) {
+      out.payload.resize(got);
+      return out;
+    }
+    // So is the status that starts a reply: a hello answered by a ferryd of another version.
+    if (h.type == static_cast<uint16_t>(wire::MsgType::kHelloReply) && got >= sizeof(wire::ReplyStatus) &&
+        h.length == got) {
+      wire::ReplyStatus st;
+      std::memcpy(&st, out.payload.data(), sizeof st);
+      const std::string said = st.code != 0 ? ": " + ReadCString(st.message) : "";
+      return ProtocolError("ferryd speaks protocol " + std::to_string(h.version) + ", this client speaks protocol " +
+                           std::to_string(wire::kVersion) + said +
+                           " (use a libferry from the same ferry release as the running ferryd)");
+    }
     return ProtocolError("protocol version " + std::to_string(h.version) + " spoken, " +
-                         std::to_string(wire::kVersion) + " expected");
+                         std::to_string(wire::kVersion) + " expected (a peer built from another ferry release)");
   }
   size_t want = wire::PayloadLength(static_cast<wire::MsgType>(h.type));
   if (want == 0) return ProtocolError("unknown control message type " + std::to_string(h.type));
-  const size_t got = static_cast<size_t>(n) - sizeof h;
   if (h.length != want) {
     return ProtocolError("control message of type " + std::to_string(h.type) + ": its header claims " +
                          std::to_string(h.length) + " payload bytes and the message has " + std::to_string(got) +

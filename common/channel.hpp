@@ -61,6 +61,9 @@ Status Send(int fd, wire::MsgType type, uint32_t seq, const T& payload, const in
 }
 
 // Blocks until one message arrives (timeout_ms < 0: forever). kUnavailable on orderly EOF.
+// A message of another protocol version is refused, except a kHello (its layout is frozen:
+// header.version tells the receiver to answer with both versions) and a kHelloReply, whose
+// refusal names both versions and carries what the other side said.
 Result<ReceivedMessage> RecvMessage(int fd, int timeout_ms = -1);
 
 // Sets a NUL-terminated message into a fixed wire buffer.

@@ -19,7 +19,12 @@
 namespace ferry::wire {
 
 inline constexpr uint32_t kMagic = 0x59525246;  // "FRRY" little-endian
-inline constexpr uint16_t kVersion = 2;  // 2: a kReportWait names the copy it waited for
+// 2: a kReportWait names the copy it waited for. 3: the ring segment carries the running policy's
+// staging settings (kGetStaging is gone); a kReportWait carries only its tag and length.
+// Frozen in every version, so that two versions can tell each other apart: MsgHeader, the
+// kHello payload (HelloRequest) and the ReplyStatus that starts every reply. ferryd answers a
+// hello of any version, naming both.
+inline constexpr uint16_t kVersion = 3;
 inline constexpr size_t kMaxFdsPerMessage = 200;  // below the kernel's SCM_MAX_FD (253)
 inline constexpr size_t kNameBytes = 32;
 inline constexpr size_t kMessageBytes = 160;
@@ -42,8 +47,7 @@ enum class MsgType : uint16_t {
   kApplyPolicy = 17,  // operator only: carries one fd, the policy file
   kPolicyReply = 18,
   kGetPolicy = 19,    // reply carries one fd: a memfd with the running policy, canonical form
-  kGetStaging = 20,   // how the client should stage pageable memory, per the running policy
-  kStagingReply = 21,
+  // 20, 21: kGetStaging, kStagingReply in version 2 (the ring segment carries staging since 3)
 };
 
 struct MsgHeader {
@@ -61,6 +65,7 @@ struct ReplyStatus {
   uint32_t reserved;
   char message[kMessageBytes];  // NUL-terminated when code != 0
 };
+static_assert(sizeof(ReplyStatus) == 168);
 
 enum class BackendKind : uint32_t { kHost = 0, kCuda = 1 };
 
@@ -69,6 +74,7 @@ struct HelloRequest {
   uint32_t flags;
   char name[kNameBytes];  // free-form client name for logs; NUL-padded
 };
+static_assert(sizeof(HelloRequest) == 40);
 // Carries 3 fds: ring segment memfd, submit doorbell eventfd, completion doorbell eventfd.
 struct HelloReply {
   ReplyStatus status;
@@ -82,10 +88,12 @@ struct HelloReply {
   uint64_t slab_bytes;
   uint64_t session_quota_bytes;
 };
+static_assert(sizeof(HelloReply) == 224);
 
 struct AllocBufferRequest {
   uint64_t size;
 };
+static_assert(sizeof(AllocBufferRequest) == 8);
 // Carries slab_count fds, the memfds of slabs first_slab .. first_slab + slab_count - 1.
 // The buffer lives at pool_offset; pool_offset - first_slab * slab_bytes is its offset in the
 // mapping of those slabs laid side by side.
@@ -96,10 +104,12 @@ struct AllocBufferReply {
   uint32_t first_slab;
   uint32_t slab_count;
 };
+static_assert(sizeof(AllocBufferReply) == 192);
 
 struct FreeBufferRequest {
   uint64_t pool_offset;
 };
+static_assert(sizeof(FreeBufferRequest) == 8);
 
 enum class DeviceHandleKind : uint32_t {
   kCudaIpc = 1,      // cudaIpcMemHandle_t of the allocation's base
@@ -111,15 +121,18 @@ struct RegisterDeviceRequest {
   uint64_t size;  // bytes of the allocation, from its base
   uint8_t handle[kCudaIpcHandleBytes];
 };
+static_assert(sizeof(RegisterDeviceRequest) == 80);
 struct RegisterDeviceReply {
   ReplyStatus status;
   uint32_t region_id;
   uint32_t reserved;
 };
+static_assert(sizeof(RegisterDeviceReply) == 176);
 struct UnregisterDeviceRequest {
   uint32_t region_id;
   uint32_t reserved;
 };
+static_assert(sizeof(UnregisterDeviceRequest) == 8);
 
 enum class EventHandleKind : uint32_t { kCudaIpc = 1, kHost = 2 };
 struct RegisterEventRequest {
@@ -127,19 +140,23 @@ struct RegisterEventRequest {
   uint32_t reserved;
   uint8_t handle[kCudaIpcHandleBytes];
 };
+static_assert(sizeof(RegisterEventRequest) == 72);
 struct RegisterEventReply {
   ReplyStatus status;
   uint32_t event_id;
   uint32_t reserved;
 };
+static_assert(sizeof(RegisterEventReply) == 176);
 
 struct SimpleReply {
   ReplyStatus status;
 };
+static_assert(sizeof(SimpleReply) == 168);
 
 struct StatsRequest {
   uint32_t reserved;
 };
+static_assert(sizeof(StatsRequest) == 4);
 struct StatsReply {
   ReplyStatus status;
   uint64_t sessions;
@@ -153,33 +170,27 @@ struct StatsReply {
   uint32_t backend;
   uint32_t reserved;
 };
+static_assert(sizeof(StatsReply) == 240);
 
 struct ApplyPolicyRequest {
   char source[96];   // the file's name, for error messages and the daemon's log
   uint32_t dry_run;  // 1: validate only
   uint32_t reserved;
 };
+static_assert(sizeof(ApplyPolicyRequest) == 104);
 inline constexpr uint32_t kPolicyFormatCanonical = 0;  // "key: value" lines, what the hash covers
 inline constexpr uint32_t kPolicyFormatYaml = 1;       // a policy file that parses back to the same policy
 struct GetPolicyRequest {
   uint32_t format;  // kPolicyFormat*
 };
+static_assert(sizeof(GetPolicyRequest) == 4);
 struct PolicyReply {
   ReplyStatus status;
   char name[64];
   char hash[32];           // of the policy now running (after an apply: the new one)
   char previous_hash[32];  // after an apply: the one it replaced
 };
-
-struct GetStagingRequest {
-  uint32_t reserved;
-};
-struct StagingReply {
-  ReplyStatus status;
-  uint64_t chunk_bytes;
-  uint32_t threads;
-  uint32_t buffers;
-};
+static_assert(sizeof(PolicyReply) == 296);
 
 // Which payload struct belongs to a type, so both sides check length the same way.
 template <MsgType T>
@@ -200,8 +211,6 @@ template <> struct PayloadOf<MsgType::kStatsReply> { using type = StatsReply; };
 template <> struct PayloadOf<MsgType::kApplyPolicy> { using type = ApplyPolicyRequest; };
 template <> struct PayloadOf<MsgType::kGetPolicy> { using type = GetPolicyRequest; };
 template <> struct PayloadOf<MsgType::kPolicyReply> { using type = PolicyReply; };
-template <> struct PayloadOf<MsgType::kGetStaging> { using type = GetStagingRequest; };
-template <> struct PayloadOf<MsgType::kStagingReply> { using type = StagingReply; };
 
 // Expected payload length for a type; 0 for an unknown type.
 size_t PayloadLength(MsgType type);
@@ -215,9 +224,8 @@ enum class Opcode : uint16_t {
   kDeviceToHost = 2,
   // The client was blocked `length` ns waiting for its copy `user_tag` (a copy of this session,
   // submitted recently): exposed copy time, for metrics. Once per copy; a wait longer than the
-  // copy can have existed, or for a tag ferryd does not know, is refused and counted. The
-  // direction is the copy's (device_offset, 0 h2d / 1 d2h, is informative only). No completion
-  // is sent for it.
+  // copy can have existed, or for a tag ferryd does not know, is refused and counted. Every
+  // other field is 0 (ferryd knows the copy's direction itself). No completion is sent for it.
   kReportWait = 3,
 };
 enum class Priority : uint16_t { kBulk = 0, kLatency = 1 };
@@ -259,6 +267,19 @@ struct alignas(64) RingIndex {
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
+// How the client stages pageable memory (Client::CopyStaged), as the running policy says.
+// ferryd writes it before the hello reply and again on every policy switch; it never reads it
+// back. A seqlock: `generation` is odd while ferryd writes, so a reader retries until it reads
+// the same even generation before and after the fields.
+struct alignas(64) StagingSettings {
+  std::atomic<uint32_t> generation;
+  std::atomic<uint32_t> threads;
+  std::atomic<uint32_t> buffers;
+  std::atomic<uint32_t> reserved;
+  std::atomic<uint64_t> chunk_bytes;
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
 inline constexpr uint32_t kRingMagic = 0x474e4952;  // "RING"
 inline constexpr uint32_t kDaemonSleeping = 1;       // daemon_state bit: ring the submit doorbell
 inline constexpr uint32_t kClientWaiting = 1;        // client_state bit: ring the completion doorbell
@@ -277,8 +298,10 @@ struct RingHeader {
   RingIndex cq_tail;    // written by the daemon
   RingIndex daemon_state;
   RingIndex client_state;
+  StagingSettings staging;
 };
 static_assert(std::is_standard_layout_v<RingHeader>);
+static_assert(sizeof(RingHeader) == 512);
 
 constexpr size_t RingSegmentBytes(uint32_t sq_entries, uint32_t cq_entries) {
   return sizeof(RingHeader) + sq_entries * sizeof(SubmissionEntry) + cq_entries * sizeof(CompletionEntry);
@@ -290,5 +313,13 @@ inline CompletionEntry* CompletionEntries(void* seg, uint32_t sq_entries) {
   return reinterpret_cast<CompletionEntry*>(static_cast<std::byte*>(seg) + sizeof(RingHeader) +
                                             sq_entries * sizeof(SubmissionEntry));
 }
+
+// Ring arithmetic, the same on both sides. Indices run freely (mod 2^32); a ring of a power of
+// two entries holds tail - head of them, and index i lives in slot i & (entries - 1).
+constexpr uint32_t RingCount(uint32_t head, uint32_t tail) { return tail - head; }
+constexpr bool RingFull(uint32_t head, uint32_t tail, uint32_t entries) { return tail - head >= entries; }
+constexpr uint32_t RingSlot(uint32_t index, uint32_t entries) { return index & (entries - 1); }
+// An index the other side wrote is believable only if it is at most `entries` ahead of ours.
+constexpr bool RingIndexPlausible(uint32_t ours, uint32_t theirs, uint32_t entries) { return theirs - ours <= entries; }
 
 }  // namespace ferry::wire

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -525,6 +527,74 @@ TEST(Daemon, AClientThatNeverReapsCompletionsIsEvictedNotBuffered) {
     std::this_thread::sleep_for(100us);
   }
   EXPECT_TRUE(DaemonHarness::Eventually([&] { return d.counters().evictions.load() == 1; }));
+}
+
+// What a hello of another protocol version looks like on the wire: its layout is frozen.
+std::vector<std::byte> ForeignHello(uint16_t version) {
+  std::vector<std::byte> frame = FrameMessage(wire::MsgType::kHello, 1, nullptr, 0);
+  wire::HelloRequest h{};
+  h.client_version = version;
+  wire::MsgHeader hdr{wire::kMagic, version, static_cast<uint16_t>(wire::MsgType::kHello), sizeof h, 1};
+  frame.resize(sizeof hdr + sizeof h);
+  std::memcpy(frame.data(), &hdr, sizeof hdr);
+  std::memcpy(frame.data() + sizeof hdr, &h, sizeof h);
+  return frame;
+}
+
+TEST(Daemon, AClientOfAnotherProtocolVersionIsToldBothVersions) {
+  DaemonHarness d;
+  for (uint16_t version : {uint16_t(wire::kVersion - 1), uint16_t(wire::kVersion + 1), uint16_t(1)}) {
+    SCOPED_TRACE("client protocol " + std::to_string(version));
+    ASSERT_OK_AND_ASSIGN(UniqueFd sock, ConnectUnix(d.socket_path()));
+    ASSERT_OK_AND_ASSIGN(bool sent, TrySendFramed(sock.get(), ForeignHello(version)));
+    ASSERT_TRUE(sent);
+    ASSERT_OK_AND_ASSIGN(ReceivedMessage m, RecvMessage(sock.get(), 5000));
+    ASSERT_EQ(m.type(), wire::MsgType::kHelloReply);
+    Status st = FromWire(m.As<wire::HelloReply>().status);
+    EXPECT_EQ(st.code(), Code::kProtocol) << st.ToString();
+    EXPECT_NE(st.message().find("ferryd speaks protocol " + std::to_string(wire::kVersion) + ", this client speaks protocol " +
+                                std::to_string(version)),
+              std::string::npos)
+        << st.ToString();
+    EXPECT_TRUE(m.fds.empty());
+  }
+  // The daemon keeps serving clients of its own version.
+  ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
+  RoundTrip(*client, 4096, 0, 0, testing::RandomSeed());
+}
+
+TEST(Client, ToldByAFerrydOfAnotherVersionItSaysBothVersions) {
+  const std::string dir = testing::MakeTempDir("foreign");
+  const std::string path = dir + "/ferryd.sock";
+  ASSERT_OK_AND_ASSIGN(UniqueFd listener, ListenUnix(path, 0600));
+  constexpr uint16_t kTheirs = wire::kVersion + 7;
+  std::thread fake_ferryd([&] {
+    auto conn = AcceptUnix(listener.get());
+    if (!conn.ok()) return;
+    auto hello = RecvMessage(conn->get(), 5000);
+    if (!hello.ok()) return;
+    // A ferryd of version kTheirs refusing this client: its reply starts with the frozen status.
+    wire::HelloReply r{};
+    r.status = ToWire(ProtocolError("ferryd speaks protocol " + std::to_string(kTheirs) + ", this client speaks " +
+                                    std::to_string(hello->header.version)));
+    wire::MsgHeader hdr{wire::kMagic, kTheirs, static_cast<uint16_t>(wire::MsgType::kHelloReply), sizeof r, hello->header.seq};
+    std::vector<std::byte> frame(sizeof hdr + sizeof r);
+    std::memcpy(frame.data(), &hdr, sizeof hdr);
+    std::memcpy(frame.data() + sizeof hdr, &r, sizeof r);
+    (void)TrySendFramed(conn->get(), frame);
+    (void)RecvMessage(conn->get(), 2000);  // until the client hangs up
+  });
+  ConnectOptions o;
+  o.socket_path = path;
+  auto c = Client::Connect(o);
+  fake_ferryd.join();
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kProtocol) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("ferryd speaks protocol " + std::to_string(kTheirs) +
+                                      ", this client speaks protocol " + std::to_string(wire::kVersion)),
+            std::string::npos)
+      << c.status().ToString();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Daemon, RefusesAClientOfAnotherProtocolVersion) {
