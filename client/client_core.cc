@@ -162,12 +162,12 @@ Result<std::shared_ptr<TransferState>> ClientCore::Submit(wire::SubmissionEntry 
       FERRY_RETURN_IF_ERROR(broken_);
       ReapLocked();
       const uint32_t head = hdr_->sq_head.value.load(std::memory_order_acquire);
-      if (outstanding_ < sq_entries_ && sq_tail_ - head < sq_entries_) {
+      if (outstanding_ < sq_entries_ && !wire::RingFull(head, sq_tail_, sq_entries_)) {
         e.user_tag = t->tag = next_tag_++;
         t->submit_ns = MonotonicNanos();
         pending_[t->tag] = t;
         ++outstanding_;
-        sq_[sq_tail_ & (sq_entries_ - 1)] = e;
+        sq_[wire::RingSlot(sq_tail_, sq_entries_)] = e;
         ++sq_tail_;
         hdr_->sq_tail.value.store(sq_tail_, std::memory_order_release);
         std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -187,15 +187,36 @@ Result<std::shared_ptr<TransferState>> ClientCore::Submit(wire::SubmissionEntry 
 
 // Tells ferryd how long this thread was blocked on a copy: the exposed time its metrics show.
 // Best effort: skipped when the ring is full. Caller holds ring_mu_.
-void ClientCore::ReportWaitLocked(uint64_t tag, uint32_t direction, uint64_t blocked_ns) {
+PolicyStaging ClientCore::Staging() const {
+  const wire::StagingSettings& st = hdr_->staging;
+  PolicyStaging out;
+  // ferryd writes it in a few stores on its loop thread; a ferryd killed mid-write leaves the
+  // generation odd for good, so after a while the fields are taken as they are.
+  for (int tries = 0; tries < 100'000; ++tries) {
+    const uint32_t before = st.generation.load(std::memory_order_acquire);
+    if (before % 2 == 0) {
+      out.chunk_bytes = st.chunk_bytes.load(std::memory_order_relaxed);
+      out.threads = st.threads.load(std::memory_order_relaxed);
+      out.buffers = st.buffers.load(std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (st.generation.load(std::memory_order_relaxed) == before) return out;
+    }
+    CpuRelax();
+  }
+  out.chunk_bytes = st.chunk_bytes.load(std::memory_order_relaxed);
+  out.threads = st.threads.load(std::memory_order_relaxed);
+  out.buffers = st.buffers.load(std::memory_order_relaxed);
+  return out;
+}
+
+void ClientCore::ReportWaitLocked(uint64_t tag, uint64_t blocked_ns) {
   const uint32_t head = hdr_->sq_head.value.load(std::memory_order_acquire);
-  if (sq_tail_ - head >= sq_entries_) return;
+  if (wire::RingFull(head, sq_tail_, sq_entries_)) return;
   wire::SubmissionEntry e{};
   e.opcode = static_cast<uint16_t>(wire::Opcode::kReportWait);
   e.user_tag = tag;
   e.length = blocked_ns;
-  e.device_offset = direction;
-  sq_[sq_tail_ & (sq_entries_ - 1)] = e;
+  sq_[wire::RingSlot(sq_tail_, sq_entries_)] = e;
   ++sq_tail_;
   hdr_->sq_tail.value.store(sq_tail_, std::memory_order_release);
 }
@@ -203,13 +224,13 @@ void ClientCore::ReportWaitLocked(uint64_t tag, uint32_t direction, uint64_t blo
 // Caller holds ring_mu_.
 void ClientCore::ReapLocked() {
   const uint32_t tail = hdr_->cq_tail.value.load(std::memory_order_acquire);
-  if (tail - cq_head_ > cq_entries_) {
+  if (!wire::RingIndexPlausible(cq_head_, tail, cq_entries_)) {
     Break(ProtocolError("completion ring tail out of range"));
     return;
   }
   bool any = false;
   while (cq_head_ != tail) {
-    wire::CompletionEntry c = cq_[cq_head_ & (cq_entries_ - 1)];
+    wire::CompletionEntry c = cq_[wire::RingSlot(cq_head_, cq_entries_)];
     ++cq_head_;
     any = true;
     auto it = pending_.find(c.user_tag);
@@ -249,7 +270,7 @@ void ClientCore::CollectStallsLocked() {
       ++i;
       continue;
     }
-    if (ns.ok()) ReportWaitLocked(p.tag, p.direction, static_cast<uint64_t>(*ns));
+    if (ns.ok()) ReportWaitLocked(p.tag, static_cast<uint64_t>(*ns));
     free_probes_.push_back(p);
     stall_probes_[i] = stall_probes_.back();
     stall_probes_.pop_back();
@@ -360,7 +381,7 @@ Status ClientCore::Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueu
       if (t.done) {
         if (!until_enqueued && !t.wait_reported) {
           t.wait_reported = true;
-          ReportWaitLocked(t.tag, t.direction, first ? 0 : MonotonicNanos() - start);
+          ReportWaitLocked(t.tag, first ? 0 : MonotonicNanos() - start);
         }
         return t.status;
       }
@@ -444,7 +465,6 @@ Status ClientCore::StreamWait(std::span<TransferState* const> batch, void* strea
   if (measured && newest != nullptr && device_->RecordEvent(p.end, stream).ok()) {
     for (TransferState* t : batch) t->wait_reported = true;  // the batch's stall is this one report
     p.tag = newest->tag;
-    p.direction = newest->direction;
     stall_probes_.push_back(p);
   } else if (p.start) {
     free_probes_.push_back(p);

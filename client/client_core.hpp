@@ -68,9 +68,20 @@ struct TransferState {
   std::shared_ptr<DeviceRegionState> region_keep;
 };
 
+// How the running policy says to stage pageable memory (its staging section).
+struct PolicyStaging {
+  uint64_t chunk_bytes = 0;
+  uint32_t threads = 0;
+  uint32_t buffers = 0;
+};
+
 class ClientCore : public std::enable_shared_from_this<ClientCore> {
  public:
   ~ClientCore();
+
+  // The running policy's staging settings, as ferryd last wrote them into this session's ring
+  // header (at hello, and after every policy switch). Any thread.
+  PolicyStaging Staging() const;
 
   // Connects and says hello: maps the rings and sets up the device the daemon's backend uses.
   Status Connect(const ConnectOptions& o);
@@ -124,12 +135,11 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     void* start = nullptr;
     void* end = nullptr;
     uint64_t tag = 0;
-    uint32_t direction = 0;
   };
   static constexpr size_t kMaxStallProbes = 256;  // beyond this many unread, waits go unmeasured
 
   // The methods named *Locked are called with ring_mu_ held.
-  void ReportWaitLocked(uint64_t tag, uint32_t direction, uint64_t blocked_ns);
+  void ReportWaitLocked(uint64_t tag, uint64_t blocked_ns);
   void ReapLocked();
   void CollectStallsLocked();
   StallProbe TakeProbeLocked();

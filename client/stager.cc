@@ -216,16 +216,6 @@ class StagedPipeline {
 
 }  // namespace
 
-Result<wire::StagingReply> Stager::Settings(const std::function<Result<wire::StagingReply>()>& ask) {
-  std::lock_guard<std::mutex> l(settings_mu_);
-  const uint64_t now = MonotonicNanos();
-  if (settings_at_ == 0 || now - settings_at_ > 1'000'000'000ull) {
-    FERRY_ASSIGN_OR_RETURN(settings_, ask());
-    settings_at_ = now;
-  }
-  return settings_;
-}
-
 Stager::~Stager() {
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -310,18 +300,14 @@ void Stager::Work(uint64_t seen) {
 
 Status Stager::Copy(Client& client, ClientCore& core, Direction direction, void* host, const DeviceRegion& device,
                     size_t device_offset, size_t bytes, const StagedCopyOptions& options) {
+  // What the running policy says now: ferryd wrote it into the ring at hello and rewrites it on
+  // every policy switch, so the next staged copy follows a switch at once. The call's own
+  // chunk and threads, where given, come first (docs/policies.md, "Staging").
+  const PolicyStaging r = core.Staging();
   uint64_t chunk = options.chunk_bytes;
   int threads = options.threads;
-  uint32_t buffers = 8;
-  if (chunk == 0 || threads <= 0) {
-    FERRY_ASSIGN_OR_RETURN(wire::StagingReply r, Settings([&]() -> Result<wire::StagingReply> {
-                             FERRY_ASSIGN_OR_RETURN(ReceivedMessage m,
-                                                    core.Call(wire::MsgType::kGetStaging, wire::GetStagingRequest{},
-                                                              wire::MsgType::kStagingReply));
-                             auto reply = m.As<wire::StagingReply>();
-                             FERRY_RETURN_IF_ERROR(FromWire(reply.status));
-                             return reply;
-                           }));
+  const uint32_t buffers = std::max<uint32_t>(r.buffers, 2);
+  {
     // The policy's threads, but no more than this process may run at once: more only queue.
     if (threads <= 0) threads = static_cast<int>(std::min<uint32_t>(r.threads, UsableCpus()));
     if (chunk == 0) {
@@ -332,7 +318,6 @@ Status Stager::Copy(Client& client, ClientCore& core, Direction direction, void*
       const uint64_t fit = (bytes / kChunksPerCopy + kAlign - 1) / kAlign * kAlign;
       chunk = std::min<uint64_t>(r.chunk_bytes, std::max(kMinChunk, fit));
     }
-    buffers = std::max<uint32_t>(r.buffers, 2);
   }
   if (chunk == 0 || threads <= 0) return InvalidArgument("staging chunk size and threads must be positive");
   // Each thread copies a slice of the chunk at hand: a chunk is staged by all threads at once.

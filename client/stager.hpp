@@ -30,17 +30,12 @@ class Stager {
               size_t device_offset, size_t bytes, const StagedCopyOptions& options);
 
  private:
-  // The policy's staging settings, asked of ferryd at most once a second (a round trip costs
-  // tens of microseconds, a copy of 64 MiB 1.5 ms); a new policy reaches staged copies within
-  // that second.
-  Result<wire::StagingReply> Settings(const std::function<Result<wire::StagingReply>()>& ask);
-
   // Staged copies of one client take turns; the helpers below are called by the turn's holder.
   std::unique_lock<std::mutex> Exclusive() { return std::unique_lock<std::mutex>(turn_mu_); }
 
   // Runs `task` on `n` threads, the caller being one of them (the others are started on first
   // need and kept), and returns when all are done. Workers spin a little before they sleep, so
-  // back-to-back staged copies do not pay a wake-up for each of them (on the H200's VM host a
+  // back-to-back staged copies do not pay a wake-up for each of them (on the H200's host a
   // futex wake costs tens of microseconds, and the workers' wake-ups came one after another).
   void RunOnThreads(int n, const std::function<void()>& task);
 
@@ -52,9 +47,6 @@ class Stager {
   void Work(uint64_t seen);
 
   static constexpr uint64_t kSpinNs = 200'000;
-  std::mutex settings_mu_;
-  wire::StagingReply settings_{};
-  uint64_t settings_at_ = 0;
   std::mutex turn_mu_;
   std::vector<HostBuffer> kept_;  // guarded by turn_mu_
   std::mutex mu_;                 // guards the fields below

@@ -18,7 +18,7 @@ void StreamingCopy(void* dst, const void* src, size_t n);
 // How the staged path copies, by direction, from FERRY_STAGED_COPY: "streaming" both ways (unset
 // or unknown: the default), "memcpy" both ways, or "streaming-out": streaming stores only when
 // copying out of a pool buffer into the caller's memory (device to host). On the H200's host,
-// end to end (README "Pageable memory", runs 17 and 18), streaming stores beat memcpy by 10 to 20
+// end to end (runs 17 and 18 of docs/measurements/h200-poll-2026-12-03.txt), streaming stores beat memcpy by 10 to 20
 // GB/s device to host at 256 MiB and 1 GiB (the caller's pages are not read for ownership) and by
 // 3 to 6 GB/s host to device at 64 MiB, although the copy alone was no faster there.
 struct StagedCopyMode {

@@ -151,15 +151,6 @@ void Sessions::HandleStats(Session& s, uint32_t seq) {
   Reply(s, wire::MsgType::kStatsReply, seq, r);
 }
 
-void Sessions::HandleGetStaging(Session& s, uint32_t seq) {
-  wire::StagingReply r{};
-  r.status = ToWire(Status::Ok());
-  r.chunk_bytes = svc_.policy->staging_chunk_bytes;
-  r.threads = svc_.policy->staging_threads;
-  r.buffers = svc_.policy->staging_buffers;
-  Reply(s, wire::MsgType::kStagingReply, seq, r);
-}
-
 // Policies change how every client is served: only ferryd's own user (or root) may apply one.
 // The file is read and parsed on the policy loader's thread; ReplyPolicyLoaded answers.
 void Sessions::HandleApplyPolicy(Session& s, uint32_t seq, const wire::ApplyPolicyRequest& req, UniqueFd fd) {

@@ -28,7 +28,7 @@ namespace {
 // thread gets a 100 KiB stack, and glibc must fit the process's whole static thread-local
 // storage (the executable's and every library loaded at start) into it. When it does not,
 // pthread_create fails with EINVAL before any system call, mg_start returns NULL and
-// prometheus-cpp throws "null context when constructing CivetServer" (DESIGN.md's hazard).
+// prometheus-cpp throws "null context when constructing CivetServer" (docs/design.md, "Known hazards").
 // cuBLAS 13 alone brings 92 KiB of it (libcublasLt.so.13), which is why ferryd loads cuBLAS
 // with dlopen and never links it.
 constexpr size_t kCivetwebThreadStackBytes = 102400;

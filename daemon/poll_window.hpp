@@ -7,7 +7,7 @@
 
 namespace ferry::daemon {
 
-// A request that finds ferryd asleep waits for it to wake (~100 us on the H200's VM), so
+// A request that finds ferryd asleep waits for it to wake (~100 us on the H200's host), so
 // sleeping between requests that come every few milliseconds costs each of them that much;
 // polling through every quiet stretch costs a core. The window adapts: it is twice the longest
 // of the last kRemembered quiet gaps that a window of at most `max_ns` would have bridged, and

@@ -39,7 +39,25 @@ Status Rings::Attach(Session& s, uint32_t ring_entries) {
   s.hdr->cq_entries = s.cq_entries;
   s.sq = wire::SubmissionEntries(s.ring.data());
   s.cq = wire::CompletionEntries(s.ring.data(), s.sq_entries);
+  PublishStaging(s);
   return Status::Ok();
+}
+
+void Rings::PublishStaging(Session& s) {
+  wire::StagingSettings& st = s.hdr->staging;
+  const uint32_t gen = st.generation.load(std::memory_order_relaxed);
+  st.generation.store(gen + 1, std::memory_order_relaxed);  // odd: being written
+  std::atomic_thread_fence(std::memory_order_release);
+  st.chunk_bytes.store(policy_->staging_chunk_bytes, std::memory_order_relaxed);
+  st.threads.store(policy_->staging_threads, std::memory_order_relaxed);
+  st.buffers.store(policy_->staging_buffers, std::memory_order_relaxed);
+  st.generation.store(gen + 2, std::memory_order_release);
+}
+
+void Rings::PublishStagingToAll() {
+  for (auto& [id, s] : sessions_) {
+    if (s->hdr != nullptr && !s->dead) PublishStaging(*s);
+  }
 }
 
 void Rings::SetSleeping(bool sleeping) {
@@ -60,12 +78,12 @@ bool Rings::AnySubmissionPending() const {
 Result<bool> Rings::ReadSubmissions(Session& s, Scheduler& scheduler) {
   const uint64_t scan_ns = MonotonicNanos();
   const uint32_t tail = s.hdr->sq_tail.value.load(std::memory_order_acquire);
-  const uint32_t avail = tail - s.sq_head;
+  const uint32_t avail = wire::RingCount(s.sq_head, tail);
   if (avail == 0) {
     s.sq_seen_empty_ns = scan_ns;
     return false;
   }
-  if (avail > s.sq_entries) {
+  if (!wire::RingIndexPlausible(s.sq_head, tail, s.sq_entries)) {
     rejections_.Count(RejectReason::kProtocol);
     return ProtocolError("submission ring tail out of range");
   }
@@ -75,7 +93,7 @@ Result<bool> Rings::ReadSubmissions(Session& s, Scheduler& scheduler) {
   for (uint32_t i = 0; i < take && !s.dead; ++i) {
     wire::SubmissionEntry e;
     // Read the entry once, into our memory; the client may rewrite the slot at any time.
-    std::memcpy(&e, &s.sq[s.sq_head & (s.sq_entries - 1)], sizeof e);
+    std::memcpy(&e, &s.sq[wire::RingSlot(s.sq_head, s.sq_entries)], sizeof e);
     ++s.sq_head;
     HandleSubmission(s, e, scheduler);
   }
@@ -139,6 +157,10 @@ void Rings::HandleWaitReport(Session& s, const wire::SubmissionEntry& e) {
     rejections_.Count(RejectReason::kWaitReport);
     FERRY_LOG(kDebug) << "session " << s.id << ": refused a wait report for copy " << e.user_tag << ": " << why;
   };
+  if (e.priority != 0 || e.flags != 0 || e.pool_offset != 0 || e.device_offset != 0 || e.region_id != 0 ||
+      e.wait_event_id != 0 || e.signal_event_id != 0 || e.reserved != 0) {
+    return refuse("a wait report carries only a tag and a length; its other fields must be 0");
+  }
   auto it = s.reportable.find(e.user_tag);
   if (it == s.reportable.end()) return refuse("no recent copy of this session has that tag");
   ReportableCopy& c = it->second;
@@ -246,15 +268,14 @@ void Rings::OnCopyFinished(const FinishedCopy& c) {
 Status Rings::PostCompletions(Session& s) {
   if (s.backlog.empty()) return Status::Ok();
   const uint32_t head = s.hdr->cq_head.value.load(std::memory_order_acquire);
-  const uint32_t used = s.cq_tail - head;
-  if (used > s.cq_entries) {
+  if (!wire::RingIndexPlausible(head, s.cq_tail, s.cq_entries)) {
     rejections_.Count(RejectReason::kProtocol);
     return ProtocolError("completion ring head out of range");
   }
-  uint32_t space = s.cq_entries - used;
+  uint32_t space = s.cq_entries - wire::RingCount(head, s.cq_tail);
   bool wrote = false;
   while (space > 0 && !s.backlog.empty()) {
-    s.cq[s.cq_tail & (s.cq_entries - 1)] = s.backlog.front();
+    s.cq[wire::RingSlot(s.cq_tail, s.cq_entries)] = s.backlog.front();
     s.backlog.pop_front();
     ++s.cq_tail;
     --space;

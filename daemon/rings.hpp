@@ -40,6 +40,11 @@ class Rings : public Scheduler::Listener {
   // if it waits for them. An error: evict it, for that reason.
   Status PostCompletions(Session& s);
 
+  // Writes the running policy's staging settings into the session's ring header, where its
+  // client's staged copies read them; again into every ring after a policy switch.
+  void PublishStaging(Session& s);
+  void PublishStagingToAll();
+
   // Tells every client's ring whether the loop sleeps (then a submission needs the doorbell).
   void SetSleeping(bool sleeping);
   bool AnySubmissionPending() const;

@@ -204,10 +204,11 @@ class Server::Impl {
   // Makes `p` the policy for copies accepted from now on; copies already accepted keep theirs.
   void SwitchPolicy(std::shared_ptr<const Policy> p, const std::string& source) {
     std::shared_ptr<const Policy> old = policy_.Switch(std::move(p));
-    counters_.policy_switches++;
+    sessions_->Reclassify();
+    rings_->PublishStagingToAll();
+    counters_.policy_switches++;  // after the switch is whole: tests wait on it
     FERRY_LOG(kInfo) << "policy switched: " << old->name << " (" << old->Hash() << ") -> " << policy_->name << " ("
                      << policy_->Hash() << ") from " << source;
-    sessions_->Reclassify();
     if (observer_ != nullptr) observer_->OnPolicy(*policy_);
   }
 

@@ -192,7 +192,7 @@ void Sessions::Dispatch(Session& s, ReceivedMessage& msg) {
   const uint32_t seq = msg.header.seq;
   if (!s.hello_done && msg.type() != wire::MsgType::kHello) return Evict(s, "first message was not hello");
   switch (msg.type()) {
-    case wire::MsgType::kHello: return HandleHello(s, seq, msg.As<wire::HelloRequest>());
+    case wire::MsgType::kHello: return HandleHello(s, seq, msg.header.version, msg.As<wire::HelloRequest>());
     case wire::MsgType::kAllocBuffer: return HandleAlloc(s, seq, msg.As<wire::AllocBufferRequest>());
     case wire::MsgType::kFreeBuffer:
       return ReplySimple(s, seq, s.arena->Free(msg.As<wire::FreeBufferRequest>().pool_offset));
@@ -208,14 +208,13 @@ void Sessions::Dispatch(Session& s, ReceivedMessage& msg) {
       return HandleApplyPolicy(s, seq, msg.As<wire::ApplyPolicyRequest>(), std::move(fd));
     }
     case wire::MsgType::kGetPolicy: return HandleGetPolicy(s, seq, msg.As<wire::GetPolicyRequest>());
-    case wire::MsgType::kGetStaging: return HandleGetStaging(s, seq);
     default:
       svc_.rejections.Count(RejectReason::kProtocol);
       Evict(s, "unexpected control message type " + std::to_string(msg.header.type));
   }
 }
 
-void Sessions::HandleHello(Session& s, uint32_t seq, const wire::HelloRequest& req) {
+void Sessions::HandleHello(Session& s, uint32_t seq, uint16_t version, const wire::HelloRequest& req) {
   wire::HelloReply r{};
   auto refuse = [&](const Status& st) {
     r.status = ToWire(st);
@@ -224,6 +223,12 @@ void Sessions::HandleHello(Session& s, uint32_t seq, const wire::HelloRequest& r
     Evict(s, "hello refused: " + st.ToString());
   };
   if (s.hello_done) return refuse(ProtocolError("hello sent twice"));
+  // First: a client of another version may mean another layout for everything after its hello.
+  if (version != wire::kVersion || req.client_version != wire::kVersion) {
+    return refuse(ProtocolError("ferryd speaks protocol " + std::to_string(wire::kVersion) + ", this client speaks protocol " +
+                                std::to_string(version != wire::kVersion ? version : req.client_version) +
+                                "; use a libferry from the same ferry release as the running ferryd"));
+  }
   // The name goes into the log and policy rules match it: a control character in it could
   // forge log lines, so such a hello is refused (and its name never logged).
   const std::string name = ReadCString(req.name);
@@ -236,10 +241,6 @@ void Sessions::HandleHello(Session& s, uint32_t seq, const wire::HelloRequest& r
     }
   }
   s.name = name;
-  if (req.client_version != wire::kVersion) {
-    return refuse(ProtocolError("client speaks protocol " + std::to_string(req.client_version) + ", ferryd speaks " +
-                                std::to_string(wire::kVersion)));
-  }
   if (!Authorized(s)) {
     return refuse(PermissionDenied("uid " + std::to_string(s.peer.uid) + " is not allowed to use this ferryd" +
                                    (allowed_gid_ ? " (not in group " + config_.allowed_group + ")" : "")));

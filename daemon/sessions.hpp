@@ -99,14 +99,13 @@ class Sessions {
 
   void HandleControl(Session& s);
   void Dispatch(Session& s, ReceivedMessage& msg);
-  void HandleHello(Session& s, uint32_t seq, const wire::HelloRequest& req);
+  void HandleHello(Session& s, uint32_t seq, uint16_t version, const wire::HelloRequest& req);
   void HandleAlloc(Session& s, uint32_t seq, const wire::AllocBufferRequest& req);
   void HandleRegisterDevice(Session& s, uint32_t seq, const wire::RegisterDeviceRequest& req, UniqueFd fd);
   void HandleUnregister(Session& s, uint32_t seq, const wire::UnregisterDeviceRequest& req);
   void HandleRegisterEvent(Session& s, uint32_t seq, const wire::RegisterEventRequest& req);
   void HandleApplyPolicy(Session& s, uint32_t seq, const wire::ApplyPolicyRequest& req, UniqueFd fd);
   void HandleGetPolicy(Session& s, uint32_t seq, const wire::GetPolicyRequest& req);
-  void HandleGetStaging(Session& s, uint32_t seq);
   void HandleStats(Session& s, uint32_t seq);
 
   const DaemonConfig& config_;

@@ -55,7 +55,7 @@ struct Policy {
   // (at most this size) into one of this many pool buffers together while ferryd DMAs the
   // chunks already staged. 12 threads: on the H200's host, with streaming stores, 12 reached 40
   // GB/s at every size from 64 MiB in both rounds of an A/B where 8 did in one and 16 in none
-  // (README "Pageable memory", run 20). The client uses at most the CPUs it may run on.
+  // (run 20 of docs/measurements/h200-poll-2026-12-03.txt). The client uses at most the CPUs it may run on.
   uint64_t staging_chunk_bytes = 8ull << 20;
   uint32_t staging_threads = 12;
   uint32_t staging_buffers = 16;

@@ -128,7 +128,7 @@ uint64_t SleepsWhileCopyingEvery(DaemonHarness& d, Client& client, std::chrono::
   return d.counters().sleeps.load() - before;
 }
 
-// A request that finds ferryd asleep waits for it to wake (~100 us on the H200's VM). So while a
+// A request that finds ferryd asleep waits for it to wake (~100 us on the H200's host). So while a
 // client keeps copying every few milliseconds ferryd stays awake, and once it goes quiet ferryd
 // sleeps; with spin_max_us 0 it sleeps in every gap longer than spin_us.
 TEST(Daemon, AStreamWaitOnABatchWaitsForEveryCopyOfIt) {

@@ -1,6 +1,7 @@
 // The metrics exporter in-process: what it counts, and that it binds in a binary that also maps
-// Boost.Interprocess regions: DESIGN.md suspected them of its "null context" failure; the cause
-// is static thread-local storage instead (metrics_tls_test.cc).
+// Boost.Interprocess regions: the first design notes suspected them of the "null context"
+// failure (docs/design.md, "Known hazards"); the cause is static thread-local storage instead
+// (metrics_tls_test.cc).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>

@@ -1,4 +1,4 @@
-// DESIGN.md's hazard, found: prometheus-cpp's exposer fails with "null context when constructing
+// A hazard of docs/design.md ("Known hazards"), found: prometheus-cpp's exposer fails with "null context when constructing
 // CivetServer" in any process whose static thread-local storage does not fit in the 100 KiB
 // stacks Debian's civetweb gives its threads. Boost.Interprocess has nothing to do with it (it
 // has no thread-local storage; metrics_test maps its regions around a working exporter).

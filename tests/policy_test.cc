@@ -360,6 +360,39 @@ void ReplacePolicyFile(const std::string& file, const std::string& text) {
   std::filesystem::rename(tmp, file);
 }
 
+// The policy's staging settings reach a client with its ring at hello and again with each
+// switch: the staged copy right after a switch already cuts its chunks the new way (the
+// number of copies ferryd served tells the chunk size).
+TEST(Staging, AStagedCopyRightAfterAPolicySwitchFollowsTheNewStagingSettings) {
+  const std::string dir = testing::MakeTempDir("stg");
+  const std::string file = dir + "/policy.yaml";
+  ReplacePolicyFile(file, "staging: {chunk_size: 1MiB, threads: 2, buffers: 4}\n");
+  auto config = DaemonHarness::SmallConfig();
+  config.policy_path = file;
+  config.pool_bytes = 64ull << 20;
+  DaemonHarness d(config, nullptr, nullptr);
+  ASSERT_OK_AND_ASSIGN(auto client, d.Connect("staged"));
+  constexpr size_t n = 64ull << 20;  // 32 chunks of 2 MiB would fit: the policy's chunk is smaller
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(n));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  std::vector<std::byte> src(n);
+  auto staged_copies = [&](uint64_t seed) -> uint64_t {
+    testing::FillRandom(src.data(), n, seed);
+    testing::Poison(static_cast<std::byte*>(dev.data()), n);
+    const uint64_t before = d.counters().copies_completed.load();
+    const Status st = client->CopyStaged(Direction::kHostToDevice, src.data(), region, 0, n);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(testing::FirstDifference(static_cast<std::byte*>(dev.data()), src.data(), n), -1);
+    return d.counters().copies_completed.load() - before;
+  };
+  EXPECT_EQ(staged_copies(testing::RandomSeed()), 64u) << "1 MiB chunks";
+  ReplacePolicyFile(file, "staging: {chunk_size: 512KiB, threads: 2, buffers: 4}\n");
+  d.server().RequestReload();
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().policy_switches.load() == 1; }, 20000));
+  EXPECT_EQ(staged_copies(testing::RandomSeed() + 1), 128u) << "512 KiB chunks, at once";
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Scheduler, PoliciesSwitchUnderLoadAndNothingIsLost) {
   const std::string dir = testing::MakeTempDir("pol");
   const std::string file = dir + "/policy.yaml";
