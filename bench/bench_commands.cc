@@ -17,6 +17,7 @@
 #include "common/cli.hpp"
 #include "common/process.hpp"
 #include "common/signing.hpp"
+#include "common/status_macros.hpp"
 #include "ferry/client.hpp"
 #include "bench/overlap.hpp"
 

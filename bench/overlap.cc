@@ -15,6 +15,7 @@
 #include <random>
 #include <sstream>
 
+#include "common/status_macros.hpp"
 #include "policy/policy.hpp"
 #include "ferry/client.hpp"
 #include "ferry/version.hpp"

@@ -11,6 +11,7 @@
 
 #include "common/cuda_status.hpp"
 #include "bench/overlap.hpp"
+#include "common/status_macros.hpp"
 
 namespace ferry::overlap {
 namespace {

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "common/cli.hpp"
+#include "common/status_macros.hpp"
 #include "common/yaml_util.hpp"
 #include "policy/policy.hpp"
 #include "ferry/client.hpp"

@@ -7,6 +7,7 @@
 
 #include "client/client_core.hpp"
 #include "client/stager.hpp"
+#include "common/status_macros.hpp"
 
 namespace ferry {
 namespace detail {

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "client/spin_wait.hpp"
+#include "common/status_macros.hpp"
 
 namespace ferry::detail {
 

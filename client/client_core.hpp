@@ -19,6 +19,7 @@
 
 #include "client/device_api.hpp"
 #include "common/channel.hpp"
+#include "common/status_macros.hpp"
 #include "ferry/client.hpp"
 
 namespace ferry::detail {

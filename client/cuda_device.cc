@@ -6,6 +6,7 @@
 
 #include "client/device_api.hpp"
 #include "common/cuda_status.hpp"
+#include "common/status_macros.hpp"
 
 namespace ferry::detail {
 namespace {

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "client/device_api.hpp"
+#include "common/status_macros.hpp"
 
 namespace ferry::detail {
 namespace {

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 
+#include "common/status_macros.hpp"
 #include "common/yaml_util.hpp"
 #include "ferry/client.hpp"
 

@@ -6,6 +6,7 @@
 
 #include "common/channel.hpp"
 #include "common/fd.hpp"
+#include "common/status_macros.hpp"
 #include "ferry/status.hpp"
 
 namespace ferry::ctl {

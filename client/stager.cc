@@ -10,6 +10,7 @@
 #include "client/client_core.hpp"
 #include "client/spin_wait.hpp"
 #include "client/streaming_copy.hpp"
+#include "common/status_macros.hpp"
 
 namespace ferry::detail {
 namespace {

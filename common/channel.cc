@@ -1,4 +1,5 @@
 #include "common/channel.hpp"
+#include "common/status_macros.hpp"
 
 #include <fcntl.h>
 #include <poll.h>

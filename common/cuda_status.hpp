@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "common/status_macros.hpp"
 #include "ferry/status.hpp"
 
 namespace ferry {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/fd.hpp"
+#include "common/status_macros.hpp"
 
 namespace ferry::signing {
 namespace {

@@ -15,6 +15,7 @@
 #include <yaml-cpp/eventhandler.h>
 
 #include "common/fd.hpp"
+#include "common/status_macros.hpp"
 
 namespace ferry::yamlutil {
 namespace {

@@ -31,8 +31,6 @@ Result<std::string> ReadYamlFd(int fd, const std::string& name);
 Status ErrorAt(const std::string& file, const YAML::Node& node, std::string_view what);
 Status CheckKeys(const std::string& file, const YAML::Node& map, std::initializer_list<std::string_view> allowed);
 
-// "1GiB", "64 MiB", "4096", "2MB" -> bytes: common/byte_size.hpp's parser, under its old name.
-inline Result<uint64_t> ParseSize(std::string_view text) { return ParseByteSize(text); }
 Result<uint64_t> GetSize(const std::string& file, const YAML::Node& node, uint64_t min, uint64_t max);
 Result<int64_t> GetInt(const std::string& file, const YAML::Node& node, int64_t min, int64_t max);
 Result<double> GetDouble(const std::string& file, const YAML::Node& node, double min, double max);

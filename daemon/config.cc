@@ -1,6 +1,7 @@
 #include "daemon/config.hpp"
 
 #include "common/backend_name.hpp"
+#include "common/status_macros.hpp"
 #include "common/yaml_util.hpp"
 
 namespace ferry::daemon {
@@ -19,10 +20,9 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
   if (auto n = root["allowed_group"]) { FERRY_ASSIGN_OR_RETURN(c.allowed_group, GetString(file, n)); }
   if (auto n = root["backend"]) {
     FERRY_ASSIGN_OR_RETURN(std::string b, GetString(file, n));
-    auto kind = ParseBackendName(b);
-    if (b == "auto") c.backend = BackendChoice::kAuto;
-    else if (kind) c.backend = *kind == wire::BackendKind::kCuda ? BackendChoice::kCuda : BackendChoice::kHost;
-    else return ErrorAt(file, n, "backend '" + b + "' unknown (expected auto, cuda or host)");
+    auto choice = ParseBackendChoice(b);
+    if (!choice.ok()) return ErrorAt(file, n, choice.status().message());
+    c.backend = *choice;
   }
   if (auto n = root["device"]) { FERRY_ASSIGN_OR_RETURN(c.device, GetInt(file, n, 0, 63)); }
   if (auto pool = root["pool"]) {
@@ -138,6 +138,12 @@ bool RegistersSlabBySlab(const DaemonConfig& c) {
     case PoolRegistration::kAuto: return !c.allowed_group.empty();
   }
   return true;
+}
+
+Result<BackendChoice> ParseBackendChoice(std::string_view text) {
+  if (text == "auto") return BackendChoice::kAuto;
+  if (auto kind = ParseBackendName(text)) return *kind == wire::BackendKind::kCuda ? BackendChoice::kCuda : BackendChoice::kHost;
+  return InvalidArgument("backend '" + std::string(text) + "' unknown (expected auto, cuda or host)");
 }
 
 std::string_view BackendChoiceName(BackendChoice b) {

@@ -64,6 +64,8 @@ Result<DaemonConfig> LoadConfig(const std::string& path);
 Result<DaemonConfig> ParseConfig(const std::string& text, const std::string& name);
 Status ValidateConfig(const DaemonConfig& c);
 std::string_view BackendChoiceName(BackendChoice b);
+// "auto", "cuda" or "host".
+Result<BackendChoice> ParseBackendChoice(std::string_view text);
 Result<PoolRegistration> ParsePoolRegistration(std::string_view text);
 // What kAuto means for this config: slab by slab when other users may connect.
 bool RegistersSlabBySlab(const DaemonConfig& c);

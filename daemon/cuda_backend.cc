@@ -21,6 +21,7 @@
 #include "common/cuda_status.hpp"
 #include "common/fd.hpp"
 #include "common/log.hpp"
+#include "common/status_macros.hpp"
 #include "daemon/backend.hpp"
 
 namespace ferry::daemon {

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "common/log.hpp"
+#include "common/status_macros.hpp"
 #include "daemon/backend.hpp"
 
 namespace ferry::daemon {

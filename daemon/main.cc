@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "common/byte_size.hpp"
+#include "common/cli.hpp"
 #include "common/log.hpp"
 #include "common/yaml_util.hpp"
 #include "daemon/config.hpp"
@@ -68,55 +70,47 @@ int main(int argc, char** argv) {
   std::string runtime_dir, backend, pool_size, slab_size, policy, pool_register;
   std::optional<std::string> metrics_address;
   bool check_only = false, trace_engine = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&](const char* flag) -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "ferryd: %s needs a value\n", flag);
-        std::exit(2);
-      }
-      return argv[++i];
+  // A bad command line exits 2, like a bad configuration.
+  auto usage_error = [](const std::string& what) {
+    cli::Fail("ferryd", what);
+    return 2;
+  };
+  for (cli::Args a(argc, argv); a.Next();) {
+    // Every option but the flags takes a value.
+    auto value = [&](std::string& out) {
+      if (!a.HasValue()) return false;
+      out = a.Value();
+      return true;
     };
-    if (a == "-h" || a == "--help") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (a == "--version") {
+    std::string level, address;
+    bool ok = true;
+    if (a.IsHelp()) return cli::Help(kUsage);
+    else if (a.Is("--version")) {
       std::printf("ferryd %s\n", kVersionString);
       return 0;
-    } else if (a == "--config") {
-      config_path = value("--config");
-    } else if (a == "--runtime-dir") {
-      runtime_dir = value("--runtime-dir");
-    } else if (a == "--backend") {
-      backend = value("--backend");
-    } else if (a == "--pool-size") {
-      pool_size = value("--pool-size");
-    } else if (a == "--slab-size") {
-      slab_size = value("--slab-size");
-    } else if (a == "--pool-register") {
-      pool_register = value("--pool-register");
-    } else if (a == "--metrics-address") {
-      metrics_address = value("--metrics-address");
-    } else if (a == "--policy") {
-      policy = value("--policy");
-    } else if (a == "--check-config") {
-      check_only = true;
-    } else if (a == "--trace-engine") {
-      trace_engine = true;
-    } else if (a == "--log-level") {
-      std::string l = value("--log-level");
-      if (l == "debug") SetLogLevel(LogLevel::kDebug);
-      else if (l == "info") SetLogLevel(LogLevel::kInfo);
-      else if (l == "warning") SetLogLevel(LogLevel::kWarning);
-      else if (l == "error") SetLogLevel(LogLevel::kError);
-      else {
-        std::fprintf(stderr, "ferryd: unknown log level '%s'\n", l.c_str());
-        return 2;
-      }
+    } else if (a.Is("--config")) ok = value(config_path);
+    else if (a.Is("--runtime-dir")) ok = value(runtime_dir);
+    else if (a.Is("--backend")) ok = value(backend);
+    else if (a.Is("--pool-size")) ok = value(pool_size);
+    else if (a.Is("--slab-size")) ok = value(slab_size);
+    else if (a.Is("--pool-register")) ok = value(pool_register);
+    else if (a.Is("--metrics-address")) {
+      ok = value(address);
+      metrics_address = address;
+    } else if (a.Is("--policy")) ok = value(policy);
+    else if (a.Is("--check-config")) check_only = true;
+    else if (a.Is("--trace-engine")) trace_engine = true;
+    else if (a.Is("--log-level")) {
+      ok = value(level);
+      if (level == "debug") SetLogLevel(LogLevel::kDebug);
+      else if (level == "info") SetLogLevel(LogLevel::kInfo);
+      else if (level == "warning") SetLogLevel(LogLevel::kWarning);
+      else if (level == "error") SetLogLevel(LogLevel::kError);
+      else if (ok) return usage_error("unknown log level '" + level + "' (debug, info, warning, error)");
     } else {
-      std::fprintf(stderr, "ferryd: unknown option '%s' (try --help)\n", a.c_str());
-      return 2;
+      return usage_error("unknown option '" + a.current() + "' (try --help)");
     }
+    if (!ok) return usage_error(a.current() + " needs a value");
   }
   if (config_path.empty() && ::access("/etc/ferry/ferryd.yaml", R_OK) == 0) config_path = "/etc/ferry/ferryd.yaml";
   daemon::DaemonConfig config;
@@ -133,13 +127,9 @@ int main(int argc, char** argv) {
   if (!policy.empty()) config.policy_path = policy;
   if (metrics_address) config.metrics_address = *metrics_address;
   if (!backend.empty()) {
-    if (backend == "auto") config.backend = daemon::BackendChoice::kAuto;
-    else if (backend == "cuda") config.backend = daemon::BackendChoice::kCuda;
-    else if (backend == "host") config.backend = daemon::BackendChoice::kHost;
-    else {
-      std::fprintf(stderr, "ferryd: --backend %s unknown (auto, cuda or host)\n", backend.c_str());
-      return 2;
-    }
+    auto choice = daemon::ParseBackendChoice(backend);
+    if (!choice.ok()) return usage_error("--backend: " + choice.status().message());
+    config.backend = *choice;
   }
   if (!pool_register.empty()) {
     auto mode = daemon::ParsePoolRegistration(pool_register);
@@ -151,7 +141,7 @@ int main(int argc, char** argv) {
   }
   for (auto [text, field] : {std::pair{&pool_size, &config.pool_bytes}, std::pair{&slab_size, &config.slab_bytes}}) {
     if (text->empty()) continue;
-    auto v = yamlutil::ParseSize(*text);
+    auto v = ParseByteSize(*text);
     if (!v.ok()) {
       std::fprintf(stderr, "ferryd: %s: %s\n", text->c_str(), v.status().message().c_str());
       return 2;

@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "common/log.hpp"
+#include "common/status_macros.hpp"
 
 namespace ferry::daemon {
 

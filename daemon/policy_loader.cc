@@ -3,6 +3,7 @@
 #include <exception>
 #include <system_error>
 
+#include "common/status_macros.hpp"
 #include "common/yaml_util.hpp"
 
 namespace ferry::daemon {

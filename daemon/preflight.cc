@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "common/signing.hpp"
+#include "common/status_macros.hpp"
 
 namespace ferry::daemon {
 namespace {

@@ -7,6 +7,7 @@
 
 #include "common/channel.hpp"
 #include "common/log.hpp"
+#include "common/status_macros.hpp"
 
 namespace ferry::daemon {
 namespace {

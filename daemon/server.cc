@@ -19,6 +19,7 @@
 #include "common/channel.hpp"
 #include "common/log.hpp"
 #include "common/notify.hpp"
+#include "common/status_macros.hpp"
 #include "daemon/fd_usage.hpp"
 #include "daemon/pinned_pool.hpp"
 #include "daemon/poll_window.hpp"

@@ -15,6 +15,7 @@
 #include "common/fd.hpp"
 #include "common/json.hpp"
 #include "common/log.hpp"
+#include "common/status_macros.hpp"
 #include "common/time_format.hpp"
 #include "common/yaml_util.hpp"
 

@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
     auto t0 = std::chrono::steady_clock::now();
     auto t = (*client)->Copy(d, h, 0, *region, 0, n, {.priority = p});
     if (!t.ok()) return t.status();
-    FERRY_RETURN_IF_ERROR(t->Wait(std::chrono::seconds(30)));
+    if (ferry::Status done = t->Wait(std::chrono::seconds(30)); !done.ok()) return done;
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
 

@@ -18,6 +18,7 @@
 #include "common/cli.hpp"
 #include "common/fd.hpp"
 #include "common/signing.hpp"
+#include "common/status_macros.hpp"
 #include "common/yaml_util.hpp"
 
 namespace ferry::ctl {

@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/status_macros.hpp"
 #include "common/yaml_util.hpp"
 
 namespace ferry::policy {

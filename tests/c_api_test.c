@@ -7,16 +7,8 @@
 
 #include "ferry/ferry.h"
 
-static int failures = 0;
-#define CHECK(cond, ...)                                   \
-  do {                                                     \
-    if (!(cond)) {                                         \
-      fprintf(stderr, "c_api_test: FAILED %s: ", #cond);   \
-      fprintf(stderr, __VA_ARGS__);                        \
-      fprintf(stderr, " (%s)\n", ferry_last_error());      \
-      failures++;                                          \
-    }                                                      \
-  } while (0)
+static const char kProgram[] = "c_api_test";
+#include "c_check.h"
 
 static void fill(unsigned char* p, size_t n, unsigned seed) {
   for (size_t i = 0; i < n; ++i) {

@@ -9,16 +9,8 @@
 
 #include "c_abi_v1.h"
 
-static int failures = 0;
-#define CHECK(cond, ...)                                    \
-  do {                                                      \
-    if (!(cond)) {                                          \
-      fprintf(stderr, "c_api_v1_test: FAILED %s: ", #cond); \
-      fprintf(stderr, __VA_ARGS__);                         \
-      fprintf(stderr, " (%s)\n", ferry_last_error());       \
-      failures++;                                           \
-    }                                                       \
-  } while (0)
+static const char kProgram[] = "c_api_v1_test";
+#include "c_check.h"
 
 /* A copy options struct as a newer ferry.h might have it: the v1 fields, then one this library
  * does not know. */

@@ -29,7 +29,9 @@ done <<<"$symbols"
 for must in ferry_connect ferry_copy_staged; do
   grep -qxF "$must" <<<"$symbols" || { echo "FAIL: $must is not exported"; leaks=$((leaks + 1)); }
 done
-c++filt <<<"$symbols" | grep -q '^ferry::Client::Connect(' || { echo "FAIL: ferry::Client::Connect is not exported"; leaks=$((leaks + 1)); }
+# (Not c++filt | grep -q: grep leaving at the first match would SIGPIPE c++filt, a failure under pipefail.)
+demangled=$(c++filt <<<"$symbols")
+grep -q '^ferry::Client::Connect(' <<<"$demangled" || { echo "FAIL: ferry::Client::Connect is not exported"; leaks=$((leaks + 1)); }
 
 echo "$(wc -l <<<"$symbols") symbols exported, $leaks not part of the public API"
 [[ $leaks -eq 0 ]]

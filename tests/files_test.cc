@@ -20,6 +20,7 @@
 #include "common/channel.hpp"
 #include "common/log.hpp"
 #include "common/signing.hpp"
+#include "common/status_macros.hpp"
 #include "common/yaml_util.hpp"
 #include "daemon/config.hpp"
 #include "policy/policy.hpp"

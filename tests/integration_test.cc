@@ -12,6 +12,7 @@
 
 #include "common/channel.hpp"
 #include "common/fd.hpp"
+#include "common/status_macros.hpp"
 #include "common/wire.hpp"
 #include "test_util.hpp"
 

@@ -22,6 +22,7 @@
 
 #include "common/channel.hpp"
 #include "common/fd.hpp"
+#include "common/status_macros.hpp"
 #include "common/wire.hpp"
 #include "daemon/metrics.hpp"
 #include "process_util.hpp"

@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 
+#include "common/status_macros.hpp"
 #include "daemon/server.hpp"
 #include "ferry/client.hpp"
 #include "bench/bench_util.hpp"

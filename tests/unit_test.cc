@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "client/streaming_copy.hpp"
+#include "common/byte_size.hpp"
 #include "common/channel.hpp"
 #include "common/signing.hpp"
 #include "common/yaml_util.hpp"
@@ -40,14 +41,14 @@ TEST(Status, CarriesCodeAndMessage) {
 }
 
 TEST(Sizes, ParseUnitsAndRejectGarbage) {
-  EXPECT_EQ(*yamlutil::ParseSize("4096"), 4096u);
-  EXPECT_EQ(*yamlutil::ParseSize("64MiB"), 64ull << 20);
-  EXPECT_EQ(*yamlutil::ParseSize("1 GiB"), 1ull << 30);
-  EXPECT_EQ(*yamlutil::ParseSize("2MB"), 2000000u);
-  EXPECT_FALSE(yamlutil::ParseSize("MiB").ok());
-  EXPECT_FALSE(yamlutil::ParseSize("12 parsecs").ok());
-  EXPECT_FALSE(yamlutil::ParseSize("99999999999999999999").ok());
-  EXPECT_FALSE(yamlutil::ParseSize("17179869184TiB").ok());
+  EXPECT_EQ(*ParseByteSize("4096"), 4096u);
+  EXPECT_EQ(*ParseByteSize("64MiB"), 64ull << 20);
+  EXPECT_EQ(*ParseByteSize("1 GiB"), 1ull << 30);
+  EXPECT_EQ(*ParseByteSize("2MB"), 2000000u);
+  EXPECT_FALSE(ParseByteSize("MiB").ok());
+  EXPECT_FALSE(ParseByteSize("12 parsecs").ok());
+  EXPECT_FALSE(ParseByteSize("99999999999999999999").ok());
+  EXPECT_FALSE(ParseByteSize("17179869184TiB").ok());
 }
 
 TEST(Config, DefaultsAndOverrides) {

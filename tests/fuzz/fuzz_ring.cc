@@ -11,6 +11,7 @@
 #include "common/wire.hpp"
 #include "daemon/server.hpp"
 #include "ferry/client.hpp"
+#include "fuzz_world.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -40,28 +41,7 @@ struct Raw {
   wire::RingHeader* hdr() { return reinterpret_cast<wire::RingHeader*>(ring.data()); }
 };
 
-struct World {
-  std::unique_ptr<ferry::testing::DaemonHarness> d = std::make_unique<ferry::testing::DaemonHarness>();
-  std::unique_ptr<Client> good;
-  std::optional<HostBuffer> host;
-  std::optional<DeviceAllocation> dev;
-  std::optional<DeviceRegion> region;
-  uint64_t inputs = 0;
-  World() {
-    good = std::move(*d->Connect("good"));
-    host.emplace(std::move(*good->AllocateHost(1 << 16)));
-    dev.emplace(std::move(*good->AllocateDevice(1 << 16)));
-    region.emplace(std::move(*good->RegisterDevice(dev->data(), dev->size())));
-  }
-  void CheckStillServing() {
-    ferry::testing::FillRandom(host->data(), 4096, inputs);
-    auto t = good->Copy(Direction::kHostToDevice, *host, 0, *region, 0, 4096);
-    if (!t.ok() || !t->Wait(std::chrono::seconds(5)).ok() ||
-        std::memcmp(dev->data(), host->data(), 4096) != 0) {
-      __builtin_trap();
-    }
-  }
-};
+using fuzz::World;
 
 }  // namespace
 
