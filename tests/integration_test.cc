@@ -2,6 +2,7 @@
 // over the real socket and rings. Every copy uses random data into a poisoned destination and
 // every byte is checked.
 #include <gtest/gtest.h>
+#include <poll.h>
 
 #include <atomic>
 #include <cstring>
@@ -570,6 +571,8 @@ TEST(Client, ToldByAFerrydOfAnotherVersionItSaysBothVersions) {
   ASSERT_OK_AND_ASSIGN(UniqueFd listener, ListenUnix(path, 0600));
   constexpr uint16_t kTheirs = wire::kVersion + 7;
   std::thread fake_ferryd([&] {
+    pollfd ready{listener.get(), POLLIN, 0};  // the listener does not block: wait for the client
+    if (::poll(&ready, 1, 30000) != 1) return;
     auto conn = AcceptUnix(listener.get());
     if (!conn.ok()) return;
     auto hello = RecvMessage(conn->get(), 5000);
