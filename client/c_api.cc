@@ -44,8 +44,9 @@ namespace {
 
 thread_local std::string g_last_error;
 
-// Where each versioned struct's first published layout ends (ferry 0.1; tests/c_abi_v1.h has
-// copies of those layouts). A caller's struct_size may not be smaller. Never change these.
+// Where each versioned struct's first published layout ends (ferry_connect_options and
+// ferry_copy_options: ferry 0.1; ferry_staged_copy_options: 0.2; tests/c_abi_v1.h has copies of
+// those layouts). A caller's struct_size may not be smaller. Never change these.
 constexpr size_t kConnectOptionsFirstSize = offsetof(ferry_connect_options, timeout_ms) + sizeof(uint32_t);
 constexpr size_t kCopyOptionsFirstSize = offsetof(ferry_copy_options, stream_waitable) + sizeof(uint32_t);
 constexpr size_t kStagedCopyOptionsFirstSize =

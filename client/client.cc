@@ -7,6 +7,7 @@
 
 #include "client/client_core.hpp"
 #include "client/stager.hpp"
+#include "common/socket_path.hpp"
 #include "common/status_macros.hpp"
 
 namespace ferry {
@@ -22,10 +23,7 @@ struct ClientImpl {
 
 }  // namespace detail
 
-std::string DefaultSocketPath() {
-  if (const char* s = std::getenv("FERRY_SOCKET"); s != nullptr && *s != '\0') return s;
-  return "/run/ferry/ferryd.sock";
-}
+std::string DefaultSocketPath() { return DefaultFerrydSocket(); }
 
 HostBuffer::HostBuffer(std::shared_ptr<detail::HostBufferState> s) : s_(std::move(s)) {}
 HostBuffer::HostBuffer(HostBuffer&&) noexcept = default;

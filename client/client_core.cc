@@ -41,7 +41,8 @@ Status ClientCore::Connect(const ConnectOptions& o) {
   if (!hello.ok() && hello.status().code() == Code::kUnavailable) {
     return Unavailable("ferryd at " + path + " closed the connection before answering hello: it may be at its " +
                        "limit of connections that have not said hello yet (limits.pending_connections*) or out " +
-                       "of file descriptors; its log says why");
+                       "of file descriptors (its log says why), or it is a ferryd older than protocol " +
+                       std::to_string(wire::kVersion) + " that hangs up on a client of another version");
   }
   FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, std::move(hello));
   auto r = m.As<wire::HelloReply>();
@@ -422,12 +423,13 @@ Status ClientCore::StreamWait(std::span<TransferState* const> batch, void* strea
     for (TransferState* t : batch) FERRY_RETURN_IF_ERROR(Wait(*t, 3600ull * 1'000'000'000ull, false));
     return Status::Ok();
   }
-  for (TransferState* t : batch) {
-    if (!t->event && !t->done) return InvalidArgument("StreamWait needs a copy submitted with stream_waitable = true");
-  }
   StallProbe p;
   {
+    // Under ring_mu_: a reap on another thread sets done and takes the event back.
     std::lock_guard<std::mutex> l(ring_mu_);
+    for (TransferState* t : batch) {
+      if (!t->event && !t->done) return InvalidArgument("StreamWait needs a copy submitted with stream_waitable = true");
+    }
     for (TransferState* t : batch) {
       if (!t->done && !t->wait_reported) {
         p = TakeProbeLocked();

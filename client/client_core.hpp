@@ -96,7 +96,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     const uint32_t seq = ++seq_;
     Status st = Send(sock_.get(), type, seq, payload, fds, nfds);
     if (!st.ok()) return Unavailable("ferryd went away: " + st.message());
-    auto m = RecvMessage(sock_.get(), timeout_ms_);
+    auto m = RecvMessage(sock_.get(), timeout_ms_, Sender::kFerryd);
     if (!m.ok()) {
       if (m.status().code() == Code::kUnavailable) return Unavailable("ferryd closed the connection");
       return m.status();

@@ -6,18 +6,29 @@
 
 #include "common/status_macros.hpp"
 #include "common/yaml_util.hpp"
-#include "ferry/client.hpp"
+#include "common/socket_path.hpp"
 
 namespace ferry::ctl {
 
 Status Control::Open(const std::string& socket) {
-  FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(socket.empty() ? DefaultSocketPath() : socket, 10000));
+  FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(socket.empty() ? DefaultFerrydSocket() : socket, 10000));
   wire::HelloRequest h{};
   h.client_version = wire::kVersion;
   CopyCString(h.name, "ferryctl");
   FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kHello, h));
   if (m.type() != wire::MsgType::kHelloReply) return ProtocolError("unexpected reply to hello");
-  return FromWire(m.As<wire::HelloReply>().status);
+  const auto reply = m.As<wire::HelloReply>();
+  FERRY_RETURN_IF_ERROR(FromWire(reply.status));
+  backend_ = static_cast<wire::BackendKind>(reply.backend);
+  return Status::Ok();
+}
+
+Result<wire::StatsReply> Control::Stats() {
+  FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kStats, wire::StatsRequest{}));
+  if (m.type() != wire::MsgType::kStatsReply) return ProtocolError("unexpected reply to stats");
+  const auto r = m.As<wire::StatsReply>();
+  FERRY_RETURN_IF_ERROR(FromWire(r.status));
+  return r;
 }
 
 Result<std::string> Control::RunningPolicyText(bool as_yaml) {

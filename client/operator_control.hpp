@@ -17,11 +17,14 @@ struct PolicyInfo {
 
 class Control {
  public:
-  Status Open(const std::string& socket);  // empty: DefaultSocketPath()
+  // Connects and says hello as an operator: a session with no device of its own, so
+  // neither this library nor its users need the CUDA runtime. Empty: the default socket.
+  Status Open(const std::string& socket);
+  wire::BackendKind backend() const { return backend_; }  // after Open
   template <typename T>
   Result<ReceivedMessage> Call(wire::MsgType type, const T& req, int fd = -1) {
     FERRY_RETURN_IF_ERROR(Send(sock_.get(), type, ++seq_, req, fd >= 0 ? &fd : nullptr, fd >= 0 ? 1 : 0));
-    return RecvMessage(sock_.get(), 10000);
+    return RecvMessage(sock_.get(), 10000, Sender::kFerryd);
   }
 
   // The running policy: its canonical form (what `policy show` prints), or a policy file that
@@ -32,10 +35,13 @@ class Control {
   // and in ferryd's log.
   Result<PolicyInfo> ApplyPolicyText(const std::string& text, const std::string& source, bool dry_run = false);
   Result<PolicyInfo> ApplyPolicyFd(int fd, const std::string& source, bool dry_run = false);
+  // What ferryd is doing (ferryctl status).
+  Result<wire::StatsReply> Stats();
 
  private:
   UniqueFd sock_;
   uint32_t seq_ = 0;
+  wire::BackendKind backend_ = wire::BackendKind::kHost;
 };
 
 }  // namespace ferry::ctl

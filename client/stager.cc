@@ -307,7 +307,9 @@ Status Stager::Copy(Client& client, ClientCore& core, Direction direction, void*
   const PolicyStaging r = core.Staging();
   uint64_t chunk = options.chunk_bytes;
   int threads = options.threads;
-  const uint32_t buffers = std::max<uint32_t>(r.buffers, 2);
+  // A call that sets both chunk and threads keeps 8 buffers (its chunks may be large); else the
+  // policy's.
+  const uint32_t buffers = options.chunk_bytes != 0 && options.threads > 0 ? 8 : std::max<uint32_t>(r.buffers, 2);
   {
     // The policy's threads, but no more than this process may run at once: more only queue.
     if (threads <= 0) threads = static_cast<int>(std::min<uint32_t>(r.threads, UsableCpus()));

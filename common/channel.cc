@@ -165,7 +165,7 @@ Status SendMessage(int fd, wire::MsgType type, uint32_t seq, const void* payload
   }
 }
 
-Result<ReceivedMessage> RecvMessage(int fd, int timeout_ms) {
+Result<ReceivedMessage> RecvMessage(int fd, int timeout_ms, Sender from) {
   constexpr size_t kMaxPayload = 1024;
   ReceivedMessage out;
   out.payload.resize(kMaxPayload);
@@ -207,14 +207,15 @@ Result<ReceivedMessage> RecvMessage(int fd, int timeout_ms) {
   const size_t got = static_cast<size_t>(n) - sizeof h;
   if (h.version != wire::kVersion) {
     // A hello's layout is frozen across versions: it reaches ferryd, which answers naming both.
-    const bool frozen_hello = h.type == static_cast<uint16_t>(wire::MsgType::kHello) &&
+    const bool frozen_hello = from == Sender::kClient && h.type == static_cast<uint16_t>(wire::MsgType::kHello) &&
                               h.length == sizeof(wire::HelloRequest) && got == sizeof(wire::HelloRequest);
     if (frozen_hello) {
       out.payload.resize(got);
       return out;
     }
     // So is the status that starts a reply: a hello answered by a ferryd of another version.
-    if (h.type == static_cast<uint16_t>(wire::MsgType::kHelloReply) && got >= sizeof(wire::ReplyStatus) &&
+    if (from == Sender::kFerryd && h.type == static_cast<uint16_t>(wire::MsgType::kHelloReply) &&
+        got >= sizeof(wire::ReplyStatus) &&
         h.length == got) {
       wire::ReplyStatus st;
       std::memcpy(&st, out.payload.data(), sizeof st);

@@ -60,11 +60,14 @@ Status Send(int fd, wire::MsgType type, uint32_t seq, const T& payload, const in
   return SendMessage(fd, type, seq, &payload, sizeof payload, fds, nfds);
 }
 
+// Who sent the messages a receiver reads: its clients (ferryd's side) or ferryd (a client's).
+enum class Sender { kClient, kFerryd };
+
 // Blocks until one message arrives (timeout_ms < 0: forever). kUnavailable on orderly EOF.
-// A message of another protocol version is refused, except a kHello (its layout is frozen:
-// header.version tells the receiver to answer with both versions) and a kHelloReply, whose
-// refusal names both versions and carries what the other side said.
-Result<ReceivedMessage> RecvMessage(int fd, int timeout_ms = -1);
+// A message of another protocol version is refused, except a kHello from a client (its layout
+// is frozen: header.version tells ferryd to answer with both versions) and a kHelloReply from
+// ferryd, whose refusal names both versions and carries what ferryd said.
+Result<ReceivedMessage> RecvMessage(int fd, int timeout_ms = -1, Sender from = Sender::kClient);
 
 // Sets a NUL-terminated message into a fixed wire buffer.
 template <size_t N>

@@ -46,13 +46,12 @@ Status Rings::Attach(Session& s, uint32_t ring_entries) {
 
 void Rings::PublishStaging(Session& s) {
   wire::StagingSettings& st = s.hdr->staging;
-  const uint32_t gen = st.generation.load(std::memory_order_relaxed);
-  st.generation.store(gen + 1, std::memory_order_relaxed);  // odd: being written
+  st.generation.store(++s.staging_generation, std::memory_order_relaxed);  // odd: being written
   std::atomic_thread_fence(std::memory_order_release);
   st.chunk_bytes.store(policy_->staging_chunk_bytes, std::memory_order_relaxed);
   st.threads.store(policy_->staging_threads, std::memory_order_relaxed);
   st.buffers.store(policy_->staging_buffers, std::memory_order_relaxed);
-  st.generation.store(gen + 2, std::memory_order_release);
+  st.generation.store(++s.staging_generation, std::memory_order_release);
 }
 
 void Rings::PublishStagingToAll() {

@@ -71,6 +71,7 @@ struct Session {
   wire::CompletionEntry* cq = nullptr;
   uint32_t sq_entries = 0, cq_entries = 0;  // daemon's copies; never read back from shared memory
   uint32_t sq_head = 0, cq_tail = 0;
+  uint32_t staging_generation = 0;  // ours: the client can write the ring's copy
   uint32_t in_flight = 0;
   std::deque<wire::CompletionEntry> backlog;
   // When ferryd last saw the submission ring with nothing unread: every entry read later was

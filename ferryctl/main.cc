@@ -23,7 +23,6 @@
 #include "common/status_macros.hpp"
 #include "common/yaml_util.hpp"
 #include "policy/policy.hpp"
-#include "ferry/client.hpp"
 #include "ferry/version.hpp"
 #include "client/operator_control.hpp"
 #include "ferryctl/run_bench.hpp"
@@ -144,19 +143,13 @@ int PolicyApply(const std::vector<std::string>& args, const std::string& socket)
 
 int Status_(const std::vector<std::string>& args, const std::string& socket) {
   const bool json = !args.empty() && args[0] == "--json";
-  ConnectOptions o;
-  o.socket_path = socket;
-  o.name = "ferryctl";
-  auto client = Client::Connect(o);
-  if (!client.ok()) return Fail(client.status().ToString());
-  auto st = (*client)->Stats();
-  if (!st.ok()) return Fail(st.status().ToString());
   Control c;
+  if (Status open = c.Open(socket); !open.ok()) return Fail(open.ToString());
+  auto st = c.Stats();
+  if (!st.ok()) return Fail(st.status().ToString());
   std::string policy_line;
-  if (c.Open(socket).ok()) {
-    if (auto r = c.RunningPolicy(); r.ok()) policy_line = r->name + " (" + r->hash + ")";
-  }
-  const std::string backend(BackendName((*client)->backend()));
+  if (auto r = c.RunningPolicy(); r.ok()) policy_line = r->name + " (" + r->hash + ")";
+  const std::string backend(BackendName(c.backend()));
   if (json) {
     std::printf("{\"backend\":\"%s\",\"sessions\":%llu,\"copies_completed\":%llu,\"bytes_h2d\":%llu,\"bytes_d2h\":%llu,"
                 "\"pool_bytes\":%llu,\"pool_free_bytes\":%llu,\"evictions\":%llu,\"rejected\":%llu,\"policy\":\"%s\"}\n",

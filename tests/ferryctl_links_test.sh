@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# ferryctl is the operator's CLI: it links libferry, the policy model, signing and common, never
-# ferryd's code, the CUDA runtime or cuBLAS. `ferryctl bench ...` and `ferryctl tune` run
+# ferryctl is the operator's CLI: it links the policy model, signing, common and the operator's
+# control-socket client, never ferryd's code, libferry, the CUDA runtime or cuBLAS (not even
+# through another library: an operator host may have no CUDA runtime). `ferryctl bench ...` and `ferryctl tune` run
 # ferry-bench (beside ferryctl, else on PATH) with the arguments and exit code passed through,
 # and say clearly when it is missing.
 # usage: ferryctl_links_test.sh FERRYCTL FERRY_BENCH
@@ -14,7 +15,10 @@ command -v readelf >/dev/null && command -v nm >/dev/null || fail "readelf and n
 needed=$(readelf -d "$ctl" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
 echo "ferryctl needs: $(echo $needed)"
 [ -n "$needed" ] || fail "no NEEDED entries read from $ctl"
-grep -Eiq "cudart|cublas|libcuda|ferry_daemon" <<<"$needed" && fail "ferryctl needs a GPU or daemon library: $needed"
+grep -Eiq "cudart|cublas|libcuda|ferry_daemon|libferry" <<<"$needed" && fail "ferryctl needs a GPU, daemon or client library: $needed"
+# Nor through a library it loads (libferry would bring the CUDA runtime on a CUDA build).
+loaded=$(ldd "$ctl") || fail "ldd $ctl"
+grep -Eiq "cudart|cublas|libcuda|libferry" <<<"$loaded" && fail "ferryctl loads a GPU or client library: $loaded"
 symbols=$(nm -C "$ctl") || fail "nm $ctl"
 [ -n "$symbols" ] || fail "no symbols in $ctl (stripped? the check needs them)"
 grep -q "ferry::policy::ParsePolicy" <<<"$symbols" || fail "the check is blind: ferry::policy::ParsePolicy not found in ferryctl"

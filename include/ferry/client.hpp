@@ -183,7 +183,9 @@ class FERRY_EXPORT Client {
   // Makes `cuda_stream` wait on the GPU for every copy in `transfers` (all of this client,
   // each stream_waitable); returns without blocking on the copies themselves. Waiting on a
   // step's copies together costs the stream one pair of timing events instead of a pair each,
-  // and their stall is reported to ferryd as one wait. On the host backend, waits on the host.
+  // and their stall is reported to ferryd as one wait, against the batch's newest copy (and its
+  // direction: wait on each direction's copies apart to see them apart in the metrics). On the
+  // host backend, waits on the host.
   Status StreamWait(std::span<Transfer> transfers, void* cuda_stream);
 
   Result<DaemonStats> Stats();
