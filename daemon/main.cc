@@ -22,8 +22,12 @@
 namespace {
 
 std::atomic<ferry::daemon::Server*> g_server{nullptr};
-// Signals that came before the server existed (systemd may send them during start-up).
-volatile sig_atomic_t g_pending_stop = 0, g_pending_reload = 0;
+// Signals that came before the server existed (systemd may send them during start-up). A
+// signal may land on any of ferryd's threads: these and g_server are sequentially consistent
+// atomics, so a signal handled while main publishes the server either sees the server or
+// leaves a flag that main sees after publishing it (lock-free atomics are async-signal-safe).
+std::atomic<int> g_pending_stop{0}, g_pending_reload{0};
+static_assert(std::atomic<int>::is_always_lock_free);
 
 void OnSignal(int sig) {
   ferry::daemon::Server* s = g_server.load();
