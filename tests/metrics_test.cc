@@ -76,10 +76,15 @@ TEST(Metrics, CountsWhatTheDaemonDid) {
   ASSERT_OK(t.Wait(5s));
   EXPECT_FALSE(client->AllocateHost(1ull << 40).ok());  // refused: larger than the pool
   std::string s;
+  // The exporter applies events in order on its own thread every 50 ms, and a scrape reads one
+  // family after another: wait for a scrape in which every family shows the last copy (d2h).
   ASSERT_TRUE(testing::DaemonHarness::Eventually([&] {
     s = Scrape((*m)->port());
-    return Sample(s, R"(ferry_exposed_seconds_count{class="default",direction="d2h",policy="test-chunked"})") == 1;
-  })) << s;
+    return Sample(s, R"(ferry_exposed_seconds_count{class="default",direction="d2h",policy="test-chunked"})") == 1 &&
+           Sample(s, R"(ferry_copied_bytes_total{direction="d2h"})") == 4096 &&
+           Sample(s, R"(ferry_copy_duration_seconds_count{class="default",direction="d2h"})") == 1 &&
+           Sample(s, R"(ferry_copies_total{class="default",direction="d2h",policy="test-chunked",result="ok"})") == 1;
+  }, 10000)) << s;
   EXPECT_EQ(Sample(s, R"(ferry_copies_total{class="default",direction="h2d",policy="test-chunked",result="ok"})"), 5);
   EXPECT_EQ(Sample(s, R"(ferry_copied_bytes_total{direction="h2d"})"), 5 << 20);
   EXPECT_EQ(Sample(s, R"(ferry_copied_bytes_total{direction="d2h"})"), 4096);
