@@ -21,10 +21,13 @@ namespace ferry::wire {
 inline constexpr uint32_t kMagic = 0x59525246;  // "FRRY" little-endian
 // 2: a kReportWait names the copy it waited for. 3: the ring segment carries the running policy's
 // staging settings (kGetStaging is gone); a kReportWait carries only its tag and length.
+// 4: block-list copies (kBlocksHostToDevice, kBlocksDeviceToHost: BlockListEntry); an event's
+// flag in the ring segment (RegisterEventReply::flag_index, SubmissionEntry::wait_value) that the
+// client's stream writes and ferryd's copy streams wait on, on the GPU.
 // Frozen in every version, so that two versions can tell each other apart: MsgHeader, the
 // kHello payload (HelloRequest) and the ReplyStatus that starts every reply. ferryd answers a
 // hello of any version, naming both.
-inline constexpr uint16_t kVersion = 3;
+inline constexpr uint16_t kVersion = 4;
 inline constexpr size_t kMaxFdsPerMessage = 200;  // below the kernel's SCM_MAX_FD (253)
 inline constexpr size_t kNameBytes = 32;
 inline constexpr size_t kMessageBytes = 160;
@@ -141,10 +144,14 @@ struct RegisterEventRequest {
   uint8_t handle[kCudaIpcHandleBytes];
 };
 static_assert(sizeof(RegisterEventRequest) == 72);
+// flag_index: the event's word in the ring segment's flag area (EventFlags), or kNoFlag. The
+// client's stream writes its n-th record's number there (n, mod 2^32) when it records the event;
+// a copy ordered after the event names the number it waits for (SubmissionEntry::wait_value).
+inline constexpr uint32_t kNoFlag = 0xffffffffu;
 struct RegisterEventReply {
   ReplyStatus status;
   uint32_t event_id;
-  uint32_t reserved;
+  uint32_t flag_index;
 };
 static_assert(sizeof(RegisterEventReply) == 176);
 
@@ -227,7 +234,17 @@ enum class Opcode : uint16_t {
   // copy can have existed, or for a tag ferryd does not know, is refused and counted. Every
   // other field is 0 (ferryd knows the copy's direction itself). No completion is sent for it.
   kReportWait = 3,
+  // A block list: this entry names the copy's two regions and its ordering; the next slot holds
+  // a BlockListEntry, and (flags & kBlockListInline) the slots after that hold the list itself.
+  // The host region is [pool_offset, pool_offset + length) in a buffer of the session, the device
+  // region [device_offset, device_offset + BlockListEntry::device_bytes) of region_id. Block k of
+  // a region lies at k * block_bytes from its start. One completion for the list; its bytes are
+  // the sum of the blocks' lengths.
+  kBlocksHostToDevice = 4,
+  kBlocksDeviceToHost = 5,
 };
+// SubmissionEntry::flags of a block list.
+inline constexpr uint32_t kBlockListInline = 1;  // the list follows in the ring (inline_slots)
 enum class Priority : uint16_t { kBulk = 0, kLatency = 1 };
 
 inline constexpr uint32_t kNoEvent = 0;
@@ -243,9 +260,37 @@ struct SubmissionEntry {
   uint32_t region_id;        // from RegisterDeviceReply
   uint32_t wait_event_id;    // kNoEvent or a registered event: start after its last record
   uint32_t signal_event_id;  // kNoEvent or a registered event: recorded when the copy is done
-  uint32_t reserved;
+  uint32_t wait_value;       // with wait_event_id: the record it waits for (see RegisterEventReply)
 };
 static_assert(sizeof(SubmissionEntry) == 56);
+
+// The slot after a block list's SubmissionEntry. The list is block_count source indices, then
+// block_count destination indices, then (list_flags & kBlockListLengths) block_count lengths, all
+// uint32_t: block i copies lengths[i] (else block_bytes) bytes from source block src[i] to
+// destination block dst[i]. The source is the host region for kBlocksHostToDevice, the device
+// region for kBlocksDeviceToHost. The list lies in inline_slots ring slots after this one
+// (kBlockListInline), or at list_pool_offset in a buffer of the session, which the client leaves
+// untouched until the copy completes (ferryd reads it once, when it reads the entry).
+inline constexpr uint32_t kBlockListLengths = 1;
+inline constexpr uint32_t kMaxBlocksPerList = 262144;
+inline constexpr uint32_t kMaxInlineListSlots = 16;
+struct BlockListEntry {
+  uint64_t device_bytes;      // the device region's length
+  uint64_t block_bytes;       // the blocks' stride in both regions, and their length unless lengths
+  uint64_t list_pool_offset;  // 0 when inline
+  uint64_t list_bytes;        // BlockListBytes(block_count, list_flags)
+  uint32_t block_count;       // 1 .. kMaxBlocksPerList
+  uint32_t list_flags;        // kBlockListLengths
+  uint32_t inline_slots;      // with kBlockListInline: InlineListSlots(list_bytes); else 0
+  uint32_t reserved[3];
+};
+static_assert(sizeof(BlockListEntry) == 56);
+constexpr uint64_t BlockListBytes(uint32_t block_count, uint32_t list_flags) {
+  return uint64_t{block_count} * sizeof(uint32_t) * ((list_flags & kBlockListLengths) ? 3 : 2);
+}
+constexpr uint32_t InlineListSlots(uint64_t list_bytes) {
+  return static_cast<uint32_t>((list_bytes + sizeof(SubmissionEntry) - 1) / sizeof(SubmissionEntry));
+}
 
 enum class CompletionKind : uint16_t {
   kEnqueued = 1,   // on the copy engines; signal event recorded (only sent when one was asked)
@@ -285,8 +330,10 @@ inline constexpr uint32_t kDaemonSleeping = 1;       // daemon_state bit: ring t
 inline constexpr uint32_t kClientWaiting = 1;        // client_state bit: ring the completion doorbell
 
 // Layout of the ring segment: RingHeader, then sq_entries SubmissionEntry, then cq_entries
-// CompletionEntry. The daemon writes the geometry once and keeps its own copy; it never reads
-// the geometry back from shared memory.
+// CompletionEntry, then (from the next 4 KiB boundary) the event flags: kEventFlags words of
+// 32 bits, one per registered event that has one (RegisterEventReply::flag_index), on pages of
+// their own so that each side can register just them with the GPU. The daemon writes the geometry
+// once and keeps its own copy; it never reads the geometry back from shared memory.
 struct RingHeader {
   uint32_t magic;
   uint32_t version;
@@ -303,8 +350,14 @@ struct RingHeader {
 static_assert(std::is_standard_layout_v<RingHeader>);
 static_assert(sizeof(RingHeader) == 512);
 
+inline constexpr size_t kEventFlags = 1024;
+inline constexpr size_t kEventFlagsBytes = kEventFlags * sizeof(uint32_t);
+constexpr size_t EventFlagsOffset(uint32_t sq_entries, uint32_t cq_entries) {
+  const size_t rings = sizeof(RingHeader) + sq_entries * sizeof(SubmissionEntry) + cq_entries * sizeof(CompletionEntry);
+  return (rings + 4095) / 4096 * 4096;
+}
 constexpr size_t RingSegmentBytes(uint32_t sq_entries, uint32_t cq_entries) {
-  return sizeof(RingHeader) + sq_entries * sizeof(SubmissionEntry) + cq_entries * sizeof(CompletionEntry);
+  return EventFlagsOffset(sq_entries, cq_entries) + kEventFlagsBytes;
 }
 inline SubmissionEntry* SubmissionEntries(void* seg) {
   return reinterpret_cast<SubmissionEntry*>(static_cast<std::byte*>(seg) + sizeof(RingHeader));
@@ -312,6 +365,9 @@ inline SubmissionEntry* SubmissionEntries(void* seg) {
 inline CompletionEntry* CompletionEntries(void* seg, uint32_t sq_entries) {
   return reinterpret_cast<CompletionEntry*>(static_cast<std::byte*>(seg) + sizeof(RingHeader) +
                                             sq_entries * sizeof(SubmissionEntry));
+}
+inline uint32_t* EventFlags(void* seg, uint32_t sq_entries, uint32_t cq_entries) {
+  return reinterpret_cast<uint32_t*>(static_cast<std::byte*>(seg) + EventFlagsOffset(sq_entries, cq_entries));
 }
 
 // Ring arithmetic, the same on both sides. Indices run freely (mod 2^32); a ring of a power of

@@ -132,6 +132,7 @@ void Sessions::HandleRegisterEvent(Session& s, uint32_t seq, const wire::Registe
   s.events[id] = std::move(*ev);
   r.status = ToWire(Status::Ok());
   r.event_id = id;
+  r.flag_index = wire::kNoFlag;
   Reply(s, wire::MsgType::kRegisterEventReply, seq, r);
 }
 

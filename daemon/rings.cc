@@ -158,7 +158,7 @@ void Rings::HandleWaitReport(Session& s, const wire::SubmissionEntry& e) {
     FERRY_LOG(kDebug) << "session " << s.id << ": refused a wait report for copy " << e.user_tag << ": " << why;
   };
   if (e.priority != 0 || e.flags != 0 || e.pool_offset != 0 || e.device_offset != 0 || e.region_id != 0 ||
-      e.wait_event_id != 0 || e.signal_event_id != 0 || e.reserved != 0) {
+      e.wait_event_id != 0 || e.signal_event_id != 0 || e.wait_value != 0) {
     return refuse("a wait report carries only a tag and a length; its other fields must be 0");
   }
   auto it = s.reportable.find(e.user_tag);
@@ -185,7 +185,10 @@ void Rings::HandleSubmission(Session& s, const wire::SubmissionEntry& e, Schedul
   if (op != wire::Opcode::kHostToDevice && op != wire::Opcode::kDeviceToHost) {
     return Reject(s, e.user_tag, InvalidArgument("unknown opcode " + std::to_string(e.opcode)));
   }
-  if (e.flags != 0 || e.reserved != 0) return Reject(s, e.user_tag, InvalidArgument("reserved fields must be 0"));
+  if (e.flags != 0) return Reject(s, e.user_tag, InvalidArgument("reserved fields must be 0"));
+  if (e.wait_value != 0 && e.wait_event_id == wire::kNoEvent) {
+    return Reject(s, e.user_tag, InvalidArgument("a wait value without an event to wait for"));
+  }
   if (e.priority > static_cast<uint16_t>(wire::Priority::kLatency)) {
     return Reject(s, e.user_tag, InvalidArgument("unknown priority " + std::to_string(e.priority)));
   }

@@ -119,6 +119,18 @@ struct CopyOptions {
   bool stream_waitable = false;        // allow Transfer::StreamWait (costs an event per copy)
 };
 
+// What Client::CopyBlocks copies: block i of the list copies lengths[i] bytes (or block_bytes,
+// when lengths is empty) from block src[i] of the source to block dst[i] of the destination,
+// block k of a region lying k * block_bytes from its start. The source is the host side of a
+// host-to-device copy, the device side of a device-to-host one. src, dst (and lengths) are
+// equally long, 1 to 262,144 blocks; no two blocks may share a destination block.
+struct BlockList {
+  size_t block_bytes = 0;
+  std::span<const uint32_t> src;
+  std::span<const uint32_t> dst;
+  std::span<const uint32_t> lengths;  // empty: every block is block_bytes long
+};
+
 // One submitted copy.
 class FERRY_EXPORT Transfer {
  public:
@@ -172,6 +184,16 @@ class FERRY_EXPORT Client {
 
   Result<Transfer> Copy(Direction direction, const HostBuffer& host, size_t host_offset, const DeviceRegion& device,
                         size_t device_offset, size_t bytes, const CopyOptions& options = {});
+
+  // Copies a list of blocks between host and device as one copy: one submission, one
+  // completion, the same ordering options as Copy. The host region is `host` from host_offset to
+  // its end, the device region `device` from device_offset to its end; ferryd checks every index
+  // against both before any byte moves and refuses the whole list, naming the first bad index.
+  // ferryd runs the list as batches over its copy streams, adjacent blocks coalesced. The list
+  // is copied before this returns.
+  Result<Transfer> CopyBlocks(Direction direction, const HostBuffer& host, size_t host_offset,
+                              const DeviceRegion& device, size_t device_offset, const BlockList& blocks,
+                              const CopyOptions& options = {});
 
   // Copies between any host memory (pageable: malloc'd, mmap'd, a framework's tensor) and
   // device memory through pool buffers: client threads copy chunks into staging buffers while

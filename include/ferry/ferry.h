@@ -64,6 +64,19 @@ typedef struct ferry_staged_copy_options {
   ferry_priority priority;
 } ferry_staged_copy_options;
 
+/* For ferry_copy_blocks: block i copies lengths[i] (NULL lengths: block_bytes) bytes from block
+ * src[i] of the source to block dst[i] of the destination; block k of a region lies k * block_bytes
+ * from its start. The source is the host side of FERRY_HOST_TO_DEVICE, the device side of
+ * FERRY_DEVICE_TO_HOST. 1 to 262144 blocks; no two may share a destination block. */
+typedef struct ferry_block_list {
+  uint32_t struct_size; /* sizeof(ferry_block_list) */
+  uint64_t block_bytes;
+  size_t count;
+  const uint32_t* src;
+  const uint32_t* dst;
+  const uint32_t* lengths; /* NULL: every block is block_bytes long */
+} ferry_block_list;
+
 FERRY_EXPORT const char* ferry_last_error(void);
 FERRY_EXPORT const char* ferry_version(void);
 
@@ -88,6 +101,13 @@ FERRY_EXPORT void ferry_device_unregister(ferry_device_region* region);
 FERRY_EXPORT ferry_status ferry_copy(ferry_client* client, ferry_direction direction, ferry_host_buffer* host,
                                      size_t host_offset, ferry_device_region* device, size_t device_offset, size_t bytes,
                                      const ferry_copy_options* options /* may be NULL */, ferry_transfer** out);
+/* Copies a list of blocks as one copy, one completion: the host region is host from host_offset to
+ * its end, the device region device from device_offset to its end; ferryd checks every index
+ * against both before any byte moves. The list is copied before this returns. */
+FERRY_EXPORT ferry_status ferry_copy_blocks(ferry_client* client, ferry_direction direction, ferry_host_buffer* host,
+                                            size_t host_offset, ferry_device_region* device, size_t device_offset,
+                                            const ferry_block_list* blocks,
+                                            const ferry_copy_options* options /* may be NULL */, ferry_transfer** out);
 /* Copies between any host memory (pageable) and device memory through pool buffers, with
  * client threads staging chunks while ferryd moves them; blocks until done. */
 FERRY_EXPORT ferry_status ferry_copy_staged(ferry_client* client, ferry_direction direction, void* host,
