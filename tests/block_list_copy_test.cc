@@ -210,6 +210,71 @@ TEST_F(BlockListCopy, BadListsAreRefusedWholeAndMoveNothing) {
   EXPECT_EQ(d_.counters().evictions.load(), 0u);
 }
 
+// A turn reads at most 64 requests, a group counting as one and read whole: a list that is the
+// 64th request of a turn, and one whose slots wrap around the ring's end, both move exactly
+// their blocks, and every request around them completes once.
+TEST(BlockListRing, GroupsAreReadWholeAtATurnsEndAndAcrossTheRingsEnd) {
+  daemon::DaemonConfig config = DaemonHarness::SmallConfig();
+  config.ring_entries = 256;
+  DaemonHarness d(config);
+  RawClient raw;
+  ASSERT_OK(raw.Open(d.socket_path()));
+  constexpr uint64_t kBlock = 4097;
+  const uint64_t bytes = 32 * kBlock;
+  ASSERT_OK_AND_ASSIGN(RawClient::Buffer host, raw.AllocBuffer(bytes));
+  ASSERT_OK_AND_ASSIGN(RawClient::Region dev, raw.RegisterRegion(bytes));
+  FillRandom(host.data, bytes, testing::RandomSeed());
+  Poison(dev.data(), bytes);
+  const BlockList first = Shuffled(16, 16, kBlock, false, 1);  // 128 bytes: 3 inline slots
+  BlockList second = Shuffled(16, 16, kBlock, false, 2);
+  for (uint32_t& i : second.dst) i += 16;
+  auto nops = [](uint64_t first_tag, size_t n) {
+    std::vector<wire::SubmissionEntry> v(n);
+    for (size_t i = 0; i < n; ++i) v[i].user_tag = first_tag + i;
+    return v;
+  };
+  // Each of the tags first_tag.. completes once (a copy's completion comes when it is done, so
+  // after the Nops read with it).
+  auto expect_each_once = [&](uint64_t first_tag, size_t n, uint64_t list_tag, uint64_t list_bytes) {
+    std::vector<int> seen(n, 0);
+    for (size_t i = 0; i < n; ++i) {
+      auto c = raw.Next();
+      ASSERT_TRUE(c.has_value()) << "completion " << i;
+      ASSERT_EQ(c->status, 0) << "request " << c->user_tag;
+      ASSERT_GE(c->user_tag, first_tag);
+      ASSERT_LT(c->user_tag, first_tag + n);
+      seen[c->user_tag - first_tag]++;
+      if (c->user_tag == list_tag) EXPECT_EQ(c->bytes, list_bytes);
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), static_cast<long>(n));
+  };
+  // 63 requests, the list (5 slots), 100 more: one publish of 168 slots.
+  std::vector<wire::SubmissionEntry> batch = nops(1000, 63);
+  const auto group1 = Group(1063, wire::Opcode::kBlocksHostToDevice, host.pool_offset, bytes, dev.id, bytes, kBlock,
+                            first, Where::kInline, 0);
+  ASSERT_EQ(group1.size(), 5u);
+  batch.insert(batch.end(), group1.begin(), group1.end());
+  const auto after = nops(1064, 100);
+  batch.insert(batch.end(), after.begin(), after.end());
+  raw.Push(batch);
+  expect_each_once(1000, 164, 1063, 16 * kBlock);
+  if (HasFatalFailure()) return;
+  // Slots 168..253, then the second list in 254, 255, 0, 1, 2.
+  raw.Push(nops(2000, 86));
+  expect_each_once(2000, 86, 0, 0);
+  if (HasFatalFailure()) return;
+  raw.Push(Group(3000, wire::Opcode::kBlocksHostToDevice, host.pool_offset, bytes, dev.id, bytes, kBlock, second,
+                 Where::kInline, 0));
+  expect_each_once(3000, 1, 3000, 16 * kBlock);
+  if (HasFatalFailure()) return;
+  std::vector<std::byte> want = Expected(host.data, bytes, first, kBlock);
+  for (size_t i = 0; i < second.src.size(); ++i) {
+    std::memcpy(want.data() + second.dst[i] * kBlock, host.data + second.src[i] * kBlock, kBlock);
+  }
+  EXPECT_EQ(FirstDifference(dev.data(), want.data(), bytes), -1);
+  EXPECT_EQ(d.counters().evictions.load(), 0u);
+}
+
 // A group whose slots are not all published breaks the ring's protocol: the session is evicted
 // and nothing of the list moves.
 TEST_F(BlockListCopy, AGroupPublishedInPartEvictsTheSession) {
@@ -227,6 +292,32 @@ TEST_F(BlockListCopy, AGroupPublishedInPartEvictsTheSession) {
   std::vector<std::byte> poison(bytes);
   Poison(poison.data(), bytes);
   EXPECT_EQ(FirstDifference(dev.data(), poison.data(), bytes), -1) << "a list of an evicted group moved bytes";
+  EXPECT_EQ(d_.counters().evictions.load(), 1u);
+}
+
+// An inline list of more slots than the protocol allows: where the next request starts is
+// unknown, so the session is evicted, and nothing moves.
+TEST_F(BlockListCopy, AnInlineListOfMoreThan16SlotsEvictsTheSession) {
+  constexpr uint64_t kBlock = 64;
+  const uint64_t bytes = 200 * kBlock;
+  ASSERT_OK_AND_ASSIGN(RawClient::Buffer host, raw_.AllocBuffer(bytes));
+  ASSERT_OK_AND_ASSIGN(RawClient::Region dev, raw_.RegisterRegion(bytes));
+  FillRandom(host.data, bytes, testing::RandomSeed());
+  Poison(dev.data(), bytes);
+  const BlockList l = Shuffled(112, 200, kBlock, false, 3);  // 16 slots: the most allowed
+  auto slots =
+      Group(1, wire::Opcode::kBlocksHostToDevice, host.pool_offset, bytes, dev.id, bytes, kBlock, l, Where::kInline, 0);
+  ASSERT_EQ(slots.size(), 18u);
+  wire::BlockListEntry b;
+  std::memcpy(&b, &slots[1], sizeof b);
+  b.inline_slots = 17;
+  std::memcpy(&slots[1], &b, sizeof b);
+  slots.emplace_back();
+  raw_.Push(slots);
+  EXPECT_TRUE(raw_.DaemonHungUp());
+  std::vector<std::byte> poison(bytes);
+  Poison(poison.data(), bytes);
+  EXPECT_EQ(FirstDifference(dev.data(), poison.data(), bytes), -1);
   EXPECT_EQ(d_.counters().evictions.load(), 1u);
 }
 
