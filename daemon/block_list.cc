@@ -79,13 +79,12 @@ Status CheckBlockListEntry(const wire::BlockListEntry& e, bool inline_list) {
   if (e.block_bytes == 0) return InvalidArgument("block list: block_bytes is 0");
   if (e.device_bytes == 0) return InvalidArgument("block list: the device region is empty");
   if (e.block_count == 0 || e.block_count > wire::kMaxBlocksPerList) {
-    return InvalidArgument("block list: " + Num(e.block_count) + " blocks (1 to " + Num(wire::kMaxBlocksPerList) +
-                           ")");
+    return InvalidArgument("block list: " + Num(e.block_count) + " blocks (1 to " + Num(wire::kMaxBlocksPerList) + ")");
   }
   const uint64_t want = wire::BlockListBytes(e.block_count, e.list_flags);
   if (e.list_bytes != want) {
-    return InvalidArgument("block list: list_bytes " + Num(e.list_bytes) + ", " + Num(e.block_count) +
-                           " blocks need " + Num(want));
+    return InvalidArgument("block list: list_bytes " + Num(e.list_bytes) + ", " + Num(e.block_count) + " blocks need " +
+                           Num(want));
   }
   if (inline_list) {
     if (e.list_pool_offset != 0) return InvalidArgument("block list: an inline list has list_pool_offset 0");

@@ -138,7 +138,7 @@ class Scheduler {
     size_t next = 0;                // first piece not yet dispatched
     // A block list's units: one past each unit's last piece. Empty: each piece is a unit.
     std::vector<size_t> unit_ends;
-    size_t unit = 0;     // the next unit to dispatch
+    size_t unit = 0;  // the next unit to dispatch
     uint32_t blocks = 0;
     uint32_t out = 0;               // fences dispatched and not yet done
     Status status;                  // the first failure

@@ -79,8 +79,8 @@ class RawClient {
   }
   // A registration as it is (cuda backend: a CUDA IPC handle and no fd).
   Result<uint32_t> Register(const wire::RegisterDeviceRequest& req, int fd = -1) {
-    FERRY_RETURN_IF_ERROR(Send(sock_.get(), wire::MsgType::kRegisterDevice, ++seq_, req, fd >= 0 ? &fd : nullptr,
-                               fd >= 0 ? 1 : 0));
+    FERRY_RETURN_IF_ERROR(
+        Send(sock_.get(), wire::MsgType::kRegisterDevice, ++seq_, req, fd >= 0 ? &fd : nullptr, fd >= 0 ? 1 : 0));
     FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, RecvMessage(sock_.get(), 5000));
     FERRY_RETURN_IF_ERROR(FromWire(m.As<wire::RegisterDeviceReply>().status));
     return m.As<wire::RegisterDeviceReply>().region_id;
@@ -108,7 +108,8 @@ class RawClient {
     while (std::chrono::steady_clock::now() < deadline) {
       const uint32_t head = hdr->cq_head.value.load();
       if (hdr->cq_tail.value.load() != head) {
-        wire::CompletionEntry c = wire::CompletionEntries(ring_.data(), reply_.sq_entries)[head & (reply_.cq_entries - 1)];
+        wire::CompletionEntry c =
+            wire::CompletionEntries(ring_.data(), reply_.sq_entries)[head & (reply_.cq_entries - 1)];
         hdr->cq_head.value.store(head + 1);
         return c;
       }
@@ -172,9 +173,10 @@ inline BlockList Shuffled(uint32_t count, uint32_t blocks, uint64_t block_bytes,
 enum class Where { kInline, kPool };
 
 // The block list's group of slots: its entry, the BlockListEntry, the inline list if any.
-inline std::vector<wire::SubmissionEntry> Group(uint64_t tag, wire::Opcode op, uint64_t host_offset, uint64_t host_bytes,
-                                         uint32_t region, uint64_t device_bytes, uint64_t block_bytes,
-                                         const BlockList& l, Where where, uint64_t list_pool_offset) {
+inline std::vector<wire::SubmissionEntry> Group(uint64_t tag, wire::Opcode op, uint64_t host_offset,
+                                                uint64_t host_bytes, uint32_t region, uint64_t device_bytes,
+                                                uint64_t block_bytes, const BlockList& l, Where where,
+                                                uint64_t list_pool_offset) {
   wire::SubmissionEntry e{};
   e.user_tag = tag;
   e.opcode = static_cast<uint16_t>(op);
@@ -203,7 +205,8 @@ inline std::vector<wire::SubmissionEntry> Group(uint64_t tag, wire::Opcode op, u
 }
 
 // What the destination region must hold after the list: its poison, with each block's bytes.
-inline std::vector<std::byte> Expected(const std::byte* src, size_t dst_size, const BlockList& l, uint64_t block_bytes) {
+inline std::vector<std::byte> Expected(const std::byte* src, size_t dst_size, const BlockList& l,
+                                       uint64_t block_bytes) {
   std::vector<std::byte> out(dst_size);
   Poison(out.data(), out.size());
   for (size_t i = 0; i < l.src.size(); ++i) {

@@ -13,11 +13,11 @@
 #include <thread>
 #include <vector>
 
+#include "block_list_client.hpp"
 #include "common/channel.hpp"
 #include "common/fd.hpp"
 #include "common/status_macros.hpp"
 #include "common/wire.hpp"
-#include "block_list_client.hpp"
 #include "test_util.hpp"
 
 namespace ferry {
@@ -164,8 +164,8 @@ TEST_F(BlockListCopy, BadListsAreRefusedWholeAndMoveNothing) {
                          Where::kPool, list_.pool_offset + (4 << 20) - 16),
                    Code::kInvalidArgument, "is not inside a buffer of this session"});
   cases.push_back({"a device region larger than the registered one",
-                   Group(6, wire::Opcode::kBlocksDeviceToHost, host.pool_offset, bytes, dev.id, bytes + 1, kBlock,
-                         good, Where::kInline, 0),
+                   Group(6, wire::Opcode::kBlocksDeviceToHost, host.pool_offset, bytes, dev.id, bytes + 1, kBlock, good,
+                         Where::kInline, 0),
                    Code::kInvalidArgument, "device range is outside region"});
   auto flags = Group(7, wire::Opcode::kBlocksHostToDevice, host.pool_offset, bytes, dev.id, bytes, kBlock, good,
                      Where::kInline, 0);

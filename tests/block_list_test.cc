@@ -55,7 +55,8 @@ std::string Error(const Result<BlockListPlan>& r) { return r.ok() ? "(accepted)"
 bool SamePieces(const std::vector<BlockPiece>& a, const std::vector<BlockPiece>& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].host_offset != b[i].host_offset || a[i].device_offset != b[i].device_offset || a[i].length != b[i].length) {
+    if (a[i].host_offset != b[i].host_offset || a[i].device_offset != b[i].device_offset ||
+        a[i].length != b[i].length) {
       return false;
     }
   }

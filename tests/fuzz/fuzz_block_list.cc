@@ -27,7 +27,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (head.shrink & 4) head.host_bytes %= 1 << 22;
   if (head.shrink & 8) {  // a consistent entry for what follows
     e.list_flags &= wire::kBlockListLengths;
-    e.block_count = static_cast<uint32_t>(std::min<size_t>(size / ((e.list_flags & 1) ? 12 : 8), wire::kMaxBlocksPerList));
+    e.block_count =
+        static_cast<uint32_t>(std::min<size_t>(size / ((e.list_flags & 1) ? 12 : 8), wire::kMaxBlocksPerList));
     e.list_bytes = wire::BlockListBytes(e.block_count, e.list_flags);
     e.inline_slots = head.inline_list ? wire::InlineListSlots(e.list_bytes) : 0;
     e.list_pool_offset = 0;
