@@ -7,6 +7,7 @@
 #include <regex>
 #include <vector>
 
+#include "block_list_client.hpp"
 #include "ferry/client.hpp"
 #include "gpu_kernels.hpp"
 #include "process_util.hpp"
@@ -384,6 +385,67 @@ TEST_F(GpuDaemon, AClientKilledMidCopyIsClosedOutAndTheDaemonStaysUp) {
 
 // ferryd --trace-engine: the copies still land, and each stream's share of a copy is logged
 // with a timeline that holds together (accepted, then issued before the engine ran it, seen done after).
+// Block lists through the copy engines, written on the ring by hand: the shuffled lists
+// (16 KiB, 256 KiB and 2 MiB blocks) and an odd block size with per-block lengths, both ways;
+// each unit goes as one cudaMemcpyBatchAsync. Every byte of both regions read back.
+TEST_F(GpuDaemon, BlockListsMoveEveryByteBothWays) {
+  testing::RawClient raw;
+  ASSERT_OK(raw.Open(socket_));
+  ASSERT_OK_AND_ASSIGN(testing::RawClient::Buffer list, raw.AllocBuffer(4 << 20));
+  const uint64_t seed = testing::RandomSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  struct Shape {
+    uint32_t count, blocks;
+    uint64_t block_bytes;
+    bool lengths;
+  };
+  for (const Shape sh : {Shape{4096, 4608, 16 << 10, false}, Shape{512, 576, 256 << 10, false},
+                         Shape{64, 72, 2 << 20, false}, Shape{300, 400, 4097, true}}) {
+    SCOPED_TRACE(std::to_string(sh.count) + " blocks of " + std::to_string(sh.block_bytes));
+    const uint64_t bytes = uint64_t{sh.blocks} * sh.block_bytes;
+    const testing::BlockList l = testing::Shuffled(sh.count, sh.blocks, sh.block_bytes, sh.lengths, seed + sh.count);
+    const std::vector<std::byte> list_bytes = l.Bytes();
+    std::memcpy(list.data, list_bytes.data(), list_bytes.size());
+    ASSERT_OK_AND_ASSIGN(testing::RawClient::Buffer host, raw.AllocBuffer(bytes));
+    ASSERT_OK_AND_ASSIGN(testing::RawClient::Buffer back, raw.AllocBuffer(bytes));
+    void* dev = nullptr;
+    ASSERT_CUDA(cudaMalloc(&dev, bytes));
+    ASSERT_CUDA(cudaMemset(dev, 0xA5, bytes));
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    wire::RegisterDeviceRequest req{};
+    req.kind = static_cast<uint32_t>(wire::DeviceHandleKind::kCudaIpc);
+    req.size = bytes;
+    cudaIpcMemHandle_t handle;
+    ASSERT_CUDA(cudaIpcGetMemHandle(&handle, dev));
+    std::memcpy(req.handle, &handle, sizeof handle);
+    ASSERT_OK_AND_ASSIGN(uint32_t region, raw.Register(req));
+
+    FillRandom(host.data, bytes, seed);
+    raw.Push(testing::Group(1, wire::Opcode::kBlocksHostToDevice, host.pool_offset, bytes, region, bytes,
+                            sh.block_bytes, l, testing::Where::kPool, list.pool_offset));
+    auto up = raw.Next();
+    ASSERT_TRUE(up.has_value());
+    ASSERT_EQ(up->status, 0) << daemon_->Output();
+    std::vector<std::byte> want = testing::Expected(host.data, bytes, l, sh.block_bytes);
+    std::vector<std::byte> got = ReadBack(dev, bytes);
+    EXPECT_EQ(FirstDifference(got.data(), want.data(), bytes), -1) << "device bytes differ";
+
+    std::vector<std::byte> fresh(bytes);
+    FillRandom(fresh.data(), bytes, seed + 1);
+    ASSERT_CUDA(cudaMemcpy(dev, fresh.data(), bytes, cudaMemcpyHostToDevice));
+    testing::Poison(back.data, bytes);
+    raw.Push(testing::Group(2, wire::Opcode::kBlocksDeviceToHost, back.pool_offset, bytes, region, bytes,
+                            sh.block_bytes, l, testing::Where::kPool, list.pool_offset));
+    auto down = raw.Next();
+    ASSERT_TRUE(down.has_value());
+    ASSERT_EQ(down->status, 0) << daemon_->Output();
+    want = testing::Expected(fresh.data(), bytes, l, sh.block_bytes);
+    EXPECT_EQ(FirstDifference(back.data, want.data(), bytes), -1) << "host bytes differ";
+    ASSERT_OK(raw.Unregister(region));
+    ASSERT_CUDA(cudaFree(dev));
+  }
+}
+
 class TracedGpuDaemon : public GpuDaemon {
  protected:
   std::vector<std::string> ExtraDaemonArgs() const override { return {"--trace-engine"}; }

@@ -57,6 +57,31 @@ TEST(Metrics, ABusyAddressIsAClearError) {
       << second.status().message();
 }
 
+// Block lists: each one is counted once by direction and result, its blocks when it succeeded;
+// a single copy (no blocks) counts in neither.
+TEST(Metrics, CountsBlockListsAndTheirBlocks) {
+  auto m = daemon::MetricsExporter::Create("127.0.0.1:0", Info());
+  ASSERT_TRUE(m.ok());
+  using daemon::Direction;
+  (*m)->OnCopyDone({Direction::kHostToDevice, false, "default", "p", 10 * 4096, 10, 0, 0.001, true});
+  (*m)->OnCopyDone({Direction::kHostToDevice, false, "default", "p", 20 * 4096, 20, 0, 0.001, true});
+  (*m)->OnCopyDone({Direction::kDeviceToHost, false, "default", "p", 0, 5, 0, 0.001, false});
+  (*m)->OnCopyDone({Direction::kDeviceToHost, false, "default", "p", 4096, 0, 0, 0.001, true});
+  std::string s;
+  ASSERT_TRUE(testing::DaemonHarness::Eventually([&] {
+    s = Scrape((*m)->port());
+    // Every family read after the last event was applied (a scrape reads family after family).
+    return Sample(s, R"(ferry_copies_total{class="default",direction="d2h",policy="p",result="ok"})") == 1 &&
+           Sample(s, R"(ferry_block_lists_total{direction="d2h",result="failed"})") == 1 &&
+           Sample(s, R"(ferry_blocks_total{direction="h2d"})") == 30;
+  }, 10000)) << s;
+  EXPECT_EQ(Sample(s, R"(ferry_block_lists_total{direction="h2d",result="ok"})"), 2);
+  EXPECT_EQ(Sample(s, R"(ferry_block_lists_total{direction="d2h",result="failed"})"), 1);
+  EXPECT_EQ(Sample(s, R"(ferry_block_lists_total{direction="d2h",result="ok"})"), -1) << "a single copy is no list";
+  EXPECT_EQ(Sample(s, R"(ferry_blocks_total{direction="h2d"})"), 30);
+  EXPECT_EQ(Sample(s, R"(ferry_blocks_total{direction="d2h"})"), -1) << "a failed list's blocks were not copied";
+}
+
 TEST(Metrics, CountsWhatTheDaemonDid) {
   auto m = daemon::MetricsExporter::Create("127.0.0.1:0", Info());
   ASSERT_TRUE(m.ok());
