@@ -221,10 +221,11 @@ Result<std::shared_ptr<HostBufferState>> ClientCore::AcquireListBuffer(size_t by
       b = std::move(free_lists_[c].back());
       free_lists_[c].pop_back();
     }
-    for (auto& list : free_lists_) {
-      while (list.size() > kCachedListBuffers) {
-        excess.push_back(std::move(list.back()));
-        list.pop_back();
+    for (size_t k = 0; k < kListBufferClasses; ++k) {
+      const size_t keep = std::max<size_t>(2, kCachedListBytes / (kMinListBufferBytes << k));
+      while (free_lists_[k].size() > keep) {
+        excess.push_back(std::move(free_lists_[k].back()));
+        free_lists_[k].pop_back();
       }
     }
   }

@@ -179,10 +179,10 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   uint32_t outstanding_ = 0;
   std::unordered_map<uint64_t, std::shared_ptr<TransferState>> pending_;
   std::vector<std::shared_ptr<EventState>> free_events_;
-  // Free block-list buffers by size class (kMinListBufferBytes << class). At most
-  // kCachedListBuffers a class are kept; AcquireListBuffer frees the rest outside ring_mu_ (a
-  // free is a round trip on the socket).
-  static constexpr size_t kCachedListBuffers = 8;
+  // Free block-list buffers by size class (kMinListBufferBytes << class). A class keeps
+  // kCachedListBytes' worth (at least 2): enough for a step's lists, one per layer, to find theirs
+  // here. AcquireListBuffer frees the rest outside ring_mu_ (a free is a round trip on the socket).
+  static constexpr size_t kCachedListBytes = 8 << 20;
   std::vector<std::shared_ptr<HostBufferState>> free_lists_[kListBufferClasses];
   std::vector<StallProbe> stall_probes_, free_probes_;
   Status broken_;
