@@ -10,9 +10,7 @@
 namespace ferry::detail {
 namespace {
 
-std::string BlockError(size_t i, const std::string& what) {
-  return "block " + std::to_string(i) + ": " + what;
-}
+std::string BlockError(size_t i, const std::string& what) { return "block " + std::to_string(i) + ": " + what; }
 
 // Whether block `index` of `block_bytes` stride, `length` bytes long, lies inside `region_bytes`.
 bool BlockInside(uint64_t index, uint64_t length, uint64_t block_bytes, uint64_t region_bytes) {

@@ -185,7 +185,8 @@ ferry_status ferry_copy(ferry_client* client, ferry_direction direction, ferry_h
 
 ferry_status ferry_copy_blocks(ferry_client* client, ferry_direction direction, ferry_host_buffer* host,
                                size_t host_offset, ferry_device_region* device, size_t device_offset,
-                               const ferry_block_list* blocks, const ferry_copy_options* options, ferry_transfer** out) {
+                               const ferry_block_list* blocks, const ferry_copy_options* options,
+                               ferry_transfer** out) {
   if (Null(client, "client") || Null(host, "host") || Null(device, "device") || Null(blocks, "blocks") ||
       Null(out, "out")) {
     return FERRY_INVALID_ARGUMENT;

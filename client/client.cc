@@ -185,10 +185,9 @@ Result<Transfer> Client::CopyBlocks(Direction direction, const HostBuffer& host,
   const bool h2d = direction == Direction::kHostToDevice;
   const uint64_t host_bytes = host.size() - host_offset;
   const uint64_t device_bytes = device.size() - device_offset;
-  FERRY_ASSIGN_OR_RETURN(const uint64_t total, h2d ? detail::CheckBlockList(blocks, host_bytes, "host", device_bytes,
-                                                                            "device")
-                                                   : detail::CheckBlockList(blocks, device_bytes, "device",
-                                                                            host_bytes, "host"));
+  FERRY_ASSIGN_OR_RETURN(const uint64_t total,
+                         h2d ? detail::CheckBlockList(blocks, host_bytes, "host", device_bytes, "device")
+                             : detail::CheckBlockList(blocks, device_bytes, "device", host_bytes, "host"));
   detail::ClientCore& core = *impl_->core;
   wire::BlockListEntry list{};
   list.device_bytes = device_bytes;

@@ -141,7 +141,8 @@ Result<std::shared_ptr<EventState>> ClientCore::NewEvent() {
 }
 
 Result<std::shared_ptr<TransferState>> ClientCore::Submit(wire::SubmissionEntry e, std::shared_ptr<TransferState> t,
-                                                          bool want_event, std::span<const wire::SubmissionEntry> more) {
+                                                          bool want_event,
+                                                          std::span<const wire::SubmissionEntry> more) {
   if (more.size() >= sq_entries_) {
     return InvalidArgument("a request of " + std::to_string(more.size() + 1) + " ring slots does not fit a ring of " +
                            std::to_string(sq_entries_));

@@ -133,15 +133,15 @@ TEST(BlockList, CopiesEveryBlockBothWaysAtAwkwardSizesInlineAndInPoolBuffers) {
   const uint64_t seed = testing::RandomSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   const ListShape shapes[] = {
-      {4097, 1, false},                                 // one block, odd size
-      {4097, 37, true},                                 // inline, per-block lengths
-      {1, kInlineBlocks, false},                        // the longest inline list, 1-byte blocks
-      {3, kInlineBlocksWithLengths, true},              // the longest inline list with lengths
-      {4097, kInlineBlocks + 1, false},                 // the shortest pool-buffer list
-      {16, kInlineBlocksWithLengths + 1, true},         // ... with lengths
-      {(64 << 10) + 3, 9, false},                       // blocks above the policy's chunk size / 4
-      {16, 65536, false},                               // 65,536 small blocks
-      {24, 65536, true},                                // ... with lengths
+      {4097, 1, false},                          // one block, odd size
+      {4097, 37, true},                          // inline, per-block lengths
+      {1, kInlineBlocks, false},                 // the longest inline list, 1-byte blocks
+      {3, kInlineBlocksWithLengths, true},       // the longest inline list with lengths
+      {4097, kInlineBlocks + 1, false},          // the shortest pool-buffer list
+      {16, kInlineBlocksWithLengths + 1, true},  // ... with lengths
+      {(64 << 10) + 3, 9, false},                // blocks above the policy's chunk size / 4
+      {16, 65536, false},                        // 65,536 small blocks
+      {24, 65536, true},                         // ... with lengths
   };
   for (Direction dir : {Direction::kHostToDevice, Direction::kDeviceToHost}) {
     for (const ListShape& s : shapes) {
@@ -203,9 +203,9 @@ TEST(BlockList, BadListsAreRefusedNamingTheFirstBadBlockAndMoveNothing) {
        "block 31: destination block 63 (bytes [258048, +4096)) is outside the device region of 262143 bytes"},
       {"a host offset that shrinks the source region", [](auto&, auto& s, auto&, auto&) { s[0] = kBlocks - 1; }, 8, 0,
        "block 0: source block 63"},
-      {"a short last block still inside with its length", [](auto& l, auto&, auto& d, auto& n) {
-         d[4] = kBlocks - 1, n[4] = kBlock - 8, l.lengths = n, d[5] = 1u << 31; }, 0, 8,
-       "block 5: destination block 2147483648"},
+      {"a short last block still inside with its length",
+       [](auto& l, auto&, auto& d, auto& n) { d[4] = kBlocks - 1, n[4] = kBlock - 8, l.lengths = n, d[5] = 1u << 31; },
+       0, 8, "block 5: destination block 2147483648"},
       {"a repeated destination", [](auto&, auto&, auto& d, auto&) { d[12] = d[4]; }, 0, 0,
        "block 12: destination block 36 is also block 4's"},
       {"a repeat before a block out of range", [](auto&, auto& s, auto& d, auto&) { d[6] = d[2], s[20] = 999; }, 0, 0,
@@ -233,7 +233,8 @@ TEST(BlockList, BadListsAreRefusedNamingTheFirstBadBlockAndMoveNothing) {
     ASSERT_OK_AND_ASSIGN(DeviceAllocation big, client->AllocateDevice(256 << 20));
     ASSERT_OK_AND_ASSIGN(DeviceRegion big_region, client->RegisterDevice(big.data(), big.size()));
     std::vector<uint32_t> s = {0, 1, 2, 3}, t = {(1u << 27) + 5, 5, (1u << 27) + 5, 5};
-    auto r = client->CopyBlocks(Direction::kHostToDevice, host, 0, big_region, 0, {.block_bytes = 1, .src = s, .dst = t});
+    auto r =
+        client->CopyBlocks(Direction::kHostToDevice, host, 0, big_region, 0, {.block_bytes = 1, .src = s, .dst = t});
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.status().message().find("block 2: destination block 134217733 is also block 0's"), std::string::npos)
         << r.status().ToString();
@@ -243,10 +244,12 @@ TEST(BlockList, BadListsAreRefusedNamingTheFirstBadBlockAndMoveNothing) {
     std::vector<uint32_t> s = src, t = dst;
     s[30] = 70;
     t[0] = 0;
-    auto r = client->CopyBlocks(Direction::kDeviceToHost, host, 0, region, 0, {.block_bytes = kBlock, .src = s, .dst = t});
+    auto r =
+        client->CopyBlocks(Direction::kDeviceToHost, host, 0, region, 0, {.block_bytes = kBlock, .src = s, .dst = t});
     ASSERT_FALSE(r.ok());
-    EXPECT_NE(r.status().message().find("block 30: source block 70 (bytes [286720, +4096)) is outside the device region"),
-              std::string::npos)
+    EXPECT_NE(
+        r.status().message().find("block 30: source block 70 (bytes [286720, +4096)) is outside the device region"),
+        std::string::npos)
         << r.status().ToString();
   }
   // Nothing moved, and nothing reached ferryd.
@@ -275,9 +278,9 @@ TEST(BlockList, AListAfterAnEventWaitsForItAndIsStreamWaitable) {
   ASSERT_OK_AND_ASSIGN(SharedEvent ev, client->CreateEvent());
   be->HoldEvents(true);  // the client's kernel has not reached its record yet
   ASSERT_OK(ev.Record(nullptr));
-  ASSERT_OK_AND_ASSIGN(Transfer after, client->CopyBlocks(Direction::kHostToDevice, held.host, held.host_offset,
-                                                          held.region, held.device_offset, held.list(),
-                                                          {.after = &ev, .stream_waitable = true}));
+  ASSERT_OK_AND_ASSIGN(Transfer after,
+                       client->CopyBlocks(Direction::kHostToDevice, held.host, held.host_offset, held.region,
+                                          held.device_offset, held.list(), {.after = &ev, .stream_waitable = true}));
   ASSERT_OK_AND_ASSIGN(Transfer other, client->CopyBlocks(Direction::kHostToDevice, free.host, free.host_offset,
                                                           free.region, free.device_offset, free.list()));
   ASSERT_OK(other.Wait(5s));  // a list submitted later, with no dependency, is not stuck behind it
