@@ -109,11 +109,12 @@ Result<BlockListPlan> PlanBlockList(const wire::BlockListEntry& e, std::span<con
   if (list.size() != e.list_bytes || e.list_bytes != wire::BlockListBytes(n, e.list_flags)) {
     return Internal("block list: list of " + Num(list.size()) + " bytes for " + Num(n) + " blocks");
   }
-  // Our own aligned copy of the indices: `list` may sit anywhere in a ring slot.
-  std::vector<uint32_t> words(list.size() / sizeof(uint32_t));
-  std::memcpy(words.data(), list.data(), list.size());
-  const std::span<const uint32_t> src(words.data(), n);
-  const std::span<const uint32_t> dst(words.data() + n, n);
+  // `list` is ferryd's own copy, at any alignment: its words are read with memcpy.
+  auto word = [&](size_t k) {
+    uint32_t w;
+    std::memcpy(&w, list.data() + k * sizeof(uint32_t), sizeof w);
+    return w;
+  };
   const bool has_lengths = e.list_flags & wire::kBlockListLengths;
   const uint64_t bb = e.block_bytes;
   const char* src_name = regions.host_to_device ? "host" : "device";
@@ -123,21 +124,25 @@ Result<BlockListPlan> PlanBlockList(const wire::BlockListEntry& e, std::span<con
 
   BlockListPlan plan;
   plan.blocks = n;
+  plan.pieces.reserve(n);  // pages a list coalesces into fewer pieces are never touched
+  std::vector<uint32_t> dst(n);
   uint32_t max_dst = 0;
   for (uint32_t i = 0; i < n; ++i) {
-    const uint64_t len = has_lengths ? words[2 * size_t{n} + i] : bb;
+    const uint32_t src = word(i);
+    dst[i] = word(size_t{n} + i);
+    const uint64_t len = has_lengths ? word(2 * size_t{n} + i) : bb;
     if (len == 0 || len > bb) {
       return InvalidArgument("block " + Num(i) + ": length " + Num(len) + " is not in 1.." + Num(bb));
     }
-    if (!BlockInside(src[i], len, bb, src_bytes)) {
-      return InvalidArgument(BlockOutside(i, "source", src[i], len, bb, src_name, src_bytes));
+    if (!BlockInside(src, len, bb, src_bytes)) {
+      return InvalidArgument(BlockOutside(i, "source", src, len, bb, src_name, src_bytes));
     }
     if (!BlockInside(dst[i], len, bb, dst_bytes)) {
       return InvalidArgument(BlockOutside(i, "destination", dst[i], len, bb, dst_name, dst_bytes));
     }
     max_dst = std::max(max_dst, dst[i]);
     // Both offsets fit: each block lies inside its region, whose size is a uint64_t.
-    const uint64_t src_off = uint64_t{src[i]} * bb;
+    const uint64_t src_off = uint64_t{src} * bb;
     const uint64_t dst_off = uint64_t{dst[i]} * bb;
     Append(plan.pieces, regions.host_to_device ? src_off : dst_off, regions.host_to_device ? dst_off : src_off, len);
     plan.bytes += len;

@@ -328,7 +328,12 @@ class CudaBackend : public Backend {
     // A large piece is worth its own fence: the scheduler refills the engines as each one
     // lands instead of waiting for a whole turn's batch.
     const bool large = std::any_of(plan.pieces.begin(), plan.pieces.end(), [](const CopyPiece& p) { return !p.batchable; });
-    if (large && plan.signal == nullptr) FlushGroups(true);
+    // A block list's unit (several pieces on one bulk stream) is a batch already: it goes out
+    // now, as one cudaMemcpyBatchAsync with its own fence, not held back for more.
+    const bool unit = cls == 1 && plan.pieces.size() > 1 &&
+                      std::all_of(plan.pieces.begin(), plan.pieces.end(),
+                                  [&](const CopyPiece& p) { return p.stream == plan.pieces[0].stream; });
+    if ((large || unit) && plan.signal == nullptr) FlushGroups(true);
     if (plan.signal != nullptr) {
       FlushGroups(true);
       Group& g = pending_.back();  // this plan alone: Flush() above emptied the staging first

@@ -109,6 +109,15 @@ class SchedulerTest : public ::testing::Test {
     r.latency_requested = latency;
     return r;
   }
+  // A block list of `n` blocks of `block` bytes: every other block of both regions, so that
+  // nothing coalesces.
+  CopyRequest List(uint64_t id, uint64_t session, uint64_t pool_offset, uint32_t n, uint64_t block,
+                   bool latency = false) {
+    CopyRequest r = Copy(id, session, pool_offset, n * block, latency);
+    r.blocks = n;
+    for (uint64_t i = 0; i < n; ++i) r.block_pieces.push_back({2 * i * block, 2 * i * block, block});
+    return r;
+  }
   // The piece lengths of every plan submitted so far, in order.
   std::vector<uint64_t> PieceLengths() const {
     std::vector<uint64_t> out;
@@ -332,6 +341,115 @@ TEST_F(SchedulerTest, ASwitchedPolicyAppliesToNewCopiesOnly) {
   ASSERT_EQ(listener_.finished.size(), 2u);
   EXPECT_EQ(listener_.finished[0].policy, "small");
   EXPECT_EQ(listener_.finished[1].policy, "large");
+}
+
+// A list is one copy to the scheduler, sent in units of the policy's piece size: each unit one
+// plan, its pieces on one bulk stream (one batch on the cuda backend), the units round robin
+// over the streams; one completion, its bytes the sum of the blocks'.
+TEST_F(SchedulerTest, ABlockListGoesInUnitsOfThePolicysPieceSizeEachOnOneStream) {
+  Start(Chunked(kMiB));
+  scheduler_->AddSession(1, 1);
+  scheduler_->Submit(List(1, 1, 0, 64, 64 << 10));
+  scheduler_->Dispatch();
+  ASSERT_EQ(backend_.submitted.size(), 4u);
+  std::vector<uint32_t> streams;
+  for (const auto& sub : backend_.submitted) {
+    ASSERT_EQ(sub.plan.pieces.size(), 16u);
+    for (const CopyPiece& p : sub.plan.pieces) {
+      EXPECT_EQ(p.stream, sub.plan.pieces[0].stream);
+      EXPECT_TRUE(p.batchable);
+      EXPECT_EQ(p.length, 64u << 10);
+    }
+    EXPECT_EQ(sub.plan.signal, nullptr);
+    streams.push_back(sub.plan.pieces[0].stream);
+  }
+  EXPECT_NE(streams[0], streams[1]);
+  EXPECT_NE(streams[0], 0u) << "bulk, not the latency stream";
+  // Every block went out once, in list order.
+  size_t k = 0;
+  for (const auto& sub : backend_.submitted) {
+    for (const CopyPiece& p : sub.plan.pieces) {
+      EXPECT_EQ(p.host, pool_.data() + 2 * k * (64 << 10));
+      EXPECT_EQ(p.device, device_.data() + 2 * k * (64 << 10));
+      ++k;
+    }
+  }
+  EXPECT_TRUE(listener_.finished.empty());
+  backend_.FinishAll();
+  scheduler_->PollBackend();
+  ASSERT_EQ(listener_.finished.size(), 1u);
+  EXPECT_EQ(listener_.finished[0].copy.bytes, 4 * kMiB);
+  EXPECT_EQ(listener_.finished[0].copy.blocks, 64u);
+  EXPECT_TRUE(listener_.finished[0].copy.status.ok());
+  EXPECT_EQ(counters_.copies_completed.load(), 1u);
+}
+
+// A run of blocks longer than a unit is cut where the unit ends; a unit of one piece is a single
+// copy's piece (batchable only up to the threshold).
+TEST_F(SchedulerTest, ABlockListsContiguousRunIsCutIntoUnits) {
+  Start(Chunked(kMiB));
+  scheduler_->AddSession(1, 1);
+  CopyRequest r = Copy(1, 1, 0, 3 * kMiB);
+  r.blocks = 48;
+  r.block_pieces.push_back({0, 0, 3 * kMiB});  // 48 blocks of 64 KiB, coalesced
+  scheduler_->Submit(r);
+  scheduler_->Dispatch();
+  EXPECT_EQ(PieceLengths(), (std::vector<uint64_t>{kMiB, kMiB, kMiB}));
+  EXPECT_EQ(backend_.submitted.size(), 3u);
+}
+
+// Weights 3 and 1, room on the engines for one unit at a time: a list's units and another
+// client's single-copy pieces go 3 to 1, as for two single copies.
+TEST_F(SchedulerTest, ABlockListSharesTheEnginesByWeightWithAnotherClientsCopies) {
+  Start(Chunked(kMiB, kMiB));
+  scheduler_->AddSession(1, 3);
+  scheduler_->AddSession(2, 1);
+  scheduler_->Submit(List(1, 1, 1 * kSessionSpan, 1024, 64 << 10));  // 64 units of 16 blocks
+  scheduler_->Submit(Copy(2, 2, 2 * kSessionSpan, 64 * kMiB));
+  std::map<uint64_t, int> units;
+  for (int i = 0; i < 40; ++i) {
+    scheduler_->Dispatch();
+    ASSERT_EQ(backend_.out.size(), 1u) << "the engines take one unit at a time";
+    units[SessionOf(backend_.submitted.back())]++;
+    backend_.FinishOldest();
+    scheduler_->PollBackend();
+  }
+  EXPECT_EQ(units[1], 30);
+  EXPECT_EQ(units[2], 10);
+}
+
+TEST_F(SchedulerTest, ABlockListThatSignalsGoesWholeAndIsAnnouncedOnce) {
+  Start(Chunked(kMiB));
+  scheduler_->AddSession(1, 1);
+  SharedEventStub done;
+  CopyRequest r = List(1, 1, 0, 64, 64 << 10);
+  r.signal = &done;
+  scheduler_->Submit(r);
+  scheduler_->Dispatch();
+  ASSERT_EQ(backend_.submitted.size(), 1u);
+  const CopyPlan& plan = backend_.submitted[0].plan;
+  ASSERT_EQ(plan.pieces.size(), 64u);
+  EXPECT_EQ(plan.signal, &done);
+  for (size_t unit = 0; unit < 4; ++unit) {  // each unit still on one stream
+    for (size_t i = 1; i < 16; ++i) EXPECT_EQ(plan.pieces[unit * 16 + i].stream, plan.pieces[unit * 16].stream);
+  }
+  EXPECT_NE(plan.pieces[0].stream, plan.pieces[16].stream);
+  ASSERT_EQ(listener_.enqueued.size(), 1u);
+  EXPECT_EQ(listener_.enqueued[0], (std::vector<uint64_t>{1, 1001, 4 * kMiB}));
+}
+
+// Latency priority holds for a whole list within latency_max_bytes, else the list is bulk.
+TEST_F(SchedulerTest, ABlockListIsLatencyClassOnlyWhenAllOfItIsSmall) {
+  Start(Chunked(kMiB));
+  scheduler_->AddSession(1, 1);
+  scheduler_->Submit(List(1, 1, 0, 16, 64 << 10, /*latency=*/true));  // 1 MiB: the limit
+  ASSERT_EQ(backend_.submitted.size(), 1u) << "latency copies go out at once";
+  for (const CopyPiece& p : backend_.submitted[0].plan.pieces) EXPECT_EQ(p.stream, 0u);
+  scheduler_->Submit(List(2, 1, 16 * kMiB, 17, 64 << 10, /*latency=*/true));
+  EXPECT_EQ(backend_.submitted.size(), 1u) << "a list over latency_max_bytes is queued as bulk";
+  scheduler_->Dispatch();
+  ASSERT_EQ(backend_.submitted.size(), 3u);
+  EXPECT_NE(backend_.submitted[1].plan.pieces[0].stream, 0u);
 }
 
 TEST_F(SchedulerTest, ACancelledSessionsQueuedCopiesNeverGoOut) {
