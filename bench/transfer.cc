@@ -227,9 +227,9 @@ int TransferBench::Run(const std::vector<std::string>& args) {
   for (size_t n = 1 << 20; n <= max_size_; n *= 4) staged_sizes_.push_back(n);
   if (!Runs("staged")) staged_sizes_.clear();
   if (!Runs("bandwidth")) sizes_.clear();
-  progress_ = std::make_unique<ferry::bench::Progress>(sizes_.size() * 2 + Runs("both") + 2 * Runs("latency") +
-                                                       Runs("many") + 2 * ShuffledBlockWorkloads().size() * Runs("blocks") +
-                                                       staged_sizes_.size() + (daemon_pid_ > 0));
+  progress_ = std::make_unique<ferry::bench::Progress>(
+      sizes_.size() * 2 + Runs("both") + 2 * Runs("latency") + Runs("many") +
+      2 * ShuffledBlockWorkloads().size() * Runs("blocks") + staged_sizes_.size() + (daemon_pid_ > 0));
   if (int rc = Bandwidth()) return rc;
   if (Runs("both")) {
     if (int rc = Bidirectional()) return rc;
@@ -485,8 +485,7 @@ int TransferBench::ManySmall() {
     t1 = NowSeconds();
     if (rep >= 0) Add("many", kPiece * kCount, "h2d", "ferry", rep, t1 - t0);
     t0 = NowSeconds();
-    auto list = client_->CopyBlocks(ferry::Direction::kHostToDevice, *pool_buf_, 0, *region_, 0,
-                                    in_order.list(kPiece));
+    auto list = client_->CopyBlocks(ferry::Direction::kHostToDevice, *pool_buf_, 0, *region_, 0, in_order.list(kPiece));
     FERRY_OR_DIE(list.status());
     FERRY_OR_DIE(list->Wait(10s));
     t1 = NowSeconds();
@@ -592,7 +591,8 @@ int TransferBench::Blocks() {
       for (int rep = -2; rep < reps; ++rep) {
         const double t0 = NowSeconds();
         size_t attr_index = 0;
-        CUDA_OR_DIE(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), w.count, &attr, &attr_index, 1, s_[0]));
+        CUDA_OR_DIE(
+            cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), w.count, &attr, &attr_index, 1, s_[0]));
         CUDA_OR_DIE(cudaStreamSynchronize(s_[0]));
         if (rep >= 0) Add(w.key(), n, dname, "in-process-batch", rep, NowSeconds() - t0);
       }
@@ -866,9 +866,11 @@ void TransferBench::Report(bool json) const {
         Summary loop = Gbps(w.key(), w.region_bytes(), d, "in-process"),
                 batch = Gbps(w.key(), w.region_bytes(), d, "in-process-batch"),
                 fe = Gbps(w.key(), w.region_bytes(), d, "ferry");
-        std::printf("  %-16s %-4s         %6.2f [%6.2f, %6.2f]   %6.2f [%6.2f, %6.2f]   %6.2f [%6.2f, %6.2f]   %6.1f%% %6.2fx\n",
-                    w.name().c_str(), d, loop.median, loop.min, loop.max, batch.median, batch.min, batch.max, fe.median,
-                    fe.min, fe.max, 100 * fe.median / batch.median, fe.median / loop.median);
+        std::printf(
+            "  %-16s %-4s         %6.2f [%6.2f, %6.2f]   %6.2f [%6.2f, %6.2f]   %6.2f [%6.2f, %6.2f]   %6.1f%% "
+            "%6.2fx\n",
+            w.name().c_str(), d, loop.median, loop.min, loop.max, batch.median, batch.min, batch.max, fe.median, fe.min,
+            fe.max, 100 * fe.median / batch.median, fe.median / loop.median);
       }
     }
   }
