@@ -51,6 +51,8 @@ constexpr size_t kConnectOptionsFirstSize = offsetof(ferry_connect_options, time
 constexpr size_t kCopyOptionsFirstSize = offsetof(ferry_copy_options, stream_waitable) + sizeof(uint32_t);
 constexpr size_t kStagedCopyOptionsFirstSize =
     offsetof(ferry_staged_copy_options, priority) + sizeof(ferry_priority);
+// ferry_block_list: first published with ferry_copy_blocks, after 0.2.0.
+constexpr size_t kBlockListFirstSize = offsetof(ferry_block_list, lengths) + sizeof(const uint32_t*);
 // No options struct comes near this: a larger struct_size is garbage, not a newer header.
 constexpr size_t kMaxStructSize = 4096;
 
@@ -176,6 +178,34 @@ ferry_status ferry_copy(ferry_client* client, ferry_direction direction, ferry_h
     o.stream_waitable = in.stream_waitable != 0;
   }
   auto t = client->c->Copy(FromC(direction), host->b, host_offset, device->r, device_offset, bytes, o);
+  if (!t.ok()) return Fail(t.status());
+  *out = std::make_unique<ferry_transfer>(ferry_transfer{std::move(*t)}).release();
+  return Done(ferry::Status::Ok());
+}
+
+ferry_status ferry_copy_blocks(ferry_client* client, ferry_direction direction, ferry_host_buffer* host,
+                               size_t host_offset, ferry_device_region* device, size_t device_offset,
+                               const ferry_block_list* blocks, const ferry_copy_options* options, ferry_transfer** out) {
+  if (Null(client, "client") || Null(host, "host") || Null(device, "device") || Null(blocks, "blocks") ||
+      Null(out, "out")) {
+    return FERRY_INVALID_ARGUMENT;
+  }
+  ferry_block_list in{};
+  if (auto st = ReadVersioned(*blocks, kBlockListFirstSize, "ferry_block_list", in); !st.ok()) return Fail(st);
+  if (in.count > 0 && (Null(in.src, "blocks->src") || Null(in.dst, "blocks->dst"))) return FERRY_INVALID_ARGUMENT;
+  ferry::BlockList list;
+  list.block_bytes = in.block_bytes;
+  list.src = {in.src, in.count};
+  list.dst = {in.dst, in.count};
+  if (in.lengths != nullptr) list.lengths = {in.lengths, in.count};
+  ferry::CopyOptions o;
+  if (options != nullptr) {
+    ferry_copy_options oin{};
+    if (auto st = ReadVersioned(*options, kCopyOptionsFirstSize, "ferry_copy_options", oin); !st.ok()) return Fail(st);
+    o.priority = FromC(oin.priority);
+    o.stream_waitable = oin.stream_waitable != 0;
+  }
+  auto t = client->c->CopyBlocks(FromC(direction), host->b, host_offset, device->r, device_offset, list, o);
   if (!t.ok()) return Fail(t.status());
   *out = std::make_unique<ferry_transfer>(ferry_transfer{std::move(*t)}).release();
   return Done(ferry::Status::Ok());

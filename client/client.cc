@@ -1,10 +1,13 @@
 // The public C++ API of ferry/client.hpp: thin handles on the session core's states.
 #include "ferry/client.hpp"
 
+#include <array>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
+#include "client/block_list.hpp"
 #include "client/client_core.hpp"
 #include "client/stager.hpp"
 #include "common/socket_path.hpp"
@@ -160,6 +163,72 @@ Result<Transfer> Client::Copy(Direction direction, const HostBuffer& host, size_
   t->host_keep = host.s_;
   t->region_keep = device.s_;
   FERRY_ASSIGN_OR_RETURN(auto st, impl_->core->Submit(e, std::move(t), options.stream_waitable));
+  return Transfer(impl_->core, std::move(st));
+}
+
+Result<Transfer> Client::CopyBlocks(Direction direction, const HostBuffer& host, size_t host_offset,
+                                    const DeviceRegion& device, size_t device_offset, const BlockList& blocks,
+                                    const CopyOptions& options) {
+  if (!host.s_ || !device.s_) return InvalidArgument("empty HostBuffer or DeviceRegion");
+  if (host.s_->core.lock() != impl_->core || device.s_->core.lock() != impl_->core) {
+    return InvalidArgument("buffer or region belongs to another connection");
+  }
+  if (host_offset > host.size()) {
+    return InvalidArgument("host_offset " + std::to_string(host_offset) + " is past the buffer's " +
+                           std::to_string(host.size()) + " bytes");
+  }
+  if (device_offset > device.size()) {
+    return InvalidArgument("device_offset " + std::to_string(device_offset) + " is past the region's " +
+                           std::to_string(device.size()) + " bytes");
+  }
+  if (options.after != nullptr && !options.after->s_) return InvalidArgument("empty SharedEvent");
+  const bool h2d = direction == Direction::kHostToDevice;
+  const uint64_t host_bytes = host.size() - host_offset;
+  const uint64_t device_bytes = device.size() - device_offset;
+  FERRY_ASSIGN_OR_RETURN(const uint64_t total, h2d ? detail::CheckBlockList(blocks, host_bytes, "host", device_bytes,
+                                                                            "device")
+                                                   : detail::CheckBlockList(blocks, device_bytes, "device",
+                                                                            host_bytes, "host"));
+  detail::ClientCore& core = *impl_->core;
+  wire::BlockListEntry list{};
+  list.device_bytes = device_bytes;
+  list.block_bytes = blocks.block_bytes;
+  list.block_count = static_cast<uint32_t>(blocks.src.size());
+  list.list_flags = blocks.lengths.empty() ? 0 : wire::kBlockListLengths;
+  list.list_bytes = detail::EncodedBlockListBytes(blocks);
+  wire::SubmissionEntry e{};
+  e.opcode = static_cast<uint16_t>(h2d ? wire::Opcode::kBlocksHostToDevice : wire::Opcode::kBlocksDeviceToHost);
+  e.priority =
+      static_cast<uint16_t>(options.priority == Priority::kLatency ? wire::Priority::kLatency : wire::Priority::kBulk);
+  e.pool_offset = host.s_->pool_offset + host_offset;
+  e.length = host_bytes;
+  e.device_offset = device.s_->offset_in_base + device_offset;
+  e.region_id = device.s_->id;
+  if (options.after != nullptr) e.wait_event_id = options.after->s_->id;
+  auto t = std::make_shared<detail::TransferState>();
+  t->bytes = total;
+  t->direction = h2d ? 0 : 1;
+  t->host_keep = host.s_;
+  t->region_keep = device.s_;
+  // The group: the BlockListEntry, then the list itself when it fits in the ring (and the whole
+  // group in at most half the ring, so that a list never waits for an empty ring).
+  std::array<wire::SubmissionEntry, 1 + wire::kMaxInlineListSlots> group{};
+  const uint32_t inline_slots = wire::InlineListSlots(list.list_bytes);
+  size_t group_slots = 1;
+  if (inline_slots <= wire::kMaxInlineListSlots && 2 + inline_slots <= core.sq_entries() / 2) {
+    e.flags = wire::kBlockListInline;
+    list.inline_slots = inline_slots;
+    detail::EncodeBlockList(blocks, reinterpret_cast<std::byte*>(group.data()) + sizeof(wire::SubmissionEntry));
+    group_slots += inline_slots;
+  } else {
+    FERRY_ASSIGN_OR_RETURN(t->list_keep, core.AcquireListBuffer(list.list_bytes));
+    detail::EncodeBlockList(blocks, t->list_keep->data);
+    list.list_pool_offset = t->list_keep->pool_offset;
+  }
+  static_assert(sizeof list == sizeof group[0]);
+  std::memcpy(&group[0], &list, sizeof list);
+  FERRY_ASSIGN_OR_RETURN(auto st, core.Submit(e, std::move(t), options.stream_waitable,
+                                              std::span<const wire::SubmissionEntry>(group.data(), group_slots)));
   return Transfer(impl_->core, std::move(st));
 }
 

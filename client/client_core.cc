@@ -141,7 +141,12 @@ Result<std::shared_ptr<EventState>> ClientCore::NewEvent() {
 }
 
 Result<std::shared_ptr<TransferState>> ClientCore::Submit(wire::SubmissionEntry e, std::shared_ptr<TransferState> t,
-                                                          bool want_event) {
+                                                          bool want_event, std::span<const wire::SubmissionEntry> more) {
+  if (more.size() >= sq_entries_) {
+    return InvalidArgument("a request of " + std::to_string(more.size() + 1) + " ring slots does not fit a ring of " +
+                           std::to_string(sq_entries_));
+  }
+  const auto extra = static_cast<uint32_t>(more.size());
   if (want_event) {
     std::shared_ptr<EventState> ev;
     {
@@ -164,13 +169,18 @@ Result<std::shared_ptr<TransferState>> ClientCore::Submit(wire::SubmissionEntry 
       FERRY_RETURN_IF_ERROR(broken_);
       ReapLocked();
       const uint32_t head = hdr_->sq_head.value.load(std::memory_order_acquire);
-      if (outstanding_ < sq_entries_ && !wire::RingFull(head, sq_tail_, sq_entries_)) {
+      // Room for the whole group: its last slot must fit too.
+      if (outstanding_ < sq_entries_ && !wire::RingFull(head, sq_tail_ + extra, sq_entries_)) {
         e.user_tag = t->tag = next_tag_++;
         t->submit_ns = MonotonicNanos();
         pending_[t->tag] = t;
         ++outstanding_;
         sq_[wire::RingSlot(sq_tail_, sq_entries_)] = e;
         ++sq_tail_;
+        for (const wire::SubmissionEntry& slot : more) {
+          sq_[wire::RingSlot(sq_tail_, sq_entries_)] = slot;
+          ++sq_tail_;
+        }
         hdr_->sq_tail.value.store(sq_tail_, std::memory_order_release);
         std::atomic_thread_fence(std::memory_order_seq_cst);
         if (hdr_->daemon_state.value.load(std::memory_order_relaxed) & wire::kDaemonSleeping) {
@@ -185,6 +195,46 @@ Result<std::shared_ptr<TransferState>> ClientCore::Submit(wire::SubmissionEntry 
     }
     WaitForProgress(1'000'000);
   }
+}
+
+namespace {
+// The size class of a list buffer of `bytes`: the smallest c with kMinListBufferBytes << c >= bytes.
+size_t ListBufferClass(size_t bytes) {
+  size_t c = 0;
+  while ((ClientCore::kMinListBufferBytes << c) < bytes) ++c;
+  return c;
+}
+}  // namespace
+
+Result<std::shared_ptr<HostBufferState>> ClientCore::AcquireListBuffer(size_t bytes) {
+  if (bytes > kMaxListBufferBytes) {
+    return InvalidArgument("a block list of " + std::to_string(bytes) + " bytes is larger than " +
+                           std::to_string(kMaxListBufferBytes));
+  }
+  const size_t c = ListBufferClass(bytes);
+  std::shared_ptr<HostBufferState> b;
+  std::vector<std::shared_ptr<HostBufferState>> excess;  // freed below, outside ring_mu_
+  {
+    std::lock_guard<std::mutex> l(ring_mu_);
+    FERRY_RETURN_IF_ERROR(broken_);
+    if (!free_lists_[c].empty()) {
+      b = std::move(free_lists_[c].back());
+      free_lists_[c].pop_back();
+    }
+    for (auto& list : free_lists_) {
+      while (list.size() > kCachedListBuffers) {
+        excess.push_back(std::move(list.back()));
+        list.pop_back();
+      }
+    }
+  }
+  if (b) return b;
+  return AllocateHost(kMinListBufferBytes << c);
+}
+
+// Caller holds ring_mu_. `b` came from AcquireListBuffer: its size is a class's.
+void ClientCore::RecycleListBufferLocked(std::shared_ptr<HostBufferState> b) {
+  free_lists_[ListBufferClass(b->size)].push_back(std::move(b));
 }
 
 // Tells ferryd how long this thread was blocked on a copy: the exposed time its metrics show.
@@ -251,6 +301,7 @@ void ClientCore::ReapLocked() {
       t.status = Status(k, "ferryd failed the copy (" + std::string(CodeName(k)) + "; its log has the reason)");
     }
     if (t.event) free_events_.push_back(std::move(t.event));
+    if (t.list_keep) RecycleListBufferLocked(std::move(t.list_keep));
     t.host_keep.reset();
     t.region_keep.reset();
     pending_.erase(it);
@@ -307,6 +358,7 @@ void ClientCore::Break(const Status& why) {
     t->status = why;
     t->host_keep.reset();
     t->region_keep.reset();
+    t->list_keep.reset();
   }
   pending_.clear();
   outstanding_ = 0;

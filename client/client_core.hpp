@@ -67,6 +67,9 @@ struct TransferState {
   std::shared_ptr<EventState> event;           // completion event, when stream-waitable
   std::shared_ptr<HostBufferState> host_keep;  // buffers stay mapped while the copy runs
   std::shared_ptr<DeviceRegionState> region_keep;
+  // A block list's pool buffer (ClientCore::AcquireListBuffer): ferryd may read it until the copy
+  // completes, then it goes back to the core's cache.
+  std::shared_ptr<HostBufferState> list_keep;
 };
 
 // How the running policy says to stage pageable memory (its staging section).
@@ -115,9 +118,18 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   Result<std::shared_ptr<EventState>> NewEvent();
 
   // Puts `e` on the submission ring for `t` (waiting up to 1 s for room), with a completion
-  // event when `want_event`.
+  // event when `want_event`. `more`: slots that belong to the request and follow `e` (a block
+  // list's BlockListEntry and inline list), published with it by one tail store; the group is at
+  // most sq_entries() slots.
   Result<std::shared_ptr<TransferState>> Submit(wire::SubmissionEntry e, std::shared_ptr<TransferState> t,
-                                                bool want_event);
+                                                bool want_event, std::span<const wire::SubmissionEntry> more = {});
+  // A pool buffer of at least `bytes` (at most kMaxListBufferBytes) for a block list: from the
+  // cache when one is free, else allocated. Hand it to the copy's TransferState::list_keep; it
+  // returns to the cache when the copy completes.
+  static constexpr size_t kMinListBufferBytes = 64 << 10;
+  static constexpr size_t kListBufferClasses = 7;  // 64 KiB .. 4 MiB, powers of two
+  static constexpr size_t kMaxListBufferBytes = kMinListBufferBytes << (kListBufferClasses - 1);
+  Result<std::shared_ptr<HostBufferState>> AcquireListBuffer(size_t bytes);
   // Until `t` is done (or, `until_enqueued`, until ferryd has enqueued it), at most timeout_ns.
   Status Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueued);
   Result<bool> Poll(TransferState& t);
@@ -126,6 +138,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
 
   BackendKind backend() const { return backend_; }
   int device_ordinal() const { return device_ordinal_; }
+  uint32_t sq_entries() const { return sq_entries_; }
   uint64_t session_id() const { return session_id_; }
   ClientDevice& device() { return *device_; }
 
@@ -144,6 +157,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   void ReapLocked();
   void CollectStallsLocked();
   StallProbe TakeProbeLocked();
+  void RecycleListBufferLocked(std::shared_ptr<HostBufferState> b);
   void Break(const Status& why);
   void WaitForProgress(uint64_t timeout_ns);
 
@@ -159,12 +173,17 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   uint32_t sq_entries_ = 0, cq_entries_ = 0;
   UniqueFd submit_efd_, complete_efd_;
 
-  std::mutex ring_mu_;  // guards the rings' local indices, pending_, free_events_, the probes, broken_
+  std::mutex ring_mu_;  // guards the rings' local indices, pending_, free_events_, free_lists_, the probes, broken_
   uint32_t sq_tail_ = 0, cq_head_ = 0;
   uint64_t next_tag_ = 1;
   uint32_t outstanding_ = 0;
   std::unordered_map<uint64_t, std::shared_ptr<TransferState>> pending_;
   std::vector<std::shared_ptr<EventState>> free_events_;
+  // Free block-list buffers by size class (kMinListBufferBytes << class). At most
+  // kCachedListBuffers a class are kept; AcquireListBuffer frees the rest outside ring_mu_ (a
+  // free is a round trip on the socket).
+  static constexpr size_t kCachedListBuffers = 8;
+  std::vector<std::shared_ptr<HostBufferState>> free_lists_[kListBufferClasses];
   std::vector<StallProbe> stall_probes_, free_probes_;
   Status broken_;
 
