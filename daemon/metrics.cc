@@ -192,6 +192,7 @@ struct Event {
   uint8_t direction;
   bool ok;
   uint16_t label;  // interned (class, policy)
+  uint32_t blocks;  // kCopy of a block list: its blocks; else 0
   uint64_t bytes;
   double seconds, queued_seconds;
 };
@@ -267,6 +268,10 @@ class MetricsExporter::Impl {
     copies->Add({{"direction", dir}, {"class", names.first}, {"policy", names.second}, {"result", e.ok ? "ok" : "failed"}})
         .Increment();
     if (e.ok) bytes->Add({{"direction", dir}}).Increment(static_cast<double>(e.bytes));
+    if (e.blocks != 0) {
+      block_lists->Add({{"direction", dir}, {"result", e.ok ? "ok" : "failed"}}).Increment();
+      if (e.ok) blocks->Add({{"direction", dir}}).Increment(static_cast<double>(e.blocks));
+    }
     duration->Add({{"direction", dir}, {"class", names.first}}, DurationBuckets()).Observe(e.seconds);
     queue_wait->Add({{"direction", dir}, {"class", names.first}}, DurationBuckets()).Observe(e.queued_seconds);
   }
@@ -277,6 +282,8 @@ class MetricsExporter::Impl {
 
   prometheus::Family<prometheus::Counter>* copies = nullptr;
   prometheus::Family<prometheus::Counter>* bytes = nullptr;
+  prometheus::Family<prometheus::Counter>* block_lists = nullptr;
+  prometheus::Family<prometheus::Counter>* blocks = nullptr;
   prometheus::Family<prometheus::Histogram>* duration = nullptr;
   prometheus::Family<prometheus::Histogram>* queue_wait = nullptr;
   prometheus::Family<prometheus::Histogram>* exposed = nullptr;
@@ -374,6 +381,15 @@ Result<std::unique_ptr<MetricsExporter>> MetricsExporter::Create(const std::stri
                       .Help("Copies finished, by direction, client class, policy and result.")
                       .Register(r);
   impl->bytes = &prometheus::BuildCounter().Name("ferry_copied_bytes_total").Help("Bytes copied, by direction.").Register(r);
+  impl->block_lists = &prometheus::BuildCounter()
+                           .Name("ferry_block_lists_total")
+                           .Help("Block-list copies finished, by direction and result (each is also one of "
+                                 "ferry_copies_total).")
+                           .Register(r);
+  impl->blocks = &prometheus::BuildCounter()
+                      .Name("ferry_blocks_total")
+                      .Help("Blocks copied by block-list copies that succeeded, by direction.")
+                      .Register(r);
   impl->duration = &prometheus::BuildHistogram()
                         .Name("ferry_copy_duration_seconds")
                         .Help("Accepted to done, per copy, by direction and client class.")
@@ -449,13 +465,13 @@ int MetricsExporter::port() const {
 
 void MetricsExporter::OnCopyDone(const CopyRecord& r) {
   Event e{Event::kCopy, static_cast<uint8_t>(r.direction == Direction::kHostToDevice ? 0 : 1), r.ok,
-          impl_->Intern(r.client_class, r.policy), r.bytes, r.seconds, r.queued_seconds};
+          impl_->Intern(r.client_class, r.policy), r.blocks, r.bytes, r.seconds, r.queued_seconds};
   if (!impl_->events.Push(e)) impl_->dropped++;
 }
 
 void MetricsExporter::OnExposed(const ExposedRecord& r) {
   Event e{Event::kExposed, static_cast<uint8_t>(r.direction == Direction::kHostToDevice ? 0 : 1), true,
-          impl_->Intern(r.client_class, r.policy), 0, r.seconds, r.copy_seconds};
+          impl_->Intern(r.client_class, r.policy), 0, 0, r.seconds, r.copy_seconds};
   if (!impl_->events.Push(e)) impl_->dropped++;
 }
 

@@ -89,17 +89,55 @@ Result<bool> Rings::ReadSubmissions(Session& s, Scheduler& scheduler) {
   }
   // Back-pressure: at most half the completion ring in flight, so completions always fit.
   const uint32_t room = s.cq_entries / 2 > s.in_flight ? s.cq_entries / 2 - s.in_flight : 0;
-  const uint32_t take = std::min({avail, room, kSubmissionsPerTurn});
-  for (uint32_t i = 0; i < take && !s.dead; ++i) {
+  // The budget counts requests: a block list's group of slots is one, read whole in one turn.
+  const uint32_t take = std::min(room, kSubmissionsPerTurn);
+  uint32_t taken = 0;
+  for (; taken < take && s.sq_head != tail && !s.dead; ++taken) {
     wire::SubmissionEntry e;
     // Read the entry once, into our memory; the client may rewrite the slot at any time.
     std::memcpy(&e, &s.sq[wire::RingSlot(s.sq_head, s.sq_entries)], sizeof e);
+    const auto op = static_cast<wire::Opcode>(e.opcode);
+    if (op == wire::Opcode::kBlocksHostToDevice || op == wire::Opcode::kBlocksDeviceToHost) {
+      FERRY_RETURN_IF_ERROR(ReadBlockList(s, e, tail, scheduler));
+      continue;
+    }
     ++s.sq_head;
     HandleSubmission(s, e, scheduler);
   }
   if (!s.dead) s.hdr->sq_head.value.store(s.sq_head, std::memory_order_release);
   if (s.sq_head == tail) s.sq_seen_empty_ns = scan_ns;
-  return take > 0;
+  return taken > 0;
+}
+
+// A block list's group: its SubmissionEntry (at sq_head), a BlockListEntry, and with
+// kBlockListInline the list's slots, published together. Read whole into our memory before any
+// of it is judged; a group not wholly published, or whose end cannot be known, breaks the ring.
+Status Rings::ReadBlockList(Session& s, const wire::SubmissionEntry& e, uint32_t tail, Scheduler& scheduler) {
+  const uint32_t published = wire::RingCount(s.sq_head, tail);
+  auto breach = [&](const std::string& why) {
+    rejections_.Count(RejectReason::kProtocol);
+    return ProtocolError("block list " + std::to_string(e.user_tag) + ": " + why);
+  };
+  if (published < 2) return breach("its BlockListEntry was not published with it");
+  wire::BlockListEntry b;
+  std::memcpy(&b, &s.sq[wire::RingSlot(s.sq_head + 1, s.sq_entries)], sizeof b);
+  const uint32_t slots = (e.flags & wire::kBlockListInline) ? b.inline_slots : 0;
+  if (slots > wire::kMaxInlineListSlots) {
+    return breach("inline_slots " + std::to_string(slots) + " (at most " + std::to_string(wire::kMaxInlineListSlots) +
+                  "): where the next request starts is unknown");
+  }
+  if (published < 2 + slots) {
+    return breach("its group of " + std::to_string(2 + slots) + " slots was published in part (" +
+                  std::to_string(published) + ")");
+  }
+  std::vector<std::byte> inline_list(size_t{slots} * sizeof(wire::SubmissionEntry));
+  for (uint32_t i = 0; i < slots; ++i) {
+    std::memcpy(inline_list.data() + size_t{i} * sizeof(wire::SubmissionEntry),
+                &s.sq[wire::RingSlot(s.sq_head + 2 + i, s.sq_entries)], sizeof(wire::SubmissionEntry));
+  }
+  s.sq_head += 2 + slots;
+  HandleBlockList(s, e, b, inline_list, scheduler);
+  return Status::Ok();
 }
 
 void Rings::Complete(Session& s, uint64_t tag, const Status& st, wire::CompletionKind kind, uint64_t bytes,
@@ -186,52 +224,105 @@ void Rings::HandleSubmission(Session& s, const wire::SubmissionEntry& e, Schedul
     return Reject(s, e.user_tag, InvalidArgument("unknown opcode " + std::to_string(e.opcode)));
   }
   if (e.flags != 0) return Reject(s, e.user_tag, InvalidArgument("reserved fields must be 0"));
+  if (e.length == 0) return Reject(s, e.user_tag, InvalidArgument("copy of 0 bytes"));
+  CopyTarget t;
+  if (Status st = CheckCopy(s, e, e.length, t); !st.ok()) return Reject(s, e.user_tag, st);
+  t.request.bytes = e.length;
+  Accept(s, t, scheduler);
+}
+
+// A block list, its group read into our memory: the entry's regions and events checked as a
+// single copy's, the list (inline, or read once from a buffer of the session) checked and
+// planned whole. Nothing of a list that fails any check moves.
+void Rings::HandleBlockList(Session& s, const wire::SubmissionEntry& e, const wire::BlockListEntry& b,
+                            std::span<const std::byte> inline_list, Scheduler& scheduler) {
+  const bool inline_list_flag = e.flags & wire::kBlockListInline;
+  if (e.flags & ~wire::kBlockListInline) {
+    return Reject(s, e.user_tag, InvalidArgument("block list: unknown flags " + std::to_string(e.flags)));
+  }
+  if (e.length == 0) return Reject(s, e.user_tag, InvalidArgument("block list: the host region is empty"));
+  if (Status st = CheckBlockListEntry(b, inline_list_flag); !st.ok()) return Reject(s, e.user_tag, st);
+  CopyTarget t;
+  if (Status st = CheckCopy(s, e, b.device_bytes, t); !st.ok()) return Reject(s, e.user_tag, st);
+  std::span<const std::byte> list;
+  std::vector<std::byte> pool_list;
+  if (inline_list_flag) {
+    list = inline_list.first(b.list_bytes);  // inline_slots, checked, hold list_bytes
+  } else {
+    uint64_t unused = 0;
+    if (s.arena->Find(b.list_pool_offset, b.list_bytes, &unused) == nullptr) {
+      return Reject(s, e.user_tag, InvalidArgument("block list: the list [" + std::to_string(b.list_pool_offset) +
+                                                   ", +" + std::to_string(b.list_bytes) +
+                                                   ") is not inside a buffer of this session"));
+    }
+    // Read once; the buffer is not held for the copy.
+    pool_list.resize(b.list_bytes);
+    std::memcpy(pool_list.data(), pool_.base + b.list_pool_offset, b.list_bytes);
+    list = pool_list;
+  }
+  const BlockListRegions regions{t.request.direction == Direction::kHostToDevice, e.length, b.device_bytes};
+  auto plan = PlanBlockList(b, list, regions);
+  if (!plan.ok()) return Reject(s, e.user_tag, plan.status());
+  t.request.bytes = plan->bytes;
+  t.request.blocks = plan->blocks;
+  t.request.block_pieces = std::move(plan->pieces);
+  Accept(s, t, scheduler);
+}
+
+// The checks a single copy and a block list share: the priority, events, the host range
+// [pool_offset, +host_bytes) and the device range [device_offset, +device_bytes).
+Status Rings::CheckCopy(Session& s, const wire::SubmissionEntry& e, uint64_t device_bytes, CopyTarget& t) {
   if (e.wait_value != 0 && e.wait_event_id == wire::kNoEvent) {
-    return Reject(s, e.user_tag, InvalidArgument("a wait value without an event to wait for"));
+    return InvalidArgument("a wait value without an event to wait for");
   }
   if (e.priority > static_cast<uint16_t>(wire::Priority::kLatency)) {
-    return Reject(s, e.user_tag, InvalidArgument("unknown priority " + std::to_string(e.priority)));
+    return InvalidArgument("unknown priority " + std::to_string(e.priority));
   }
-  if (e.length == 0) return Reject(s, e.user_tag, InvalidArgument("copy of 0 bytes"));
-  uint64_t buffer_offset = 0;
-  BufferInfo* buf = s.arena->Find(e.pool_offset, e.length, &buffer_offset);
-  if (buf == nullptr) return Reject(s, e.user_tag, InvalidArgument("host range is not inside a buffer of this session"));
+  t.buffer = s.arena->Find(e.pool_offset, e.length, &t.request.buffer_offset);
+  if (t.buffer == nullptr) return InvalidArgument("host range is not inside a buffer of this session");
   auto rit = s.regions.find(e.region_id);
   if (rit == s.regions.end() || rit->second.unregistering) {
-    return Reject(s, e.user_tag, NotFound("no device region " + std::to_string(e.region_id)));
+    return NotFound("no device region " + std::to_string(e.region_id));
   }
-  const uint64_t rsize = rit->second.region->size();
-  if (e.device_offset > rsize || e.length > rsize - e.device_offset) {
-    return Reject(s, e.user_tag, InvalidArgument("device range is outside region " + std::to_string(e.region_id)));
+  t.region = &rit->second;
+  const uint64_t rsize = t.region->region->size();
+  if (e.device_offset > rsize || device_bytes > rsize - e.device_offset) {
+    return InvalidArgument("device range is outside region " + std::to_string(e.region_id));
   }
-  CopyRequest r;
-  r.direction = op == wire::Opcode::kHostToDevice ? Direction::kHostToDevice : Direction::kDeviceToHost;
+  CopyRequest& r = t.request;
+  const auto op = static_cast<wire::Opcode>(e.opcode);
+  r.direction = op == wire::Opcode::kHostToDevice || op == wire::Opcode::kBlocksHostToDevice
+                    ? Direction::kHostToDevice
+                    : Direction::kDeviceToHost;
   if (e.wait_event_id != wire::kNoEvent) {
     auto it = s.events.find(e.wait_event_id);
-    if (it == s.events.end()) return Reject(s, e.user_tag, NotFound("no event " + std::to_string(e.wait_event_id)));
+    if (it == s.events.end()) return NotFound("no event " + std::to_string(e.wait_event_id));
     r.wait = it->second.get();
   }
   if (e.signal_event_id != wire::kNoEvent) {
     auto it = s.events.find(e.signal_event_id);
-    if (it == s.events.end()) return Reject(s, e.user_tag, NotFound("no event " + std::to_string(e.signal_event_id)));
+    if (it == s.events.end()) return NotFound("no event " + std::to_string(e.signal_event_id));
     r.signal = it->second.get();
   }
+  r.user_tag = e.user_tag;
+  r.pool_offset = e.pool_offset;
+  r.region_id = e.region_id;
+  r.device = t.region->region->base() + e.device_offset;
+  r.latency_requested = e.priority == static_cast<uint16_t>(wire::Priority::kLatency) && s.klass.latency_allowed;
+  return Status::Ok();
+}
+
+void Rings::Accept(Session& s, CopyTarget& t, Scheduler& scheduler) {
+  CopyRequest& r = t.request;
   r.id = next_copy_id_++;
   r.session_id = s.id;
-  r.user_tag = e.user_tag;
-  r.bytes = e.length;
   r.accepted_ns = MonotonicNanos();
-  r.pool_offset = e.pool_offset;
-  r.buffer_offset = buffer_offset;
-  r.region_id = e.region_id;
-  r.device = rit->second.region->base() + e.device_offset;
-  r.latency_requested = e.priority == static_cast<uint16_t>(wire::Priority::kLatency) && s.klass.latency_allowed;
   RememberForReports(s, r.id, r.user_tag, r.accepted_ns, r.direction);
   // Held until the copy finishes (OnCopyFinished): the engines use the buffer and the region.
-  buf->in_flight++;
-  rit->second.in_flight++;
+  t.buffer->in_flight++;
+  t.region->in_flight++;
   s.in_flight++;
-  scheduler.Submit(r);
+  scheduler.Submit(std::move(r));
 }
 
 void Rings::OnCopyEnqueued(uint64_t session_id, uint64_t user_tag, uint64_t bytes) {
@@ -261,6 +352,7 @@ void Rings::OnCopyFinished(const FinishedCopy& c) {
                  s.klass.name,
                  c.policy,
                  c.bytes,
+                 c.blocks,
                  (c.first_dispatch_ns ? c.first_dispatch_ns - c.accepted_ns : 0) * 1e-9,
                  (c.done_ns - c.accepted_ns) * 1e-9,
                  c.status.ok()};

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "daemon/rejections.hpp"
@@ -24,16 +25,22 @@ class Rings : public Scheduler::Listener {
   static constexpr uint32_t kSubmissionsPerTurn = 64;
 
   // All must outlive the rings.
+  // `pool`: where block lists that travel in a buffer are read from.
   Rings(SessionMap& sessions, ServerCounters& counters, ServerObserver* observer, Rejections& rejections,
-        const RunningPolicy& policy)
-      : sessions_(sessions), counters_(counters), observer_(observer), rejections_(rejections), policy_(policy) {}
+        const RunningPolicy& policy, PoolGeometry pool)
+      : sessions_(sessions),
+        counters_(counters),
+        observer_(observer),
+        rejections_(rejections),
+        policy_(policy),
+        pool_(pool) {}
 
   // At hello: the session's ring segment (ring_entries submissions, twice that completions)
   // and its two doorbells.
   Status Attach(Session& s, uint32_t ring_entries);
 
-  // Reads what `s` submitted since the last turn (at most kSubmissionsPerTurn, and no more than
-  // fit in its completion ring when done) and hands its copies to `scheduler`. True if it read
+  // Reads what `s` submitted since the last turn (at most kSubmissionsPerTurn requests, a block
+  // list's slots counting as one, and no more than fit in its completion ring when done) and hands its copies to `scheduler`. True if it read
   // any. An error: the session broke the ring's protocol and must be evicted, for that reason.
   Result<bool> ReadSubmissions(Session& s, Scheduler& scheduler);
   // Posts the session's waiting results as its completion ring has room, and rings its doorbell
@@ -54,7 +61,19 @@ class Rings : public Scheduler::Listener {
   void OnCopyFinished(const FinishedCopy& copy) override;
 
  private:
+  // A copy that passed the checks, and what it will hold while it runs.
+  struct CopyTarget {
+    CopyRequest request;
+    BufferInfo* buffer = nullptr;
+    RegionState* region = nullptr;
+  };
+
   void HandleSubmission(Session& s, const wire::SubmissionEntry& e, Scheduler& scheduler);
+  Status ReadBlockList(Session& s, const wire::SubmissionEntry& e, uint32_t tail, Scheduler& scheduler);
+  void HandleBlockList(Session& s, const wire::SubmissionEntry& e, const wire::BlockListEntry& b,
+                       std::span<const std::byte> inline_list, Scheduler& scheduler);
+  Status CheckCopy(Session& s, const wire::SubmissionEntry& e, uint64_t device_bytes, CopyTarget& t);
+  void Accept(Session& s, CopyTarget& t, Scheduler& scheduler);
   void HandleWaitReport(Session& s, const wire::SubmissionEntry& e);
   void Reject(Session& s, uint64_t tag, const Status& st);
   void RememberForReports(Session& s, uint64_t copy_id, uint64_t user_tag, uint64_t accepted_ns, Direction direction);
@@ -66,6 +85,7 @@ class Rings : public Scheduler::Listener {
   ServerObserver* observer_;
   Rejections& rejections_;
   const RunningPolicy& policy_;
+  const PoolGeometry pool_;
   uint64_t next_copy_id_ = 1;
 };
 

@@ -15,10 +15,14 @@ bool Scheduler::Copy::WholeAtOnce() const {
   return latency || signal != nullptr || policy->schedule == Schedule::kSerial;
 }
 
+size_t Scheduler::Copy::UnitEnd(size_t unit_index, size_t first_piece) const {
+  return unit_ends.empty() ? first_piece + 1 : unit_ends[unit_index];
+}
+
 uint64_t Scheduler::Copy::NextDispatchBytes() const {
-  if (!WholeAtOnce()) return pieces[next].length;
+  const size_t end = WholeAtOnce() ? pieces.size() : UnitEnd(unit, next);
   uint64_t n = 0;
-  for (size_t i = next; i < pieces.size(); ++i) n += pieces[i].length;
+  for (size_t i = next; i < end; ++i) n += pieces[i].length;
   return n;
 }
 
@@ -39,7 +43,7 @@ Scheduler::SessionQueues* Scheduler::QueuesOf(uint64_t session_id) {
   return it == sessions_.end() ? nullptr : &it->second;
 }
 
-void Scheduler::Submit(const CopyRequest& r) {
+void Scheduler::Submit(CopyRequest r) {
   auto c = std::make_unique<Copy>();
   c->id = r.id;
   c->session_id = r.session_id;
@@ -53,7 +57,12 @@ void Scheduler::Submit(const CopyRequest& r) {
   c->signal = r.signal;
   c->policy = policy_.shared();
   c->latency = r.latency_requested && r.bytes <= policy_->latency_max_bytes && backend_.streams_per_direction() > 1;
-  PlanPieces(*c, r.pool_offset, r.device);
+  c->blocks = r.blocks;
+  if (r.blocks != 0) {
+    PlanBlockList(*c, r.pool_offset, r.device, r.block_pieces);
+  } else {
+    PlanPieces(*c, r.pool_offset, r.device);
+  }
   counters_.in_flight++;
   Copy& ref = *c;
   copies_.emplace(c->id, std::move(c));
@@ -125,6 +134,31 @@ void Scheduler::PlanPieces(Copy& c, uint64_t pool_offset, std::byte* device) {
   }
 }
 
+// A block list goes in units of what the policy would cut a copy of its bytes into (a latency
+// list: one, on the latency stream). A unit of several pieces is one batch on one stream, so its
+// pieces are all batchable; a unit of one piece is like a single copy's piece.
+void Scheduler::PlanBlockList(Copy& c, uint64_t pool_offset, std::byte* device, std::vector<BlockPiece>& pieces) {
+  if (backend_.pieces_stay_in_one_slab()) CutAtSlabs(pieces, pool_offset, pool_.slab_bytes);
+  lengths_.clear();
+  if (c.latency) {
+    lengths_.push_back(c.bytes);
+  } else {
+    c.policy->Pieces(c.bytes, lengths_);
+  }
+  SplitIntoUnits(pieces, lengths_, c.unit_ends);
+  c.pieces.reserve(pieces.size());
+  size_t begin = 0;
+  for (size_t end : c.unit_ends) {
+    const bool batch = end - begin > 1;
+    for (size_t i = begin; i < end; ++i) {
+      const BlockPiece& p = pieces[i];
+      c.pieces.push_back(CopyPiece{0, pool_.base + pool_offset + p.host_offset, device + p.device_offset, p.length,
+                                   batch || p.length <= c.policy->batch_threshold_bytes});
+    }
+    begin = end;
+  }
+}
+
 // The stream for the next bulk piece of `c`: round robin over its policy's bulk streams, in
 // the bank of its bulk priority.
 uint32_t Scheduler::BulkStream(const Copy& c) {
@@ -139,11 +173,18 @@ void Scheduler::DispatchNext(SessionQueues* q, Copy& c) {
   plan.direction = c.direction;
   plan.accepted_ns = c.accepted_ns;
   const bool whole = c.WholeAtOnce();
-  const size_t end = whole ? c.pieces.size() : c.next + 1;
+  const size_t end = whole ? c.pieces.size() : c.UnitEnd(c.unit, c.next);
   uint64_t bytes = 0;
+  uint32_t stream = 0;
+  size_t unit_end = c.next;
+  plan.pieces.reserve(end - c.next);
   for (size_t i = c.next; i < end; ++i) {
+    if (i == unit_end) {  // a whole bulk copy spreads over the streams too, unit by unit
+      unit_end = c.UnitEnd(c.unit++, i);
+      if (!c.latency) stream = BulkStream(c);
+    }
     CopyPiece p = c.pieces[i];
-    p.stream = c.latency ? 0 : BulkStream(c);  // a whole bulk copy spreads over the streams too
+    p.stream = stream;
     plan.pieces.push_back(p);
     bytes += p.length;
   }
@@ -248,7 +289,7 @@ void Scheduler::MaybeFinish(Copy& c) {
     counters_.copies_failed++;
   }
   listener_.OnCopyFinished({c.id, c.session_id, c.user_tag, c.direction, c.latency, c.bytes, c.status, c.policy->name,
-                            c.accepted_ns, c.first_dispatch_ns, now, c.buffer_offset, c.region_id});
+                            c.accepted_ns, c.first_dispatch_ns, now, c.buffer_offset, c.region_id, c.blocks});
   copies_.erase(c.id);
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "daemon/backend.hpp"
+#include "daemon/block_list.hpp"
 #include "daemon/running_policy.hpp"
 #include "daemon/server.hpp"
 #include "ferry/status.hpp"
@@ -45,6 +46,10 @@ struct CopyRequest {
   // The session's, handed back untouched in FinishedCopy: what it holds for the copy.
   uint64_t buffer_offset = 0;
   uint32_t region_id = 0;
+  // A block list (blocks > 0): its pieces, as offsets from pool_offset and device; bytes is
+  // their sum.
+  uint32_t blocks = 0;
+  std::vector<BlockPiece> block_pieces;
 };
 
 // What a finished copy was, for its session's completion and the observer.
@@ -60,6 +65,7 @@ struct FinishedCopy {
   uint64_t accepted_ns = 0, first_dispatch_ns = 0, done_ns = 0;  // first_dispatch_ns: 0 if it never went out
   uint64_t buffer_offset = 0;                                    // as in its CopyRequest
   uint32_t region_id = 0;
+  uint32_t blocks = 0;  // of a block list; 0 for a single copy
 };
 
 class Scheduler {
@@ -94,7 +100,9 @@ class Scheduler {
 
   // Accepts a copy, planned under the running policy: held until its wait event has happened,
   // else a latency copy goes to the engines now and a bulk copy is queued for Dispatch.
-  void Submit(const CopyRequest& request);
+  // A block list is one copy, dispatched in units (SplitIntoUnits) of about the policy's piece
+  // size, each unit's pieces on one bulk stream.
+  void Submit(CopyRequest request);
   // Schedules the held copies whose wait event has happened. True if any was.
   bool ReleaseHeld();
   // Hands queued bulk pieces to the engines as the policy's limits and the weights allow.
@@ -128,9 +136,14 @@ class Scheduler {
     SharedEvent* signal = nullptr;
     std::vector<CopyPiece> pieces;  // stream chosen at dispatch
     size_t next = 0;                // first piece not yet dispatched
+    // A block list's units: one past each unit's last piece. Empty: each piece is a unit.
+    std::vector<size_t> unit_ends;
+    size_t unit = 0;     // the next unit to dispatch
+    uint32_t blocks = 0;
     uint32_t out = 0;               // fences dispatched and not yet done
     Status status;                  // the first failure
     bool WholeAtOnce() const;
+    size_t UnitEnd(size_t unit_index, size_t first_piece) const;
     uint64_t NextDispatchBytes() const;
   };
   struct FenceRef {
@@ -148,6 +161,7 @@ class Scheduler {
   };
 
   void PlanPieces(Copy& c, uint64_t pool_offset, std::byte* device);
+  void PlanBlockList(Copy& c, uint64_t pool_offset, std::byte* device, std::vector<BlockPiece>& pieces);
   uint32_t BulkStream(const Copy& c);
   void Schedule(Copy& c);
   void DispatchNext(SessionQueues* q, Copy& c);

@@ -119,7 +119,8 @@ class Server::Impl {
     if (backend_->completion_fd() >= 0) FERRY_RETURN_IF_ERROR(poller_.Watch(backend_->completion_fd(), kBackendTag));
     FERRY_RETURN_IF_ERROR(poller_.Watch(pool_->zeroed_fd(), kZeroedTag));
 
-    rings_ = std::make_unique<Rings>(session_map_, counters_, observer_, rejections_, policy_);
+    rings_ = std::make_unique<Rings>(session_map_, counters_, observer_, rejections_, policy_,
+                                     PoolGeometry{pool_->base(), pool_->slab_bytes()});
     scheduler_ = std::make_unique<Scheduler>(*backend_, PoolGeometry{pool_->base(), pool_->slab_bytes()}, policy_,
                                              counters_, *rings_);
     sessions_ = std::make_unique<Sessions>(config_, allowed_gid_,

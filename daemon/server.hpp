@@ -52,6 +52,7 @@ struct CopyRecord {
   std::string_view client_class;
   std::string_view policy;
   uint64_t bytes;
+  uint32_t blocks;        // a block list's; 0 for a single copy
   double queued_seconds;  // accepted to first piece on the engines
   double seconds;         // accepted to done
   bool ok;
