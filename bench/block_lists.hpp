@@ -29,7 +29,9 @@ std::vector<BlockWorkload> ShuffledBlockWorkloads();
 // once and a check of the destination region covers every byte; or both 0..count-1 in order.
 struct BlockIndices {
   std::vector<uint32_t> src, dst;
-  BlockList list(size_t block_bytes) const { return {.block_bytes = block_bytes, .src = src, .dst = dst}; }
+  BlockList list(size_t block_bytes) const {
+    return {.block_bytes = block_bytes, .src = src, .dst = dst, .lengths = {}};
+  }
 };
 BlockIndices MakeBlockIndices(size_t count, bool shuffled, uint64_t seed);
 
