@@ -5,8 +5,9 @@
 // transfer: for 4 KiB to 1 GiB, both directions and both at once, the same copies done in this
 // process with cudaMemcpyAsync from cudaMallocHost memory, and through ferryd from its pinned
 // pool into the same device memory. Host clock, submit to completion seen; warm-up first; the
-// median with min and max. Small copies: p50/p99 latency. Many copies: 1024 x 64 KiB. With
-// --daemon-pid, ferryd's CPU use at idle. Every size's data is checked once byte for byte.
+// median with min and max. Small copies: p50/p99 latency. Many copies: 1024 x 64 KiB. Block
+// lists: shuffled lists of 16 KiB to 256 KiB blocks. With --daemon-pid, ferryd's CPU use at
+// idle. Every size's data is checked once byte for byte.
 #include <cuda_runtime_api.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "bench/bench_util.hpp"
+#include "bench/block_lists.hpp"
 #include "common/byte_size.hpp"
 #include "common/cli.hpp"
 #include "client/streaming_copy.hpp"
@@ -53,8 +55,11 @@ options:
   --json             print one JSON object instead of the tables
   --quick            fewer repetitions
   --cpu N            run on CPU N (put it near ferryd's, on the GPU's NUMA node)
-  --only LIST        only these sections, comma-separated: bandwidth, both, latency, many, staged
-                     (staged: the pageable-memory section: cudaMemcpy, pin-then-copy, ferry staged)
+  --only LIST        only these sections, comma-separated: bandwidth, both, latency, many, blocks,
+                     staged (staged: the pageable-memory section: cudaMemcpy, pin-then-copy, ferry
+                     staged; blocks: shuffled block lists, a loop of cudaMemcpyAsync, one
+                     cudaMemcpyBatchAsync and ferry's CopyBlocks; without a GPU, `--only blocks`
+                     runs ferry's list copies alone against a ferryd on the host backend)
   --staged-chunk B   CopyStaged chunk size (default: the policy's, fitted to the copy)
   --staged-threads N CopyStaged threads (default: the policy's)
   --timeline         print each both-ways copy's submit and done times (CLOCK_MONOTONIC ns) on
@@ -115,6 +120,7 @@ class TransferBench {
   int Bidirectional();
   int Latency();
   int ManySmall();
+  int Blocks();
   int Staged();
   int Verify(size_t n);
   void Report(bool json) const;
@@ -130,7 +136,7 @@ class TransferBench {
   int daemon_pid_ = -1;
   std::string csv_;
   bool json_ = false, quick_ = false, timeline_ = false;
-  std::set<std::string> sections_{"bandwidth", "both", "latency", "many", "staged"};
+  std::set<std::string> sections_{"bandwidth", "both", "latency", "many", "blocks", "staged"};
   bool Runs(const char* section) const { return sections_.count(section) != 0; }
   ferry::StagedCopyOptions staged_opts_;
 
@@ -176,8 +182,9 @@ int TransferBench::Run(const std::vector<std::string>& args) {
       std::string list = a.Value() + ",";
       for (size_t b = 0, e; (e = list.find(',', b)) != std::string::npos; b = e + 1) {
         const std::string one = list.substr(b, e - b);
-        if (one != "bandwidth" && one != "both" && one != "latency" && one != "many" && one != "staged") {
-          std::fprintf(stderr, "ferry-bench: --only takes bandwidth, both, latency, many, staged (not '%s')\n",
+        if (one != "bandwidth" && one != "both" && one != "latency" && one != "many" && one != "blocks" &&
+            one != "staged") {
+          std::fprintf(stderr, "ferry-bench: --only takes bandwidth, both, latency, many, blocks, staged (not '%s')\n",
                        one.c_str());
           return 64;
         }
@@ -208,12 +215,21 @@ int TransferBench::Run(const std::vector<std::string>& args) {
     }
   }
   for (size_t n = 4096; n <= max_size_; n *= 4) sizes_.push_back(n);
+  if (sections_ == std::set<std::string>{"blocks"}) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      cudaGetLastError();
+      std::fprintf(stderr, "ferry-bench: no CUDA GPU answers: the blocks section runs ferry's list copies alone\n");
+      return RunBlocksOnHostBackend(opts_, quick_);
+    }
+  }
   if (int rc = Setup()) return rc;
   for (size_t n = 1 << 20; n <= max_size_; n *= 4) staged_sizes_.push_back(n);
   if (!Runs("staged")) staged_sizes_.clear();
   if (!Runs("bandwidth")) sizes_.clear();
-  progress_ = std::make_unique<ferry::bench::Progress>(sizes_.size() * 2 + Runs("both") + 2 * Runs("latency") +
-                                                       Runs("many") + staged_sizes_.size() + (daemon_pid_ > 0));
+  progress_ = std::make_unique<ferry::bench::Progress>(
+      sizes_.size() * 2 + Runs("both") + 2 * Runs("latency") + Runs("many") +
+      2 * ShuffledBlockWorkloads().size() * Runs("blocks") + staged_sizes_.size() + (daemon_pid_ > 0));
   if (int rc = Bandwidth()) return rc;
   if (Runs("both")) {
     if (int rc = Bidirectional()) return rc;
@@ -223,6 +239,9 @@ int TransferBench::Run(const std::vector<std::string>& args) {
   }
   if (Runs("many")) {
     if (int rc = ManySmall()) return rc;
+  }
+  if (Runs("blocks")) {
+    if (int rc = Blocks()) return rc;
   }
   if (int rc = Staged()) return rc;
   if (daemon_pid_ > 0) {
@@ -438,6 +457,7 @@ int TransferBench::ManySmall() {
   }
   std::vector<ferry::Transfer> ts;
   ts.reserve(kCount);
+  const BlockIndices in_order = MakeBlockIndices(kCount, false, 0);  // the same copies as one list
   for (int rep = -2; rep < reps; ++rep) {
     double t0 = NowSeconds();
     for (size_t i = 0; i < kCount; ++i) {
@@ -464,8 +484,132 @@ int TransferBench::ManySmall() {
     for (auto& t : ts) FERRY_OR_DIE(t.Wait(10s));
     t1 = NowSeconds();
     if (rep >= 0) Add("many", kPiece * kCount, "h2d", "ferry", rep, t1 - t0);
+    t0 = NowSeconds();
+    auto list = client_->CopyBlocks(ferry::Direction::kHostToDevice, *pool_buf_, 0, *region_, 0, in_order.list(kPiece));
+    FERRY_OR_DIE(list.status());
+    FERRY_OR_DIE(list->Wait(10s));
+    t1 = NowSeconds();
+    if (rep >= 0) Add("many", kPiece * kCount, "h2d", "ferry-list", rep, t1 - t0);
+  }
+  // The list's bytes, once, into poisoned device memory.
+  CUDA_OR_DIE(cudaMemset(dev_, 0xA5, kPiece * kCount));
+  CUDA_OR_DIE(cudaDeviceSynchronize());
+  auto list = client_->CopyBlocks(ferry::Direction::kHostToDevice, *pool_buf_, 0, *region_, 0, in_order.list(kPiece));
+  FERRY_OR_DIE(list.status());
+  FERRY_OR_DIE(list->Wait(10s));
+  std::vector<std::byte> readback(kPiece * kCount);
+  CUDA_OR_DIE(cudaMemcpy(readback.data(), dev_, readback.size(), cudaMemcpyDeviceToHost));
+  if (auto bad = FirstWrongBlock(in_order, kPiece, pool_buf_->data(), readback.data())) {
+    verified_ = false;
+    failures_.push_back("1024 x 64 KiB as one list: block " + std::to_string(*bad) + " arrived wrong");
   }
   progress_->Step("1024 x 64 KiB");
+  return 0;
+}
+
+// Block lists as a KV-cache offload or reload names them: each list shuffled (source and
+// destination indices independent permutations over regions of exactly its blocks), both
+// directions, three ways: a loop of cudaMemcpyAsync on one stream and one cudaMemcpyBatchAsync
+// on one stream (attributes as ferryd's cuda backend issues its batches), both in this process
+// from cudaMallocHost memory, and ferry's CopyBlocks from a pool buffer. The device side is the
+// same cudaMalloc memory, registered with ferryd. One path's repetitions, then the next's (see
+// Bandwidth); each path checked once, after its repetitions, in a destination poisoned before.
+int TransferBench::Blocks() {
+  const int reps = quick_ ? 5 : 20;
+  const std::vector<BlockWorkload> workloads = ShuffledBlockWorkloads();
+  std::vector<std::byte> readback;
+  for (size_t wi = 0; wi < workloads.size(); ++wi) {
+    const BlockWorkload& w = workloads[wi];
+    const size_t n = w.region_bytes(), bb = w.block_bytes;
+    if (2 * n > max_size_) {
+      progress_->Step(w.name() + " skipped (--max-size)");
+      progress_->Step(w.name() + " skipped (--max-size)");
+      continue;
+    }
+    const BlockIndices indices = MakeBlockIndices(w.count, true, 0xb10c0000 + wi);
+    auto* const dev = static_cast<std::byte*>(dev_);
+    for (int dir = 0; dir < 2; ++dir) {
+      const bool h2d = dir == 0;
+      const auto kind = h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+      const auto fdir = h2d ? ferry::Direction::kHostToDevice : ferry::Direction::kDeviceToHost;
+      const std::string dname = h2d ? "h2d" : "d2h";
+      // The source: fresh random bytes in pinned_[0, n), the reference; copied into the pool
+      // buffer (h2d) or the device (d2h). The in-process d2h destination is pinned_[n, 2n),
+      // ferry's the pool buffer's [0, n).
+      FillRandom(pinned_, n, 0xb10c1000 + 2 * wi + dir);
+      if (h2d) {
+        std::memcpy(pool_buf_->data(), pinned_, n);
+      } else {
+        CUDA_OR_DIE(cudaMemcpy(dev_, pinned_, n, cudaMemcpyHostToDevice));
+      }
+      std::byte* const in_process_host_dst = pinned_ + n;
+      std::vector<void*> dsts(w.count);
+      std::vector<const void*> srcs(w.count);
+      std::vector<size_t> sizes(w.count, bb);
+      for (size_t i = 0; i < w.count; ++i) {
+        const size_t from = indices.src[i] * bb, to = indices.dst[i] * bb;
+        srcs[i] = h2d ? static_cast<const void*>(pinned_ + from) : dev + from;
+        dsts[i] = h2d ? dev + to : in_process_host_dst + to;
+      }
+      auto poison = [&](std::byte* host_dst) -> int {
+        if (h2d) {
+          CUDA_OR_DIE(cudaMemset(dev_, 0xA5, n));
+          CUDA_OR_DIE(cudaDeviceSynchronize());
+        } else {
+          std::memset(host_dst, 0xA5, n);
+        }
+        return 0;
+      };
+      auto check = [&](const std::string& path, const std::byte* host_dst) -> int {
+        const std::byte* got = host_dst;
+        if (h2d) {
+          readback.resize(n);
+          CUDA_OR_DIE(cudaMemcpy(readback.data(), dev_, n, cudaMemcpyDeviceToHost));
+          got = readback.data();
+        }
+        if (auto bad = FirstWrongBlock(indices, bb, pinned_, got)) {
+          verified_ = false;
+          failures_.push_back("blocks " + w.name() + " " + dname + " " + path + ": block " + std::to_string(*bad) +
+                              " of the list arrived wrong");
+        }
+        return 0;
+      };
+
+      if (int rc = poison(in_process_host_dst)) return rc;
+      for (int rep = -2; rep < reps; ++rep) {
+        const double t0 = NowSeconds();
+        for (size_t i = 0; i < w.count; ++i) CUDA_OR_DIE(cudaMemcpyAsync(dsts[i], srcs[i], bb, kind, s_[0]));
+        CUDA_OR_DIE(cudaStreamSynchronize(s_[0]));
+        if (rep >= 0) Add(w.key(), n, dname, "in-process", rep, NowSeconds() - t0);
+      }
+      if (int rc = check("in-process loop", in_process_host_dst)) return rc;
+
+      if (int rc = poison(in_process_host_dst)) return rc;
+      cudaMemcpyAttributes attr{};
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+      for (int rep = -2; rep < reps; ++rep) {
+        const double t0 = NowSeconds();
+        size_t attr_index = 0;
+        CUDA_OR_DIE(
+            cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), w.count, &attr, &attr_index, 1, s_[0]));
+        CUDA_OR_DIE(cudaStreamSynchronize(s_[0]));
+        if (rep >= 0) Add(w.key(), n, dname, "in-process-batch", rep, NowSeconds() - t0);
+      }
+      if (int rc = check("in-process batch", in_process_host_dst)) return rc;
+
+      if (int rc = poison(pool_buf_->data())) return rc;
+      for (int rep = -2; rep < reps; ++rep) {
+        const double t0 = NowSeconds();
+        auto t = client_->CopyBlocks(fdir, *pool_buf_, 0, *region_, 0, indices.list(bb));
+        FERRY_OR_DIE(t.status());
+        FERRY_OR_DIE(t->Wait(10s));
+        if (rep >= 0) Add(w.key(), n, dname, "ferry", rep, NowSeconds() - t0);
+      }
+      if (int rc = check("ferry", pool_buf_->data())) return rc;
+      progress_->Step("blocks " + w.name() + " " + dname);
+    }
+  }
   return 0;
 }
 
@@ -576,6 +720,23 @@ void TransferBench::Report(bool json) const {
     Summary fe = Gbps("many", 1024 * (64 << 10), "h2d", "ferry");
     std::snprintf(buf, sizeof buf, "%.1f GB/s", fe.median);
     checks.push_back({"1024 x 64 KiB >= 40 GB/s", fe.median >= 40, buf});
+    Summary list = Gbps("many", 1024 * (64 << 10), "h2d", "ferry-list"),
+            batch = Gbps("many", 1024 * (64 << 10), "h2d", "in-process-batch");
+    std::snprintf(buf, sizeof buf, "%.1f vs %.1f GB/s, %.1f%%", list.median, batch.median,
+                  100 * list.median / batch.median);
+    checks.push_back({"1024 x 64 KiB as one list >= 100% of batch", list.median >= batch.median, buf});
+  }
+  for (const BlockWorkload& w : ShuffledBlockWorkloads()) {
+    if (!Runs("blocks") || 2 * w.region_bytes() > max_size_) break;
+    for (const char* d : {"h2d", "d2h"}) {
+      Summary loop = Gbps(w.key(), w.region_bytes(), d, "in-process"),
+              batch = Gbps(w.key(), w.region_bytes(), d, "in-process-batch"),
+              fe = Gbps(w.key(), w.region_bytes(), d, "ferry");
+      std::snprintf(buf, sizeof buf, "%.1f GB/s: %.1f%% of batch %.1f, %.2fx loop %.1f", fe.median,
+                    100 * fe.median / batch.median, batch.median, fe.median / loop.median, loop.median);
+      checks.push_back({w.name() + " " + d + " list >= 100% of batch, >= 2x loop",
+                        fe.median >= batch.median && fe.median >= 2 * loop.median, buf});
+    }
   }
   for (const char* d : {"h2d", "d2h"}) {
     double worst = 1e9;
@@ -602,6 +763,25 @@ void TransferBench::Report(bool json) const {
         std::printf("%s{\"bytes\":%zu,\"direction\":\"%s\",\"in_process_gbps\":{\"median\":%.3f,\"min\":%.3f,\"max\":%.3f},"
                     "\"ferry_gbps\":{\"median\":%.3f,\"min\":%.3f,\"max\":%.3f}}",
                     first ? "" : ",", n, d, in.median, in.min, in.max, fe.median, fe.min, fe.max);
+        first = false;
+      }
+    }
+    std::printf("],\"blocks\":[");
+    first = true;
+    for (const BlockWorkload& w : ShuffledBlockWorkloads()) {
+      if (!Runs("blocks") || 2 * w.region_bytes() > max_size_) break;
+      for (const char* d : {"h2d", "d2h"}) {
+        std::printf("%s{\"list\":\"%s\",\"blocks\":%zu,\"block_bytes\":%zu,\"direction\":\"%s\"", first ? "" : ",",
+                    w.name().c_str(), w.count, w.block_bytes, d);
+        for (const char* path : {"in-process", "in-process-batch", "ferry"}) {
+          Summary g = Gbps(w.key(), w.region_bytes(), d, path);
+          std::printf(",\"%s_gbps\":{\"median\":%.3f,\"min\":%.3f,\"max\":%.3f}",
+                      path == std::string("in-process")         ? "in_process_loop"
+                      : path == std::string("in-process-batch") ? "in_process_batch"
+                                                                : "ferry",
+                      g.median, g.min, g.max);
+        }
+        std::printf("}");
         first = false;
       }
     }
@@ -664,11 +844,35 @@ void TransferBench::Report(bool json) const {
   if (Runs("many")) {
     Summary m1 = Gbps("many", 1024 * (64 << 10), "h2d", "in-process"),
             m2 = Gbps("many", 1024 * (64 << 10), "h2d", "in-process-batch"),
-            m3 = Gbps("many", 1024 * (64 << 10), "h2d", "ferry");
+            m3 = Gbps("many", 1024 * (64 << 10), "h2d", "ferry"),
+            m4 = Gbps("many", 1024 * (64 << 10), "h2d", "ferry-list");
     std::printf(
         "\n1024 x 64 KiB h2d (GB/s)  in-process one stream %.2f [%.2f, %.2f]   in-process cudaMemcpyBatchAsync %.2f "
         "[%.2f, %.2f]   through ferryd %.2f [%.2f, %.2f]\n",
         m1.median, m1.min, m1.max, m2.median, m2.min, m2.max, m3.median, m3.min, m3.max);
+    std::printf("%-24s  (the same 1024 copies as one block list through ferryd: %.2f [%.2f, %.2f])\n", "", m4.median,
+                m4.min, m4.max);
+  }
+  if (Runs("blocks")) {
+    std::printf("\nblock lists, shuffled (GB/s)  %-26s %-26s %-26s %7s %7s\n", "in-process one-stream loop",
+                "in-process batch", "ferry CopyBlocks", "/batch", "/loop");
+    for (const BlockWorkload& w : ShuffledBlockWorkloads()) {
+      if (2 * w.region_bytes() > max_size_) {
+        std::printf("  %-16s skipped: needs --max-size of at least %s\n", w.name().c_str(),
+                    FormatByteSize(2 * w.region_bytes()).c_str());
+        continue;
+      }
+      for (const char* d : {"h2d", "d2h"}) {
+        Summary loop = Gbps(w.key(), w.region_bytes(), d, "in-process"),
+                batch = Gbps(w.key(), w.region_bytes(), d, "in-process-batch"),
+                fe = Gbps(w.key(), w.region_bytes(), d, "ferry");
+        std::printf(
+            "  %-16s %-4s         %6.2f [%6.2f, %6.2f]   %6.2f [%6.2f, %6.2f]   %6.2f [%6.2f, %6.2f]   %6.1f%% "
+            "%6.2fx\n",
+            w.name().c_str(), d, loop.median, loop.min, loop.max, batch.median, batch.min, batch.max, fe.median, fe.min,
+            fe.max, 100 * fe.median / batch.median, fe.median / loop.median);
+      }
+    }
   }
   if (Runs("staged"))
     std::printf("\npageable host memory (GB/s)  %-26s %-26s %-26s (outliers)\n", "cudaMemcpy", "pin, copy, unpin",

@@ -1,15 +1,35 @@
 // ferry-bench transfer without the CUDA toolkit: the sweep times real GPU copies, so it says why
-// it cannot run instead.
+// it cannot run instead. `--only blocks` runs the blocks section's ferry list copies against a
+// ferryd on the host backend (bench/block_lists.hpp), which needs no GPU.
 #include <cstdio>
 
 #include "bench/bench_commands.hpp"
+#include "bench/block_lists.hpp"
+#include "common/cli.hpp"
 
 namespace ferry::bench {
 
-int RunTransferSweep(const std::vector<std::string>&) {
+int RunTransferSweep(const std::vector<std::string>& args) {
+  ConnectOptions options;
+  bool quick = false, only_blocks = false, other = false;
+  cli::Args a(args);
+  while (a.Next()) {
+    if (a.Is("--socket") && a.HasValue()) {
+      options.socket_path = a.Value();
+    } else if (a.Is("--quick")) {
+      quick = true;
+    } else if (a.Is("--only") && a.HasValue()) {
+      only_blocks = a.Value() == "blocks";
+      other = other || !only_blocks;
+    } else {
+      other = true;
+    }
+  }
+  if (only_blocks && !other) return RunBlocksOnHostBackend(options, quick);
   std::fprintf(stderr,
                "ferry-bench: transfer measures copies to a GPU: this ferry-bench was built without the CUDA "
-               "toolkit (rebuild with it, -DFERRY_CUDA=ON, on a machine with the GPU)\n");
+               "toolkit (rebuild with it, -DFERRY_CUDA=ON, on a machine with the GPU; --only blocks runs the "
+               "block-list copies alone against a ferryd on the host backend)\n");
   return 1;
 }
 

@@ -1,9 +1,10 @@
 # Sourced by the shell tests that drive a real ferryd on the host backend:
 #   need TOOL...            fail unless each tool is installed
-#   start_host_ferryd NAME FERRYD [YAML LINE...]
-#                           a scratch $dir, ferryd running there ($pid, socket $sock), both
-#                           cleaned up on exit; metrics on $metrics_address if set (then
-#                           $metrics is the address it bound, IPV4:PORT)
+#   [pool_size=SIZE] start_host_ferryd NAME FERRYD [YAML LINE...]
+#                           a scratch $dir, ferryd running there ($pid, socket $sock) with a
+#                           pool of $pool_size (default 64MiB), both cleaned up on exit;
+#                           metrics on $metrics_address if set (then $metrics is the address
+#                           it bound, IPV4:PORT)
 fail() { echo "FAIL: $*"; exit 1; }
 need() {
   for t in "$@"; do command -v "$t" >/dev/null || fail "$t is not installed (scripts/setup.sh installs it)"; done
@@ -14,7 +15,8 @@ start_host_ferryd() {
   dir=$(mktemp -d "/tmp/ferry-$name-XXXXXX")
   trap 'kill $pid 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT
   {
-    printf 'runtime_dir: %s/rt\nbackend: host\npool: {size: 64MiB, slab: 1MiB}\nmetrics: {address: "%s"}\n' "$dir" "${metrics_address:-}"
+    printf 'runtime_dir: %s/rt\nbackend: host\npool: {size: %s, slab: 1MiB}\nmetrics: {address: "%s"}\n' "$dir" \
+      "${pool_size:-64MiB}" "${metrics_address:-}"
     for line in "$@"; do printf '%s\n' "$line"; done
   } >"$dir/ferryd.yaml"
   "$bin" --config "$dir/ferryd.yaml" >"$dir/ferryd.log" 2>&1 &

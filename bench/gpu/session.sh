@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batched session on a GPU machine: GPU tests, the demo, and ferry-bench transfer against the
-# in-process baseline. Results go to $OUT. Expects a CUDA build in $BUILD (default build-dev; see
+# in-process baseline (every section, the block lists included). Results go to $OUT. Expects a CUDA build in $BUILD (default build-dev; see
 # env.sh for a build made in another checkout path).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
@@ -77,10 +77,19 @@ for v in $variants; do
   [ $first = 1 ] && csv=(--csv "$OUT/transfer.csv")
   [ -n "$pin_bench" ] && csv+=(--cpu "$pin_bench")
   [ -n "${SKIP_TRANSFER:-}" ] && { kill -TERM $pid; wait $pid; first=0; continue; }
+  # Every section (the block lists included) unless BENCH_ARGS has an --only.
   "$BUILD/ferry-bench" transfer --socket "$rt/ferryd.sock" --daemon-pid $pid "${csv[@]}" ${BENCH_ARGS:-} \
     >"$OUT/transfer-$tag.txt" 2>/dev/null
   echo "bench rc=$?"
   cat "$OUT/transfer-$tag.txt"
+  # BLOCK_RUNS=N: N more runs of the many-copies and block-list sections alone (their targets
+  # hold in each of three runs).
+  for run in $(seq "${BLOCK_RUNS:-0}"); do
+    echo "== block lists, run $run"
+    "$BUILD/ferry-bench" transfer --socket "$rt/ferryd.sock" --only many,blocks >"$OUT/blocks-$tag-$run.txt" 2>/dev/null
+    echo "bench rc=$?"
+    cat "$OUT/blocks-$tag-$run.txt"
+  done
   kill -TERM $pid; wait $pid; echo "ferryd rc=$?"
   tail -n 1 "$rt/ferryd.log"; [ $first = 1 ] && cp "$rt/ferryd.log" "$OUT/ferryd.log"
   first=0
