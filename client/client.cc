@@ -55,7 +55,7 @@ Status SharedEvent::Record(void* stream) {
   if (!s_) return InvalidArgument("empty SharedEvent");
   auto c = s_->core.lock();
   if (!c) return Unavailable("the client that made this event is gone");
-  return c->device().RecordEvent(s_->ev.event, stream);
+  return c->RecordEvent(*s_, stream);
 }
 
 Transfer::Transfer(std::shared_ptr<detail::ClientCore> core, std::shared_ptr<detail::TransferState> s)
@@ -121,7 +121,7 @@ Result<DeviceRegion> Client::RegisterDevice(void* ptr, size_t bytes) {
 }
 
 Result<SharedEvent> Client::CreateEvent() {
-  FERRY_ASSIGN_OR_RETURN(auto s, impl_->core->NewEvent());
+  FERRY_ASSIGN_OR_RETURN(auto s, impl_->core->NewEvent(true));
   return SharedEvent(std::move(s));
 }
 
@@ -152,7 +152,7 @@ Result<Transfer> Client::Copy(Direction direction, const HostBuffer& host, size_
   e.region_id = device.s_->id;
   if (options.after != nullptr) {
     if (!options.after->s_) return InvalidArgument("empty SharedEvent");
-    e.wait_event_id = options.after->s_->id;
+    detail::OrderAfter(e, *options.after->s_);
   }
   auto t = std::make_shared<detail::TransferState>();
   t->bytes = bytes;

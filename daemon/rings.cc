@@ -40,6 +40,7 @@ Status Rings::Attach(Session& s, uint32_t ring_entries) {
   s.hdr->cq_entries = s.cq_entries;
   s.sq = wire::SubmissionEntries(s.ring.data());
   s.cq = wire::CompletionEntries(s.ring.data(), s.sq_entries);
+  s.flags = wire::EventFlags(s.ring.data(), s.sq_entries, s.cq_entries);
   PublishStaging(s);
   return Status::Ok();
 }
@@ -206,10 +207,15 @@ void Rings::HandleSubmission(Session& s, const wire::SubmissionEntry& e, Schedul
   }
   CopyRequest r;
   r.direction = op == wire::Opcode::kHostToDevice ? Direction::kHostToDevice : Direction::kDeviceToHost;
+  Session::EventFlag* wait_flag = nullptr;
   if (e.wait_event_id != wire::kNoEvent) {
     auto it = s.events.find(e.wait_event_id);
     if (it == s.events.end()) return Reject(s, e.user_tag, NotFound("no event " + std::to_string(e.wait_event_id)));
-    r.wait = it->second.get();
+    if (auto f = s.event_flags.find(e.wait_event_id); f != s.event_flags.end()) {
+      wait_flag = &f->second;  // waited for on the GPU, on the session's lane
+    } else {
+      r.wait = it->second.get();  // held here until the event has happened
+    }
   }
   if (e.signal_event_id != wire::kNoEvent) {
     auto it = s.events.find(e.signal_event_id);
@@ -226,6 +232,12 @@ void Rings::HandleSubmission(Session& s, const wire::SubmissionEntry& e, Schedul
   r.region_id = e.region_id;
   r.device = rit->second.region->base() + e.device_offset;
   r.latency_requested = e.priority == static_cast<uint16_t>(wire::Priority::kLatency) && s.klass.latency_allowed;
+  if (wait_flag != nullptr) {
+    r.wait_flag = s.flags + wait_flag->index;
+    r.wait_value = e.wait_value;
+    if (!wait_flag->waited || FlagReached(e.wait_value, wait_flag->awaited)) wait_flag->awaited = e.wait_value;
+    wait_flag->waited = true;
+  }
   RememberForReports(s, r.id, r.user_tag, r.accepted_ns, r.direction);
   // Held until the copy finishes (OnCopyFinished): the engines use the buffer and the region.
   buf->in_flight++;
@@ -265,6 +277,15 @@ void Rings::OnCopyFinished(const FinishedCopy& c) {
                  (c.done_ns - c.accepted_ns) * 1e-9,
                  c.status.ok()};
     observer_->OnCopyDone(r);
+  }
+}
+
+// Whatever the client wrote (or never wrote) into its flags, the lanes' waits go: a session that
+// ended with copies waiting must drain. Written again on every reap pass until they have, as a
+// client still running could write its flags back.
+void Rings::ReleaseFlagWaits(Session& s) {
+  for (auto& [id, f] : s.event_flags) {
+    if (f.waited) std::atomic_ref<uint32_t>(s.flags[f.index]).store(f.awaited, std::memory_order_release);
   }
 }
 

@@ -45,6 +45,10 @@ class Rings : public Scheduler::Listener {
   void PublishStaging(Session& s);
   void PublishStagingToAll();
 
+  // An ended session: writes into each of its flags the value its copies wait for, so that its
+  // copies waiting on the GPU go and finish (then its resources are reclaimed as usual).
+  static void ReleaseFlagWaits(Session& s);
+
   // Tells every client's ring whether the loop sleeps (then a submission needs the doorbell).
   void SetSleeping(bool sleeping);
   bool AnySubmissionPending() const;
