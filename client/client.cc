@@ -58,7 +58,7 @@ Status SharedEvent::Record(void* stream) {
   if (!s_) return InvalidArgument("empty SharedEvent");
   auto c = s_->core.lock();
   if (!c) return Unavailable("the client that made this event is gone");
-  return c->device().RecordEvent(s_->ev.event, stream);
+  return c->RecordEvent(*s_, stream);
 }
 
 Transfer::Transfer(std::shared_ptr<detail::ClientCore> core, std::shared_ptr<detail::TransferState> s)
@@ -124,7 +124,7 @@ Result<DeviceRegion> Client::RegisterDevice(void* ptr, size_t bytes) {
 }
 
 Result<SharedEvent> Client::CreateEvent() {
-  FERRY_ASSIGN_OR_RETURN(auto s, impl_->core->NewEvent());
+  FERRY_ASSIGN_OR_RETURN(auto s, impl_->core->NewEvent(true));
   return SharedEvent(std::move(s));
 }
 
@@ -155,7 +155,7 @@ Result<Transfer> Client::Copy(Direction direction, const HostBuffer& host, size_
   e.region_id = device.s_->id;
   if (options.after != nullptr) {
     if (!options.after->s_) return InvalidArgument("empty SharedEvent");
-    e.wait_event_id = options.after->s_->id;
+    detail::OrderAfter(e, *options.after->s_);
   }
   auto t = std::make_shared<detail::TransferState>();
   t->bytes = bytes;
@@ -203,7 +203,7 @@ Result<Transfer> Client::CopyBlocks(Direction direction, const HostBuffer& host,
   e.length = host_bytes;
   e.device_offset = device.s_->offset_in_base + device_offset;
   e.region_id = device.s_->id;
-  if (options.after != nullptr) e.wait_event_id = options.after->s_->id;
+  if (options.after != nullptr) detail::OrderAfter(e, *options.after->s_);
   auto t = std::make_shared<detail::TransferState>();
   t->bytes = total;
   t->direction = h2d ? 0 : 1;

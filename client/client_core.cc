@@ -15,6 +15,7 @@
 namespace ferry::detail {
 
 ClientCore::~ClientCore() {
+  if (flags_mapped_) device_->UnmapFlags(flags_);
   // EventState's destructor cannot reach a core that is going away: release events here.
   for (auto& e : free_events_) {
     device_->DestroyEvent(e->ev.event);
@@ -62,6 +63,7 @@ Status ClientCore::Connect(const ConnectOptions& o) {
   cq_entries_ = r.cq_entries;
   sq_ = wire::SubmissionEntries(ring_.data());
   cq_ = wire::CompletionEntries(ring_.data(), sq_entries_);
+  flags_ = wire::EventFlags(ring_.data(), sq_entries_, cq_entries_);
   session_id_ = r.session_id;
   slab_bytes_ = r.slab_bytes;
   device_ordinal_ = r.device_ordinal;
@@ -127,8 +129,9 @@ Result<std::shared_ptr<DeviceRegionState>> ClientCore::Register(void* ptr, size_
   return s;
 }
 
-Result<std::shared_ptr<EventState>> ClientCore::NewEvent() {
+Result<std::shared_ptr<EventState>> ClientCore::NewEvent(bool ordered_after) {
   FERRY_ASSIGN_OR_RETURN(DeviceEvent ev, device_->CreateEvent());
+  if (ordered_after) ev.request.flags |= wire::kEventWantsFlag;
   auto s = std::make_shared<EventState>();
   s->core = weak_from_this();
   s->ev = ev;
@@ -137,7 +140,28 @@ Result<std::shared_ptr<EventState>> ClientCore::NewEvent() {
   auto r = m.As<wire::RegisterEventReply>();
   FERRY_RETURN_IF_ERROR(FromWire(r.status).WithContext("registering an event"));
   s->id = r.event_id;
+  if (r.flag_index != wire::kNoFlag) {
+    if (r.flag_index >= wire::kEventFlags) return ProtocolError("ferryd gave an event a flag outside the flag area");
+    s->flag = flags_ + r.flag_index;
+  }
   return s;
+}
+
+Status ClientCore::RecordEvent(EventState& ev, void* stream) {
+  FERRY_RETURN_IF_ERROR(device_->RecordEvent(ev.ev.event, stream));
+  if (ev.flag == nullptr) return Status::Ok();
+  {
+    std::lock_guard<std::mutex> l(flags_mu_);
+    if (!flags_mapped_) {
+      FERRY_RETURN_IF_ERROR(device_->MapFlags(flags_, wire::kEventFlagsBytes).WithContext("mapping the event flags"));
+      flags_mapped_ = true;
+    }
+  }
+  // Counted once written: a copy submitted after a failed record waits for the last good one.
+  const uint32_t n = ev.records.load(std::memory_order_relaxed) + 1;
+  FERRY_RETURN_IF_ERROR(device_->WriteFlag(stream, ev.flag, n));
+  ev.records.store(n, std::memory_order_release);
+  return Status::Ok();
 }
 
 Result<std::shared_ptr<TransferState>> ClientCore::Submit(wire::SubmissionEntry e, std::shared_ptr<TransferState> t,
@@ -158,7 +182,7 @@ Result<std::shared_ptr<TransferState>> ClientCore::Submit(wire::SubmissionEntry 
       }
     }
     if (!ev) {
-      FERRY_ASSIGN_OR_RETURN(ev, NewEvent());
+      FERRY_ASSIGN_OR_RETURN(ev, NewEvent(false));
     }
     e.signal_event_id = ev->id;
     t->event = std::move(ev);

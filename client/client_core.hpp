@@ -34,8 +34,19 @@ struct EventState {
   std::weak_ptr<ClientCore> core;
   DeviceEvent ev;
   uint32_t id = 0;
+  // GPU-side "after": the event's word in the ring segment's flag area (nullptr: none, ferryd
+  // polls the event). Each record writes its number there from the recording stream; a copy
+  // after the event waits for the number of the last record before it was submitted.
+  uint32_t* flag = nullptr;
+  std::atomic<uint32_t> records{0};
   ~EventState();
 };
+
+// Orders the copy `e` after the last record of `after`.
+inline void OrderAfter(wire::SubmissionEntry& e, const EventState& after) {
+  e.wait_event_id = after.id;
+  e.wait_value = after.flag != nullptr ? after.records.load(std::memory_order_acquire) : 0;
+}
 
 struct HostBufferState {
   std::weak_ptr<ClientCore> core;
@@ -115,7 +126,10 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
 
   Result<std::shared_ptr<HostBufferState>> AllocateHost(size_t bytes);
   Result<std::shared_ptr<DeviceRegionState>> Register(void* ptr, size_t bytes);
-  Result<std::shared_ptr<EventState>> NewEvent();
+  // ordered_after: copies will be ordered after it (it gets a flag, where ferryd has one left).
+  Result<std::shared_ptr<EventState>> NewEvent(bool ordered_after);
+  // Records `ev` on `stream` and, when it has a flag, writes the record's number there.
+  Status RecordEvent(EventState& ev, void* stream);
 
   // Puts `e` on the submission ring for `t` (waiting up to 1 s for room), with a completion
   // event when `want_event`. `more`: slots that belong to the request and follow `e` (a block
@@ -172,6 +186,9 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   wire::CompletionEntry* cq_ = nullptr;
   uint32_t sq_entries_ = 0, cq_entries_ = 0;
   UniqueFd submit_efd_, complete_efd_;
+  uint32_t* flags_ = nullptr;  // the ring segment's flag area
+  std::mutex flags_mu_;        // guards flags_mapped_
+  bool flags_mapped_ = false;  // by the device (MapFlags), on the first record of a flagged event
 
   std::mutex ring_mu_;  // guards the rings' local indices, pending_, free_events_, free_lists_, the probes, broken_
   uint32_t sq_tail_ = 0, cq_head_ = 0;

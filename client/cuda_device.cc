@@ -1,8 +1,12 @@
 // The cuda backend's device on the client side: allocations by cudaMalloc, export by CUDA IPC
-// memory handle of the allocation's base, interprocess events for GPU-side ordering.
+// memory handle of the allocation's base, interprocess events for GPU-side ordering, and event
+// flags written by the recording stream (cuStreamWriteValue32, from the driver by entry point:
+// libferry does not link libcuda).
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <mutex>
 
 #include "client/device_api.hpp"
 #include "common/cuda_status.hpp"
@@ -75,6 +79,37 @@ class CudaClientDevice : public ClientDevice {
                       "cudaStreamWaitEvent");
   }
   bool StreamWaitIsHostWait() const override { return false; }
+
+  Status MapFlags(void* flags, size_t bytes) override {
+    std::lock_guard<std::mutex> l(flags_mu_);
+    if (write_value_ == nullptr) {
+      void* fn = nullptr;
+      cudaDriverEntryPointQueryResult found{};
+      FERRY_CUDA_RETURN_IF_ERROR(
+          cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault, &found));
+      if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
+        return NotSupported("the CUDA driver has no cuStreamWriteValue32");
+      }
+      write_value_ = reinterpret_cast<WriteValue32>(fn);
+    }
+    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    FERRY_CUDA_RETURN_IF_ERROR(cudaHostRegister(flags, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
+    void* dev = nullptr;
+    if (Status st = CudaStatus(cudaHostGetDevicePointer(&dev, flags, 0), "cudaHostGetDevicePointer"); !st.ok()) {
+      cudaHostUnregister(flags);
+      return st;
+    }
+    flags_host_ = static_cast<std::byte*>(flags);
+    flags_device_ = reinterpret_cast<CUdeviceptr>(dev);
+    return Status::Ok();
+  }
+  void UnmapFlags(void* flags) override { cudaHostUnregister(flags); }
+  Status WriteFlag(void* stream, uint32_t* flag, uint32_t value) override {
+    const CUdeviceptr at = flags_device_ + static_cast<CUdeviceptr>(reinterpret_cast<std::byte*>(flag) - flags_host_);
+    const CUresult r = write_value_(static_cast<CUstream>(stream), at, value, 0);
+    if (r != CUDA_SUCCESS) return DeviceError("cuStreamWriteValue32 failed (CUresult " + std::to_string(r) + ")");
+    return Status::Ok();
+  }
   Result<void*> CreateTimingEvent() override {
     FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     cudaEvent_t ev;
@@ -91,7 +126,12 @@ class CudaClientDevice : public ClientDevice {
   }
 
  private:
+  using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
   int ordinal_;
+  std::mutex flags_mu_;  // MapFlags runs once (ClientCore); WriteFlag only after it
+  WriteValue32 write_value_ = nullptr;
+  std::byte* flags_host_ = nullptr;
+  CUdeviceptr flags_device_ = 0;
 };
 
 }  // namespace

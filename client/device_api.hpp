@@ -2,6 +2,7 @@
 // host_device.cc (the host backend's stand-in: sealed memfds) and cuda_device.cc (CUDA IPC).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -43,6 +44,12 @@ class ClientDevice {
   virtual void DestroyEvent(void* event) = 0;
   virtual Status RecordEvent(void* event, void* stream) = 0;
   virtual Status StreamWaitEvent(void* stream, void* event) = 0;
+  // GPU-side "after": the session's event flags (its ring segment's flag pages) made writable
+  // by the device, once, before the first WriteFlag; let go before the pages are unmapped.
+  virtual Status MapFlags(void* flags, size_t bytes) = 0;
+  virtual void UnmapFlags(void* flags) = 0;
+  // Writes `value` into `flag` once `stream`'s earlier work is done (on the host: at once).
+  virtual Status WriteFlag(void* stream, uint32_t* flag, uint32_t value) = 0;
   virtual bool StreamWaitIsHostWait() const = 0;
   // Timing events, to measure how long a stream stalled on a StreamWaitEvent (the GPU-side
   // exposed time). Only called where StreamWaitIsHostWait() is false.

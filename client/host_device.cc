@@ -1,5 +1,7 @@
 // The host backend's device: "device memory" is a sealed memfd this process maps and shares
-// with ferryd; events are placeholders (there is no device work to order against).
+// with ferryd; events are placeholders (there is no device work to order against), and an
+// event's flag is written when it is recorded, there being no stream to wait for.
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -54,6 +56,12 @@ class HostClientDevice : public ClientDevice {
   Status RecordEvent(void*, void*) override { return Status::Ok(); }
   Status StreamWaitEvent(void*, void*) override { return Status::Ok(); }
   bool StreamWaitIsHostWait() const override { return true; }
+  Status MapFlags(void*, size_t) override { return Status::Ok(); }
+  void UnmapFlags(void*) override {}
+  Status WriteFlag(void*, uint32_t* flag, uint32_t value) override {
+    std::atomic_ref<uint32_t>(*flag).store(value, std::memory_order_release);
+    return Status::Ok();
+  }
 
  private:
   std::mutex mu_;

@@ -138,9 +138,12 @@ struct UnregisterDeviceRequest {
 static_assert(sizeof(UnregisterDeviceRequest) == 8);
 
 enum class EventHandleKind : uint32_t { kCudaIpc = 1, kHost = 2 };
+// RegisterEventRequest::flags: copies will be ordered after this event, so give it a flag (an
+// event only signalled by ferryd's copies needs none, and the flags are few).
+inline constexpr uint32_t kEventWantsFlag = 1;
 struct RegisterEventRequest {
   uint32_t kind;  // EventHandleKind
-  uint32_t reserved;
+  uint32_t flags;  // kEventWantsFlag; other bits 0
   uint8_t handle[kCudaIpcHandleBytes];
 };
 static_assert(sizeof(RegisterEventRequest) == 72);

@@ -55,9 +55,25 @@ struct CopyPiece {
   bool batchable = true;  // may go to the engines in one batch with others on its stream
 };
 
+// "Start once the client's stream has written at least `value` into this flag word" (a cyclic
+// comparison, as CU_STREAM_WAIT_VALUE_GEQ: (int32_t)(*flag - value) >= 0). The flag lies in the
+// session's ring segment, in pages registered with RegisterFlags. A plan that waits goes, whole,
+// to its lane: a stream of its own per (session, direction), so that its wait holds up nothing
+// of any other session, nor the shared copy streams.
+struct FlagWait {
+  uint32_t* flag = nullptr;  // nullptr: no wait
+  uint32_t value = 0;
+  uint64_t session_id = 0;  // the lane is the session's, in the plan's direction
+  bool latency = false;     // the lane's priority, when the plan creates it
+};
+
+// Whether a flag holding `flag` satisfies a wait for `value` (the GPU's cyclic comparison).
+inline bool FlagReached(uint32_t flag, uint32_t value) { return static_cast<int32_t>(flag - value) >= 0; }
+
 struct CopyPlan {
   Direction direction = Direction::kHostToDevice;
   SharedEvent* signal = nullptr;  // optional: recorded once every piece is done
+  FlagWait wait;                  // optional: on the session's lane, after this flag
   std::vector<CopyPiece> pieces;
   uint64_t accepted_ns = 0;  // when ferryd read the request off the ring (for --trace-engine)
 };
@@ -122,6 +138,19 @@ class Backend {
     (void)event;
     return true;
   }
+
+  // GPU-side "after": whether plans may wait on a flag (FlagWait). False: ferryd resolves
+  // "after" on the host (EventHappened).
+  virtual bool waits_on_flags() const { return false; }
+  // A session's flag pages (its ring segment's EventFlags), made visible to the engines before
+  // a plan waits on them; unregistered once none of its plans is on the engines.
+  virtual Status RegisterFlags(std::byte* flags, size_t bytes) {
+    (void)flags, (void)bytes;
+    return NotSupported("this backend does not wait on flags");
+  }
+  virtual void UnregisterFlags(std::byte* flags) { (void)flags; }
+  // The session is gone and none of its plans is on the engines: its lanes go too.
+  virtual void CloseLanes(uint64_t session_id) { (void)session_id; }
 
   // Enqueues a plan; its fence completes once every piece has. A backend may hold the pieces
   // until Flush(), so that copies submitted together reach the engines as one batch.
@@ -190,6 +219,10 @@ class FaultInjectingBackend : public Backend {
     return inner_->OpenEvent(r);
   }
   Result<bool> EventHappened(SharedEvent& e) override { return inner_->EventHappened(e); }
+  bool waits_on_flags() const override { return inner_->waits_on_flags(); }
+  Status RegisterFlags(std::byte* flags, size_t bytes) override { return inner_->RegisterFlags(flags, bytes); }
+  void UnregisterFlags(std::byte* flags) override { inner_->UnregisterFlags(flags); }
+  void CloseLanes(uint64_t session_id) override { inner_->CloseLanes(session_id); }
   Result<FenceId> Submit(const CopyPlan& plan) override {
     if (pass_submits_.load() > 0 && pass_submits_.fetch_sub(1) > 0) return inner_->Submit(plan);
     if (fail_submits_.load() > 0 && fail_submits_.fetch_sub(1) > 0) {

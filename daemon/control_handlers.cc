@@ -123,6 +123,11 @@ void Sessions::HandleRegisterEvent(Session& s, uint32_t seq, const wire::Registe
     svc_.rejections.Count(RejectReason::kExhausted);
     return Reply(s, wire::MsgType::kRegisterEventReply, seq, r);
   }
+  if ((req.flags & ~wire::kEventWantsFlag) != 0) {
+    r.status = ToWire(InvalidArgument("unknown event flags " + std::to_string(req.flags)));
+    svc_.rejections.Count(RejectReason::kProtocol);
+    return Reply(s, wire::MsgType::kRegisterEventReply, seq, r);
+  }
   auto ev = svc_.backend.OpenEvent(req);
   if (!ev.ok()) {
     r.status = ToWire(ev.status());
@@ -132,8 +137,29 @@ void Sessions::HandleRegisterEvent(Session& s, uint32_t seq, const wire::Registe
   s.events[id] = std::move(*ev);
   r.status = ToWire(Status::Ok());
   r.event_id = id;
-  r.flag_index = wire::kNoFlag;
+  r.flag_index = (req.flags & wire::kEventWantsFlag) ? AssignEventFlag(s, id) : wire::kNoFlag;
   Reply(s, wire::MsgType::kRegisterEventReply, seq, r);
+}
+
+// GPU-side "after": the event gets a flag word, zeroed, when the backend can wait on flags and
+// one is left; else kNoFlag, and its "after" copies are handed off on the host. The session's
+// flag pages are registered with the backend when its first event gets a flag.
+uint32_t Sessions::AssignEventFlag(Session& s, uint32_t event_id) {
+  if (!svc_.backend.waits_on_flags() || s.next_flag >= wire::kEventFlags || s.flags == nullptr) return wire::kNoFlag;
+  if (!s.flags_registered) {
+    if (Status st = svc_.backend.RegisterFlags(reinterpret_cast<std::byte*>(s.flags), wire::kEventFlagsBytes);
+        !st.ok()) {
+      FERRY_LOG(kWarning) << "session " << s.id << " '" << s.name << "': its event flags cannot be registered ("
+                          << st.ToString() << "); its copies ordered after an event are handed off on the host";
+      s.next_flag = wire::kEventFlags;  // do not try again
+      return wire::kNoFlag;
+    }
+    s.flags_registered = true;
+  }
+  const uint32_t index = s.next_flag++;
+  std::atomic_ref<uint32_t>(s.flags[index]).store(0, std::memory_order_relaxed);
+  s.event_flags[event_id] = Session::EventFlag{index, 0, false};
+  return index;
 }
 
 void Sessions::HandleStats(Session& s, uint32_t seq) {

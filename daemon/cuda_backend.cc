@@ -3,16 +3,23 @@
 // (stream 0 at the highest priority, for latency-class copies), device memory opened from CUDA
 // IPC handles (once per handle, shared by refcount), interprocess events for GPU-side ordering,
 // and fences as events polled with cudaEventQuery (no CPU thread blocks on the GPU).
+// "After" a client's event, where the device has stream memory operations: a lane (a stream of
+// its own per session and direction) waits on the event's flag with cuStreamWaitValue32, then
+// copies; ferryd never waits on another process's event on the GPU (a cross-context wait cost
+// 0.4 ms a hand-off on the H200). The driver's entry points are looked up, not linked.
 // With the engine trace on, each stream's share of a group is bracketed by timing events and its
 // timeline logged when it is seen done (see CopySpan).
 #include <dlfcn.h>
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <utility>
@@ -91,7 +98,53 @@ class CudaBackend : public Backend {
       }
     }
     if (trace_) FERRY_RETURN_IF_ERROR(StartTrace());
+    if (Status st = ProbeFlagWaits(); !st.ok()) {
+      cudaGetLastError();
+      FERRY_LOG(kWarning) << "stream memory operations unusable (" << st.message()
+                          << "): copies ordered after a client's event are handed off on the host";
+    } else {
+      flag_waits_ = true;
+    }
     return Status::Ok();
+  }
+
+  // Whether a stream can wait on a word of host memory that a stream writes: the driver's entry
+  // points, and one write then wait on a registered page, done.
+  Status ProbeFlagWaits() {
+    int can_register = 0, same_address = 0;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&can_register, cudaDevAttrHostRegisterSupported, device_));
+    if (!can_register) return NotSupported("the device cannot register host memory");
+    FERRY_CUDA_RETURN_IF_ERROR(
+        cudaDeviceGetAttribute(&same_address, cudaDevAttrCanUseHostPointerForRegisteredMem, device_));
+    for (auto [name, fn] : {std::pair<const char*, void**>{"cuStreamWaitValue32", reinterpret_cast<void**>(&wait_value_)},
+                            {"cuStreamWriteValue32", reinterpret_cast<void**>(&write_value_)}}) {
+      cudaDriverEntryPointQueryResult found{};
+      FERRY_CUDA_RETURN_IF_ERROR(cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &found));
+      if (found != cudaDriverEntryPointSuccess || *fn == nullptr) return NotSupported(std::string("no ") + name);
+    }
+    constexpr size_t kPage = 4096;
+    std::unique_ptr<uint32_t, decltype(&std::free)> page(static_cast<uint32_t*>(std::aligned_alloc(kPage, kPage)),
+                                                         &std::free);
+    if (!page) return ResourceExhausted("no memory for the probe page");
+    *page = 0;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaHostRegister(page.get(), kPage, cudaHostRegisterMapped | cudaHostRegisterPortable));
+    void* dev = nullptr;
+    Status st = CudaStatus(cudaHostGetDevicePointer(&dev, page.get(), 0), "cudaHostGetDevicePointer");
+    cudaStream_t s = streams_[0][0];
+    if (st.ok()) st = DriverStatus(write_value_(s, reinterpret_cast<CUdeviceptr>(dev), 7, 0), "cuStreamWriteValue32");
+    if (st.ok()) {
+      st = DriverStatus(wait_value_(s, reinterpret_cast<CUdeviceptr>(dev), 7, CU_STREAM_WAIT_VALUE_GEQ),
+                        "cuStreamWaitValue32");
+    }
+    if (st.ok()) st = CudaStatus(cudaStreamSynchronize(s), "probe of stream memory operations");
+    if (st.ok() && std::atomic_ref<uint32_t>(*page).load() != 7) st = Internal("the probe's write did not land");
+    cudaHostUnregister(page.get());
+    return st;
+  }
+
+  static Status DriverStatus(CUresult r, const char* what) {
+    if (r == CUDA_SUCCESS) return Status::Ok();
+    return DeviceError(std::string(what) + " failed (CUresult " + std::to_string(r) + ")");
   }
 
   // Time zero of the trace: an event on an idle stream. Its host time is pinned down by
@@ -138,6 +191,8 @@ class CudaBackend : public Backend {
     }
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     for (auto& d : streams_) for (cudaStream_t s : d) cudaStreamDestroy(s);
+    for (auto& [key, lane] : lanes_) cudaStreamDestroy(lane);
+    for (auto& [host, dev] : flag_pages_) cudaHostUnregister(host);
     {
       std::lock_guard<std::mutex> l(registered_mu_);
       for (void* p : registered_) cudaHostUnregister(p);
@@ -294,6 +349,88 @@ class CudaBackend : public Backend {
     return true;
   }
 
+  bool waits_on_flags() const override { return flag_waits_; }
+
+  Status RegisterFlags(std::byte* flags, size_t bytes) override {
+    if (!flag_waits_) return NotSupported("stream memory operations unusable on this device");
+    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    FERRY_CUDA_RETURN_IF_ERROR(cudaHostRegister(flags, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
+    void* dev = nullptr;
+    if (Status st = CudaStatus(cudaHostGetDevicePointer(&dev, flags, 0), "cudaHostGetDevicePointer"); !st.ok()) {
+      cudaHostUnregister(flags);
+      return st;
+    }
+    flag_pages_[flags] = reinterpret_cast<CUdeviceptr>(dev);
+    return Status::Ok();
+  }
+  void UnregisterFlags(std::byte* flags) override {
+    if (flag_pages_.erase(flags) != 0) cudaHostUnregister(flags);
+  }
+  void CloseLanes(uint64_t session_id) override {
+    for (int d = 0; d < 2; ++d) {
+      auto it = lanes_.find(LaneKey(session_id, d));
+      if (it == lanes_.end()) continue;
+      cudaStreamDestroy(it->second);
+      lanes_.erase(it);
+    }
+  }
+
+  // A plan after a flag: on its session's lane, the wait, its copies (one batch) and its fence;
+  // a group of its own, so nothing else waits with it.
+  Result<FenceId> SubmitToLane(const CopyPlan& plan) {
+    auto page = flag_pages_.upper_bound(reinterpret_cast<std::byte*>(plan.wait.flag));
+    if (page == flag_pages_.begin()) return Internal("a flag outside every registered flag page");
+    --page;
+    const auto offset = reinterpret_cast<std::byte*>(plan.wait.flag) - page->first;
+    if (offset < 0 || static_cast<size_t>(offset) >= wire::kEventFlagsBytes) {
+      return Internal("a flag outside every registered flag page");
+    }
+    const int d = static_cast<int>(plan.direction);
+    const uint64_t key = LaneKey(plan.wait.session_id, d);
+    auto lane = lanes_.find(key);
+    if (lane == lanes_.end()) {
+      int lo = 0, hi = 0;
+      FERRY_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+      cudaStream_t s;
+      FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, plan.wait.latency ? hi : lo));
+      lane = lanes_.emplace(key, s).first;
+    }
+    cudaStream_t s = lane->second;
+    Group g;
+    g.accepted_ns = plan.accepted_ns;
+    g.fences.push_back(next_fence_++);
+    g.streams.push_back(s);
+    g.status = DriverStatus(
+        wait_value_(s, page->second + static_cast<CUdeviceptr>(offset), plan.wait.value, CU_STREAM_WAIT_VALUE_GEQ),
+        "cuStreamWaitValue32");
+    const bool h2d = plan.direction == Direction::kHostToDevice;
+    StagedCopies& st = lane_staged_;
+    for (const CopyPiece& p : plan.pieces) {
+      st.dsts.push_back(h2d ? static_cast<void*>(p.device) : static_cast<void*>(p.host));
+      st.srcs.push_back(h2d ? static_cast<const void*>(p.host) : static_cast<const void*>(p.device));
+      st.sizes.push_back(p.length);
+      st.batchable.push_back(true);
+      g.bytes += p.length;
+    }
+    if (g.status.ok()) g.status = Issue(st, h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s);
+    st.dsts.clear();
+    st.srcs.clear();
+    st.sizes.clear();
+    st.batchable.clear();
+    if (g.status.ok()) {
+      auto e = TakeEvent();
+      g.status = e.ok() ? CudaStatus(cudaEventRecord(*e, s), "fence") : e.status();
+      if (e.ok()) g.events.push_back(*e);
+    }
+    if (g.status.ok() && plan.signal != nullptr) {
+      g.status = CudaStatus(cudaEventRecord(static_cast<CudaEvent*>(plan.signal)->get(), s), "signal");
+    }
+    if (g.events.empty()) g.by_stream_query = true;  // failed before its fence: reported at the next poll
+    const FenceId id = g.fences[0];
+    pending_.push_back(std::move(g));
+    return id;
+  }
+
   // Pieces are staged per stream and issued at Flush(): a loop turn's copies go to each stream
   // as one cudaMemcpyBatchAsync, with one fence event per stream, instead of one API call and
   // one event per copy. Latency-class copies (stream 0) and bulk copies form separate groups, so
@@ -303,6 +440,7 @@ class CudaBackend : public Backend {
     for (const CopyPiece& p : plan.pieces) {
       if (p.stream >= streams_per_dir_) return Internal("stream index out of range");
     }
+    if (plan.wait.flag != nullptr) return SubmitToLane(plan);
     const int d = static_cast<int>(plan.direction);
     const int cls = plan.pieces[0].stream == 0 ? 0 : 1;
     if (plan.signal != nullptr) FlushGroups(true);  // order against what came before
@@ -551,8 +689,18 @@ class CudaBackend : public Backend {
     return e;
   }
 
+  static uint64_t LaneKey(uint64_t session_id, int direction) { return session_id * 2 + static_cast<uint64_t>(direction); }
+  using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+  using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
   int device_;
   uint32_t streams_per_dir_;
+  bool flag_waits_ = false;  // stream memory operations work (ProbeFlagWaits)
+  WaitValue32 wait_value_ = nullptr;
+  WriteValue32 write_value_ = nullptr;                   // the start probe's only
+  std::map<std::byte*, CUdeviceptr> flag_pages_;         // sessions' flag pages, by host address
+  std::map<uint64_t, cudaStream_t> lanes_;               // by LaneKey
+  StagedCopies lane_staged_;
   const bool trace_;
   cudaEvent_t trace_origin_ = nullptr;
   uint64_t trace_origin_ns_ = 0;

@@ -1,6 +1,11 @@
 // The host backend: device memory is a client's sealed memfd mapped here, copies are memcpy on
 // one worker thread per (direction, stream). Events are accepted and ignored: with no GPU there
-// is no device work to order against, so "after" is always already satisfied.
+// is no device work to order against, so "after" an event without a flag is always satisfied.
+// "After" a flag is simulated as on the GPU: a lane per (session, direction), a thread that
+// waits for the flag (a short spin, then sleeps that grow to a millisecond) and then copies.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -35,6 +40,7 @@ class HostBackend : public Backend {
     for (uint32_t i = 0; i < 2 * streams_; ++i) workers_.emplace_back(std::make_unique<Worker>());
   }
   ~HostBackend() override {
+    for (auto& [key, lane] : lanes_) StopLane(*lane);
     for (auto& w : workers_) {
       if (!w->thread.joinable()) continue;
       {
@@ -72,8 +78,20 @@ class HostBackend : public Backend {
     return std::unique_ptr<SharedEvent>(std::make_unique<HostEvent>());
   }
 
+  bool waits_on_flags() const override { return true; }
+  Status RegisterFlags(std::byte*, size_t) override { return Status::Ok(); }  // ferryd's own mapping
+  void CloseLanes(uint64_t session_id) override {
+    for (int d = 0; d < 2; ++d) {
+      auto it = lanes_.find(LaneKey(session_id, d));
+      if (it == lanes_.end()) continue;
+      StopLane(*it->second);
+      lanes_.erase(it);
+    }
+  }
+
   Result<FenceId> Submit(const CopyPlan& plan) override {
     if (plan.pieces.empty()) return InvalidArgument("empty copy plan");
+    if (plan.wait.flag != nullptr) return SubmitToLane(plan);
     for (const CopyPiece& p : plan.pieces) {
       if (p.stream >= streams_) return Internal("stream index out of range");
     }
@@ -120,6 +138,114 @@ class HostBackend : public Backend {
     std::thread thread;
   };
 
+  // A plan waiting on a flag: one job on its session's lane.
+  struct LaneJob {
+    FenceId fence;
+    CopyPlan plan;
+  };
+  struct Lane {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<LaneJob> jobs;
+    std::atomic<bool> stop{false};
+    std::thread thread;
+  };
+  static uint64_t LaneKey(uint64_t session_id, int direction) { return session_id * 2 + static_cast<uint64_t>(direction); }
+
+  Result<FenceId> SubmitToLane(const CopyPlan& plan) {
+    const uint64_t key = LaneKey(plan.wait.session_id, static_cast<int>(plan.direction));
+    auto it = lanes_.find(key);
+    if (it == lanes_.end()) {
+      auto lane = std::make_unique<Lane>();
+      try {
+        if (before_worker_start_) before_worker_start_();
+        lane->thread = std::thread([this, l = lane.get()] { RunLane(*l); });
+      } catch (const std::system_error& e) {
+        return ResourceExhausted(std::string("cannot start the host backend's lane thread for session ") +
+                                 std::to_string(plan.wait.session_id) + ": " + e.what());
+      }
+      it = lanes_.emplace(key, std::move(lane)).first;
+    }
+    const FenceId id = next_fence_++;
+    {
+      std::lock_guard<std::mutex> l(fence_mu_);
+      remaining_[id] = 1;
+    }
+    Lane& lane = *it->second;
+    {
+      std::lock_guard<std::mutex> l(lane.mu);
+      lane.jobs.push_back(LaneJob{id, plan});
+    }
+    lane.cv.notify_one();
+    return id;
+  }
+
+  static void StopLane(Lane& lane) {
+    {
+      std::lock_guard<std::mutex> l(lane.mu);
+      lane.stop = true;
+    }
+    lane.cv.notify_one();
+    if (lane.thread.joinable()) lane.thread.join();
+  }
+
+  // A lane runs its jobs in order, each once its flag is reached; a lane stopped while a job
+  // waits leaves it (the backend is going away).
+  void RunLane(Lane& lane) {
+    for (;;) {
+      LaneJob job;
+      {
+        std::unique_lock<std::mutex> l(lane.mu);
+        lane.cv.wait(l, [&] { return lane.stop || !lane.jobs.empty(); });
+        if (lane.stop) return;
+        job = std::move(lane.jobs.front());
+        lane.jobs.pop_front();
+      }
+      if (!AwaitFlag(lane, job.plan.wait)) return;
+      for (const CopyPiece& p : job.plan.pieces) Copy(job.plan.direction, p);
+      FinishPiece(job.fence);
+    }
+  }
+
+  // False when the lane was stopped first.
+  static bool AwaitFlag(Lane& lane, const FlagWait& w) {
+    const std::atomic_ref<uint32_t> flag(*w.flag);
+    auto reached = [&] { return FlagReached(flag.load(std::memory_order_acquire), w.value); };
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+    while (std::chrono::steady_clock::now() < spin_until) {
+      if (reached()) return true;
+    }
+    auto nap = std::chrono::microseconds(10);
+    while (!reached()) {
+      if (lane.stop.load(std::memory_order_relaxed)) return false;
+      std::this_thread::sleep_for(nap);
+      nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(1));
+    }
+    return true;
+  }
+
+  static void Copy(Direction dir, const CopyPiece& p) {
+    if (dir == Direction::kHostToDevice) {
+      std::memcpy(p.device, p.host, p.length);
+    } else {
+      std::memcpy(p.host, p.device, p.length);
+    }
+  }
+
+  void FinishPiece(FenceId fence) {
+    bool last = false;
+    {
+      std::lock_guard<std::mutex> l(fence_mu_);
+      auto it = remaining_.find(fence);
+      if (--it->second == 0) {
+        remaining_.erase(it);
+        finished_.push_back(fence);
+        last = true;
+      }
+    }
+    if (last) RingDoorbell(efd_.get());
+  }
+
   Status StartWorker(Direction dir, uint32_t stream) {
     Worker& w = *workers_[static_cast<size_t>(dir) * streams_ + stream];
     if (w.thread.joinable()) return Status::Ok();
@@ -160,22 +286,8 @@ class HostBackend : public Backend {
         job = w.jobs.front();
         w.jobs.pop_front();
       }
-      if (job.dir == Direction::kHostToDevice) {
-        std::memcpy(job.piece.device, job.piece.host, job.piece.length);
-      } else {
-        std::memcpy(job.piece.host, job.piece.device, job.piece.length);
-      }
-      bool last = false;
-      {
-        std::lock_guard<std::mutex> l(fence_mu_);
-        auto it = remaining_.find(job.fence);
-        if (--it->second == 0) {
-          remaining_.erase(it);
-          finished_.push_back(job.fence);
-          last = true;
-        }
-      }
-      if (last) RingDoorbell(efd_.get());
+      Copy(job.dir, job.piece);
+      FinishPiece(job.fence);
     }
   }
 
@@ -187,6 +299,7 @@ class HostBackend : public Backend {
   std::unordered_map<FenceId, size_t> remaining_;  // guarded by fence_mu_
   std::vector<FenceId> finished_;                  // guarded by fence_mu_
   std::vector<std::unique_ptr<Worker>> workers_;
+  std::unordered_map<uint64_t, std::unique_ptr<Lane>> lanes_;  // by LaneKey; event-loop thread only
 };
 
 }  // namespace

@@ -191,6 +191,9 @@ int main(int argc, char** argv) {
   }
   FERRY_LOG(kInfo) << "ferryd " << kVersionString << ": " << why;
   FERRY_LOG(kInfo) << (*be)->Describe();
+  FERRY_LOG(kInfo) << "copies ordered after a client's event: "
+                   << ((*be)->waits_on_flags() ? "handed off on the GPU (a lane per client waits on the event's flag)"
+                                               : "handed off on the host (ferryd polls the event)");
   std::unique_ptr<daemon::MetricsExporter> metrics;
   if (!config.metrics_address.empty()) {
     auto m = daemon::MetricsExporter::Create(config.metrics_address, {kVersionString, (*be)->device_info()});

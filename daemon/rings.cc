@@ -40,6 +40,7 @@ Status Rings::Attach(Session& s, uint32_t ring_entries) {
   s.hdr->cq_entries = s.cq_entries;
   s.sq = wire::SubmissionEntries(s.ring.data());
   s.cq = wire::CompletionEntries(s.ring.data(), s.sq_entries);
+  s.flags = wire::EventFlags(s.ring.data(), s.sq_entries, s.cq_entries);
   PublishStaging(s);
   return Status::Ok();
 }
@@ -297,7 +298,11 @@ Status Rings::CheckCopy(Session& s, const wire::SubmissionEntry& e, uint64_t dev
   if (e.wait_event_id != wire::kNoEvent) {
     auto it = s.events.find(e.wait_event_id);
     if (it == s.events.end()) return NotFound("no event " + std::to_string(e.wait_event_id));
-    r.wait = it->second.get();
+    if (auto f = s.event_flags.find(e.wait_event_id); f != s.event_flags.end()) {
+      t.wait_flag = &f->second;  // waited for on the GPU, on the session's lane
+    } else {
+      r.wait = it->second.get();  // held here until the event has happened
+    }
   }
   if (e.signal_event_id != wire::kNoEvent) {
     auto it = s.events.find(e.signal_event_id);
@@ -309,6 +314,7 @@ Status Rings::CheckCopy(Session& s, const wire::SubmissionEntry& e, uint64_t dev
   r.region_id = e.region_id;
   r.device = t.region->region->base() + e.device_offset;
   r.latency_requested = e.priority == static_cast<uint16_t>(wire::Priority::kLatency) && s.klass.latency_allowed;
+  t.wait_value = e.wait_value;
   return Status::Ok();
 }
 
@@ -317,6 +323,12 @@ void Rings::Accept(Session& s, CopyTarget& t, Scheduler& scheduler) {
   r.id = next_copy_id_++;
   r.session_id = s.id;
   r.accepted_ns = MonotonicNanos();
+  if (Session::EventFlag* f = t.wait_flag; f != nullptr) {
+    r.wait_flag = s.flags + f->index;
+    r.wait_value = t.wait_value;
+    if (!f->waited || FlagReached(t.wait_value, f->awaited)) f->awaited = t.wait_value;
+    f->waited = true;
+  }
   RememberForReports(s, r.id, r.user_tag, r.accepted_ns, r.direction);
   // Held until the copy finishes (OnCopyFinished): the engines use the buffer and the region.
   t.buffer->in_flight++;
@@ -357,6 +369,15 @@ void Rings::OnCopyFinished(const FinishedCopy& c) {
                  (c.done_ns - c.accepted_ns) * 1e-9,
                  c.status.ok()};
     observer_->OnCopyDone(r);
+  }
+}
+
+// Whatever the client wrote (or never wrote) into its flags, the lanes' waits go: a session that
+// ended with copies waiting must drain. Written again on every reap pass until they have, as a
+// client still running could write its flags back.
+void Rings::ReleaseFlagWaits(Session& s) {
+  for (auto& [id, f] : s.event_flags) {
+    if (f.waited) std::atomic_ref<uint32_t>(s.flags[f.index]).store(f.awaited, std::memory_order_release);
   }
 }
 

@@ -53,6 +53,10 @@ class Rings : public Scheduler::Listener {
   void PublishStaging(Session& s);
   void PublishStagingToAll();
 
+  // An ended session: writes into each of its flags the value its copies wait for, so that its
+  // copies waiting on the GPU go and finish (then its resources are reclaimed as usual).
+  static void ReleaseFlagWaits(Session& s);
+
   // Tells every client's ring whether the loop sleeps (then a submission needs the doorbell).
   void SetSleeping(bool sleeping);
   bool AnySubmissionPending() const;
@@ -67,6 +71,8 @@ class Rings : public Scheduler::Listener {
     CopyRequest request;
     BufferInfo* buffer = nullptr;
     RegionState* region = nullptr;
+    Session::EventFlag* wait_flag = nullptr;  // the wait event's flag, when it has one
+    uint32_t wait_value = 0;
   };
 
   void HandleSubmission(Session& s, const wire::SubmissionEntry& e, Scheduler& scheduler);

@@ -12,7 +12,7 @@ constexpr int kMaxDispatchRounds = 128;
 }  // namespace
 
 bool Scheduler::Copy::WholeAtOnce() const {
-  return latency || signal != nullptr || policy->schedule == Schedule::kSerial;
+  return latency || OnLane() || signal != nullptr || policy->schedule == Schedule::kSerial;
 }
 
 size_t Scheduler::Copy::UnitEnd(size_t unit_index, size_t first_piece) const {
@@ -55,6 +55,8 @@ void Scheduler::Submit(CopyRequest r) {
   c->direction = r.direction;
   c->wait = r.wait;
   c->signal = r.signal;
+  c->wait_flag = r.wait_flag;
+  c->wait_value = r.wait_value;
   c->policy = policy_.shared();
   c->latency = r.latency_requested && r.bytes <= policy_->latency_max_bytes && backend_.streams_per_direction() > 1;
   c->blocks = r.blocks;
@@ -74,7 +76,7 @@ void Scheduler::Submit(CopyRequest r) {
 }
 
 void Scheduler::Schedule(Copy& c) {
-  if (c.latency) {
+  if (c.latency || c.OnLane()) {
     DispatchNext(QueuesOf(c.session_id), c);  // the latency stream: never queued behind bulk work
     MaybeFinish(c);
   } else {
@@ -179,9 +181,10 @@ void Scheduler::DispatchNext(SessionQueues* q, Copy& c) {
   size_t unit_end = c.next;
   plan.pieces.reserve(end - c.next);
   for (size_t i = c.next; i < end; ++i) {
-    if (i == unit_end) {  // a whole bulk copy spreads over the streams too, unit by unit
+    // A whole bulk copy spreads over the streams too, unit by unit; a lane is one stream of its own.
+    if (i == unit_end) {
       unit_end = c.UnitEnd(c.unit++, i);
-      if (!c.latency) stream = BulkStream(c);
+      if (c.Bulk()) stream = BulkStream(c);
     }
     CopyPiece p = c.pieces[i];
     p.stream = stream;
@@ -190,6 +193,7 @@ void Scheduler::DispatchNext(SessionQueues* q, Copy& c) {
   }
   const bool last = end == c.pieces.size();
   if (last) plan.signal = c.signal;
+  if (c.OnLane()) plan.wait = FlagWait{c.wait_flag, c.wait_value, c.session_id, c.latency};
   c.next = end;
   if (c.first_dispatch_ns == 0) c.first_dispatch_ns = MonotonicNanos();
   auto fence = backend_.Submit(plan);
@@ -199,8 +203,8 @@ void Scheduler::DispatchNext(SessionQueues* q, Copy& c) {
     return;
   }
   c.out++;
-  fences_[*fence] = FenceRef{c.id, bytes, !c.latency};
-  if (!c.latency) {
+  fences_[*fence] = FenceRef{c.id, bytes, c.Bulk()};
+  if (c.Bulk()) {
     if (q != nullptr) q->bulk_out_bytes[static_cast<int>(c.direction)] += bytes;
     bulk_out_bytes_[static_cast<int>(c.direction)] += bytes;
   }
@@ -280,7 +284,7 @@ bool Scheduler::AnyDispatchable(int d, uint64_t client_limit) const {
 void Scheduler::MaybeFinish(Copy& c) {
   if (c.out != 0 || c.next != c.pieces.size()) return;
   const uint64_t now = MonotonicNanos();
-  if (!c.latency && c.first_dispatch_ns != 0) copies_started_[static_cast<int>(c.direction)]--;
+  if (c.Bulk() && c.first_dispatch_ns != 0) copies_started_[static_cast<int>(c.direction)]--;
   counters_.in_flight--;
   if (c.status.ok()) {
     counters_.copies_completed++;

@@ -1,6 +1,8 @@
 // ferryd's scheduler: plans each accepted copy into pieces under the policy running when it was
-// accepted, puts latency-class copies on the latency stream ahead of any bulk work, holds copies
-// until their "after" event has happened, shares the copy engines between sessions with bulk
+// accepted, puts latency-class copies on the latency stream ahead of any bulk work, sends a copy
+// "after" a flagged event to its session's lane at once (the GPU waits; outside the bulk
+// in-flight windows, as it may wait long), holds other "after" copies
+// until their event has happened, shares the copy engines between sessions with bulk
 // work by weighted deficit round robin (per direction: each has its own engines) within the
 // running policy's in-flight limits, and finishes a copy once its last fence is done.
 // It knows sessions only by id and weight: no sockets, no rings (the Listener posts results).
@@ -41,6 +43,10 @@ struct CopyRequest {
   uint64_t bytes = 0;
   bool latency_requested = false;  // latency priority, and the session's class allows it
   SharedEvent* wait = nullptr;     // start after this event; owned by the session, which outlives its copies
+  // Or start once this flag (in the session's ring segment) reaches wait_value, waited for on
+  // the GPU: the copy goes to the backend at once, on its session's lane.
+  uint32_t* wait_flag = nullptr;
+  uint32_t wait_value = 0;
   SharedEvent* signal = nullptr;   // record this one once the copy is done
   uint64_t accepted_ns = 0;        // when it was read off the ring
   // The session's, handed back untouched in FinishedCopy: what it holds for the copy.
@@ -134,6 +140,8 @@ class Scheduler {
     std::shared_ptr<const Policy> policy;
     SharedEvent* wait = nullptr;
     SharedEvent* signal = nullptr;
+    uint32_t* wait_flag = nullptr;  // on its session's lane (see CopyRequest)
+    uint32_t wait_value = 0;
     std::vector<CopyPiece> pieces;  // stream chosen at dispatch
     size_t next = 0;                // first piece not yet dispatched
     // A block list's units: one past each unit's last piece. Empty: each piece is a unit.
@@ -144,6 +152,8 @@ class Scheduler {
     Status status;                  // the first failure
     bool WholeAtOnce() const;
     size_t UnitEnd(size_t unit_index, size_t first_piece) const;
+    bool OnLane() const { return wait_flag != nullptr; }
+    bool Bulk() const { return !latency && !OnLane(); }  // counted in the bulk in-flight windows
     uint64_t NextDispatchBytes() const;
   };
   struct FenceRef {

@@ -476,7 +476,10 @@ class Server::Impl {
   void ReapDead() {
     for (auto it = session_map_.begin(); it != session_map_.end();) {
       Session& s = *it->second;
+      if (s.dead && s.in_flight != 0 && !s.event_flags.empty()) Rings::ReleaseFlagWaits(s);
       if (s.dead && s.in_flight == 0) {
+        if (s.flags_registered) backend_->UnregisterFlags(reinterpret_cast<std::byte*>(s.flags));
+        backend_->CloseLanes(s.id);
         const uint64_t id = s.id;
         const uint32_t uid = s.peer.uid;
         const bool counted = s.hello_done;

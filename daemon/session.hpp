@@ -83,6 +83,18 @@ struct Session {
   uint32_t next_region_id = 1;
   std::map<uint32_t, std::unique_ptr<SharedEvent>> events;
   uint32_t next_event_id = 1;
+  // GPU-side "after" (RegisterEventReply::flag_index): the events that have a flag word in the
+  // ring segment's flag area. ferryd only ever waits on a flag, and writes it only to let its own
+  // waits go when the session ends (ReleaseFlagWaits).
+  struct EventFlag {
+    uint32_t index = 0;
+    uint32_t awaited = 0;  // the highest value (cyclically) a copy of the session waited for
+    bool waited = false;
+  };
+  std::map<uint32_t, EventFlag> event_flags;  // by event id
+  uint32_t* flags = nullptr;                  // the flag area, in `ring`
+  uint32_t next_flag = 0;                     // events live as long as the session: no free list
+  bool flags_registered = false;              // with the backend (RegisterFlags)
   ClientClass klass;
 
   // The session's recent copies, by user_tag: bounded (the oldest are forgotten first), each

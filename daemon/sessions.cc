@@ -297,8 +297,10 @@ void Sessions::Close(Session& s, const std::string& reason, bool evicted) {
   svc_.counters.outbound_queued -= s.outbound.size();
   s.outbound.clear();
   s.backlog.clear();
-  // Its queued and held copies never go out; the ones on the engines finish first (they use its memory).
+  // Its queued and held copies never go out; the ones on the engines finish first (they use its
+  // memory), and those waiting on its flags are let go.
   svc_.scheduler.CancelSession(s.id);
+  Rings::ReleaseFlagWaits(s);
 }
 
 }  // namespace ferry::daemon

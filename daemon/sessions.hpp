@@ -104,6 +104,7 @@ class Sessions {
   void HandleRegisterDevice(Session& s, uint32_t seq, const wire::RegisterDeviceRequest& req, UniqueFd fd);
   void HandleUnregister(Session& s, uint32_t seq, const wire::UnregisterDeviceRequest& req);
   void HandleRegisterEvent(Session& s, uint32_t seq, const wire::RegisterEventRequest& req);
+  uint32_t AssignEventFlag(Session& s, uint32_t event_id);
   void HandleApplyPolicy(Session& s, uint32_t seq, const wire::ApplyPolicyRequest& req, UniqueFd fd);
   void HandleGetPolicy(Session& s, uint32_t seq, const wire::GetPolicyRequest& req);
   void HandleStats(Session& s, uint32_t seq);

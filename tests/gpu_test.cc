@@ -222,6 +222,91 @@ TEST_F(GpuDaemon, ACopyAfterAnEventWaitsOnTheGpuForTheKernelBeforeIt) {
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(host.data()[i], std::byte{0x3C}) << "copy ran ahead of the kernel at " << i;
 }
 
+// GPU-side hand-off: the copy is submitted while the producing kernel still runs, goes to the
+// client's lane at once and starts when the stream writes the event's flag after the kernel.
+TEST_F(GpuDaemon, ACopyAfterAnEventSubmittedWhileTheKernelRunsCarriesTheKernelsOutput) {
+  EXPECT_NE(daemon_->Output().find("handed off on the GPU"), std::string::npos) << daemon_->Output();
+  const uint64_t seed = testing::RandomSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (size_t n : {size_t{4096}, size_t{(8 << 20) + 5}}) {
+    ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(n));
+    ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client_->AllocateDevice(n));
+    ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
+    ASSERT_OK_AND_ASSIGN(SharedEvent ready, client_->CreateEvent());
+    std::vector<std::byte> want(n);
+    FillRandom(want.data(), n, seed + n);
+    void* produced = nullptr;
+    ASSERT_CUDA(cudaMalloc(&produced, n));
+    ASSERT_CUDA(cudaMemcpy(produced, want.data(), n, cudaMemcpyHostToDevice));
+    ASSERT_CUDA(cudaMemset(dev.data(), 0xA5, n));
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    testing::Poison(host.data(), n);
+    // ~100 ms of spinning, then the output lands: a copy that did not wait reads 0xA5.
+    ASSERT_CUDA(testing::LaunchSpin(200'000'000, stream_));
+    ASSERT_CUDA(cudaMemcpyAsync(dev.data(), produced, n, cudaMemcpyDeviceToDevice, stream_));
+    ASSERT_OK(ready.Record(stream_));
+    ASSERT_OK_AND_ASSIGN(Transfer t,
+                         client_->Copy(Direction::kDeviceToHost, host, 0, region, 0, n, {.after = &ready}));
+    EXPECT_EQ(cudaStreamQuery(stream_), cudaErrorNotReady) << "the kernel ended before the copy was submitted";
+    ASSERT_OK(t.Wait(10s));
+    EXPECT_EQ(FirstDifference(host.data(), want.data(), n), -1) << "the copy ran ahead of the kernel's output";
+    cudaFree(produced);
+  }
+}
+
+// One client's copy waits on its lane for a record its stream makes only after a long kernel;
+// another client's copies through the same ferryd complete meanwhile.
+TEST_F(GpuDaemon, ACopyWaitingOnAnotherClientsEventDoesNotDelayThisClientsCopies) {
+  constexpr size_t n = 4 << 20;
+  ConnectOptions o;
+  o.socket_path = socket_;
+  o.name = "waiting";
+  ASSERT_OK_AND_ASSIGN(auto waiting, Client::Connect(o));
+  ASSERT_OK_AND_ASSIGN(HostBuffer wait_host, waiting->AllocateHost(n));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation wait_dev, waiting->AllocateDevice(n));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion wait_region, waiting->RegisterDevice(wait_dev.data(), wait_dev.size()));
+  ASSERT_OK_AND_ASSIGN(SharedEvent late, waiting->CreateEvent());
+  std::vector<std::byte> want(n);
+  FillRandom(want.data(), n, testing::RandomSeed());
+  ASSERT_CUDA(cudaMemcpy(wait_dev.data(), want.data(), n, cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  testing::Poison(wait_host.data(), n);
+  cudaStream_t slow = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&slow, cudaStreamNonBlocking));
+  ASSERT_CUDA(testing::LaunchSpin(4'000'000'000, slow));  // ~2 s
+  ASSERT_OK(late.Record(slow));
+  ASSERT_OK_AND_ASSIGN(Transfer waits, waiting->Copy(Direction::kDeviceToHost, wait_host, 0, wait_region, 0, n,
+                                                     {.after = &late}));
+
+  ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(n));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client_->AllocateDevice(n));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
+  for (Direction d : {Direction::kHostToDevice, Direction::kDeviceToHost}) {
+    for (int rep = 0; rep < 5; ++rep) {
+      FillRandom(host.data(), n, testing::RandomSeed());
+      std::vector<std::byte> sent(host.data(), host.data() + n);
+      if (d == Direction::kDeviceToHost) {
+        ASSERT_CUDA(cudaMemcpy(dev.data(), sent.data(), n, cudaMemcpyHostToDevice));
+        testing::Poison(host.data(), n);
+      } else {
+        ASSERT_CUDA(cudaMemset(dev.data(), 0xA5, n));
+      }
+      ASSERT_CUDA(cudaDeviceSynchronize());
+      ASSERT_OK_AND_ASSIGN(Transfer t, client_->Copy(d, host, 0, region, 0, n));
+      ASSERT_OK(t.Wait(1s));  // not behind the other client's wait
+      std::vector<std::byte> got = d == Direction::kHostToDevice ? ReadBack(dev.data(), n)
+                                                                 : std::vector<std::byte>(host.data(), host.data() + n);
+      EXPECT_EQ(FirstDifference(got.data(), sent.data(), n), -1);
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(bool done, waits.Poll());
+  EXPECT_FALSE(done) << "the waiting client's copy went before its record";
+  EXPECT_EQ(cudaStreamQuery(slow), cudaErrorNotReady) << "the kernel ended before the other client's copies did";
+  ASSERT_OK(waits.Wait(20s));
+  EXPECT_EQ(FirstDifference(wait_host.data(), want.data(), n), -1);
+  cudaStreamDestroy(slow);
+}
+
 TEST_F(GpuDaemon, AStreamWaitsOnTheGpuForACopyWithoutTheHostBlocking) {
   constexpr size_t n = 256 << 20;  // ~5 ms on the bus
   ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(n));

@@ -342,6 +342,46 @@ class RawSession {
     FERRY_RETURN_IF_ERROR(FromWire(m.As<wire::RegisterDeviceReply>().status));
     return m.As<wire::RegisterDeviceReply>().region_id;
   }
+  // A buffer of at most one slab, mapped here too (BufferBytes): its pool offset.
+  Result<uint64_t> AllocMappedBuffer(uint64_t size) {
+    wire::AllocBufferRequest req{size};
+    FERRY_RETURN_IF_ERROR(Send(sock_.get(), wire::MsgType::kAllocBuffer, ++seq_, req));
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, RecvMessage(sock_.get(), 5000));
+    const auto r = m.As<wire::AllocBufferReply>();
+    FERRY_RETURN_IF_ERROR(FromWire(r.status));
+    if (r.slab_count != 1 || m.fds.size() != 1) return Internal("a buffer of one slab was expected");
+    FERRY_ASSIGN_OR_RETURN(Mapping slab, MapShared(m.fds[0].get(), reply_.slab_bytes));
+    mapped_.push_back(std::move(slab));
+    return r.pool_offset;
+  }
+  // The bytes of the buffer AllocMappedBuffer gave last.
+  std::byte* BufferBytes(uint64_t pool_offset) { return mapped_.back().data() + pool_offset % reply_.slab_bytes; }
+  // A device region whose memfd stays mapped here: (region id, its bytes).
+  Result<std::pair<uint32_t, Mapping>> RegisterMappedRegion(uint64_t size) {
+    FERRY_ASSIGN_OR_RETURN(UniqueFd mem, CreateSealedMemfd("raw-device", size));
+    FERRY_ASSIGN_OR_RETURN(Mapping bytes, MapShared(mem.get(), size));
+    wire::RegisterDeviceRequest req{};
+    req.kind = static_cast<uint32_t>(wire::DeviceHandleKind::kHostMemfd);
+    req.size = size;
+    const int fd = mem.get();
+    FERRY_RETURN_IF_ERROR(Send(sock_.get(), wire::MsgType::kRegisterDevice, ++seq_, req, &fd, 1));
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, RecvMessage(sock_.get(), 5000));
+    FERRY_RETURN_IF_ERROR(FromWire(m.As<wire::RegisterDeviceReply>().status));
+    return std::pair<uint32_t, Mapping>{m.As<wire::RegisterDeviceReply>().region_id, std::move(bytes)};
+  }
+  Result<wire::RegisterEventReply> RegisterEvent(uint32_t flags) {
+    wire::RegisterEventRequest req{};
+    req.kind = static_cast<uint32_t>(wire::EventHandleKind::kHost);
+    req.flags = flags;
+    FERRY_RETURN_IF_ERROR(Send(sock_.get(), wire::MsgType::kRegisterEvent, ++seq_, req));
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, RecvMessage(sock_.get(), 5000));
+    const auto r = m.As<wire::RegisterEventReply>();
+    FERRY_RETURN_IF_ERROR(FromWire(r.status));
+    return r;
+  }
+  std::atomic_ref<uint32_t> Flag(uint32_t index) {
+    return std::atomic_ref<uint32_t>(wire::EventFlags(ring_.data(), reply_.sq_entries, reply_.cq_entries)[index]);
+  }
   bool DaemonHungUp() {
     auto m = RecvMessage(sock_.get(), 2000);
     return !m.ok() && m.status().code() == Code::kUnavailable;
@@ -351,6 +391,7 @@ class RawSession {
  private:
   UniqueFd sock_, submit_;
   Mapping ring_;
+  std::vector<Mapping> mapped_;  // slabs of AllocMappedBuffer
   wire::HelloReply reply_{};
   uint32_t seq_ = 1;
 };
@@ -621,6 +662,210 @@ TEST(Daemon, AClientNoticesWhenTheDaemonGoesAway) {
   d->Stop();
   auto r = client->AllocateHost(4096);
   EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().ToString();
+}
+
+// GPU-side hand-off, simulated by the host backend: a copy ordered after a flagged event goes to
+// its session's lane at once and starts when the client's flag reaches the record it names.
+struct FlagWaitSetup {
+  RawSession raw;
+  uint64_t host = 0;
+  std::pair<uint32_t, Mapping> region;
+  wire::RegisterEventReply event{};
+  static constexpr uint64_t kBytes = 300'001;
+
+  Status Open(const std::string& socket) {
+    FERRY_RETURN_IF_ERROR(raw.Open(socket));
+    FERRY_ASSIGN_OR_RETURN(host, raw.AllocMappedBuffer(kBytes));
+    FERRY_ASSIGN_OR_RETURN(region, raw.RegisterMappedRegion(kBytes));
+    FERRY_ASSIGN_OR_RETURN(event, raw.RegisterEvent(wire::kEventWantsFlag));
+    return Status::Ok();
+  }
+  // Host to device, after the event's record `value`.
+  void SubmitAfter(uint64_t tag, uint32_t value) {
+    wire::SubmissionEntry e{};
+    e.user_tag = tag;
+    e.opcode = static_cast<uint16_t>(wire::Opcode::kHostToDevice);
+    e.pool_offset = host;
+    e.length = kBytes;
+    e.region_id = region.first;
+    e.wait_event_id = event.event_id;
+    e.wait_value = value;
+    raw.Push(e);
+  }
+};
+
+TEST(Handoff, ACopyAfterAFlaggedEventWaitsUntilTheRecordItNamesAndNoLonger) {
+  DaemonHarness d;
+  FlagWaitSetup c;
+  ASSERT_OK(c.Open(d.socket_path()));
+  ASSERT_NE(c.event.flag_index, wire::kNoFlag);
+  ASSERT_LT(c.event.flag_index, wire::kEventFlags);
+  EXPECT_EQ(c.raw.Flag(c.event.flag_index).load(), 0u) << "a flag is zeroed when handed out";
+  std::byte* src = c.raw.BufferBytes(c.host);
+  std::byte* dev = c.region.second.data();
+  const uint64_t seed = testing::RandomSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  FillRandom(src, c.kBytes, seed);
+  Poison(dev, c.kBytes);
+  c.raw.Flag(c.event.flag_index).store(1);  // the client's record 1 has happened, record 2 not yet
+  c.SubmitAfter(7, 2);
+  // Nothing moves while the flag is below the record the copy waits for (ferryd reads the
+  // submission within a loop turn; 100 ms is many of them).
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return c.raw.header()->sq_head.value.load() == 1; }));
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(c.raw.header()->cq_tail.value.load(), 0u) << "the copy completed before its record happened";
+  for (size_t i = 0; i < c.kBytes; ++i) ASSERT_EQ(dev[i], std::byte{0xA5}) << "moved a byte before the record, at " << i;
+  const uint64_t recorded = MonotonicNanos();
+  c.raw.Flag(c.event.flag_index).store(2);
+  auto done = c.raw.Next();
+  const uint64_t waited = MonotonicNanos() - recorded;
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->user_tag, 7u);
+  EXPECT_EQ(done->status, 0);
+  EXPECT_EQ(done->bytes, c.kBytes);
+  EXPECT_EQ(FirstDifference(dev, src, c.kBytes), -1);
+  // The lane sleeps at most a millisecond between looks at the flag.
+  EXPECT_LT(waited, 500'000'000u) << "the copy went " << waited << " ns after its record";
+  // A record already passed (cyclically: 2 is past 0xffffffff) does not wait.
+  Poison(dev, c.kBytes);
+  c.SubmitAfter(8, 0xffffffffu);
+  done = c.raw.Next();
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->status, 0);
+  EXPECT_EQ(FirstDifference(dev, src, c.kBytes), -1);
+}
+
+TEST(Handoff, WhileOneClientsCopyWaitsOnItsFlagAnotherClientsCopiesGo) {
+  DaemonHarness d;
+  FlagWaitSetup waiting;
+  ASSERT_OK(waiting.Open(d.socket_path()));
+  FillRandom(waiting.raw.BufferBytes(waiting.host), waiting.kBytes, 11);
+  waiting.SubmitAfter(1, 1);
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return waiting.raw.header()->sq_head.value.load() == 1; }));
+  ASSERT_OK_AND_ASSIGN(auto other, d.Connect("other"));
+  const uint64_t seed = testing::RandomSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (size_t n : {size_t{1}, size_t{4096}, size_t{(1 << 20) + 3}}) RoundTrip(*other, n, 5, 3, seed + n);
+  // The other client's own "after" copies go too, on its own lane.
+  ASSERT_OK_AND_ASSIGN(SharedEvent ev, other->CreateEvent());
+  ASSERT_OK(ev.Record(nullptr));
+  ASSERT_OK_AND_ASSIGN(HostBuffer src, other->AllocateHost(65537));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, other->AllocateDevice(65537));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, other->RegisterDevice(dev.data(), dev.size()));
+  FillRandom(src.data(), src.size(), seed);
+  Poison(static_cast<std::byte*>(dev.data()), dev.size());
+  ASSERT_OK_AND_ASSIGN(Transfer t, other->Copy(Direction::kHostToDevice, src, 0, region, 0, 65537, {.after = &ev}));
+  ASSERT_OK(t.Wait(10s));
+  EXPECT_EQ(FirstDifference(static_cast<std::byte*>(dev.data()), src.data(), 65537), -1);
+  EXPECT_EQ(waiting.raw.header()->cq_tail.value.load(), 0u) << "the waiting copy went without its record";
+  waiting.raw.Flag(waiting.event.flag_index).store(1);
+  auto done = waiting.raw.Next();
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->status, 0);
+  EXPECT_EQ(FirstDifference(waiting.region.second.data(), waiting.raw.BufferBytes(waiting.host), waiting.kBytes), -1);
+}
+
+// A client whose copy waits on a flag it never writes, then breaks the protocol: evicted, its
+// wait let go by ferryd, its session reclaimed, while another client copies all along.
+TEST(Handoff, AClientEvictedWithACopyWaitingOnItsFlagIsReclaimedWhileAnotherKeepsCopying) {
+  DaemonHarness d;
+  ASSERT_OK_AND_ASSIGN(auto other, d.Connect("other"));
+  std::atomic<bool> stop{false};
+  std::atomic<int> round_trips{0};
+  std::thread copier([&] {
+    for (uint64_t i = 0; !stop; ++i) {
+      RoundTrip(*other, 100'003, 1, 2, i);
+      if (::testing::Test::HasFailure()) return;
+      ++round_trips;
+    }
+  });
+  struct StopOnExit {
+    std::atomic<bool>& stop;
+    std::thread& thread;
+    ~StopOnExit() {
+      stop = true;
+      if (thread.joinable()) thread.join();
+    }
+  } stop_copier{stop, copier};
+  {
+    FlagWaitSetup dying;
+    ASSERT_OK(dying.Open(d.socket_path()));
+    dying.SubmitAfter(1, 5);
+    ASSERT_TRUE(DaemonHarness::Eventually([&] { return dying.raw.header()->sq_head.value.load() == 1; }));
+    ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().in_flight.load() >= 1; }));
+    dying.raw.header()->sq_tail.value.store(0x7fffffff);
+    dying.raw.Kick();
+    EXPECT_TRUE(dying.raw.DaemonHungUp());
+    EXPECT_TRUE(DaemonHarness::Eventually([&] { return d.counters().evictions.load() == 1; }));
+    EXPECT_TRUE(DaemonHarness::Eventually([&] { return dying.raw.Flag(dying.event.flag_index).load() == 5u; }))
+        << "ferryd lets the lane's wait go";
+    EXPECT_TRUE(DaemonHarness::Eventually([&] { return d.counters().sessions.load() == 1; }, 10'000))
+        << "the evicted session was never reclaimed";
+  }
+  const int at_reclaim = round_trips.load();
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return round_trips.load() >= at_reclaim + 3; }, 10'000));
+  stop = true;
+  copier.join();
+  ASSERT_FALSE(HasFailure());
+  ASSERT_OK_AND_ASSIGN(DaemonStats after, other->Stats());
+  EXPECT_EQ(after.sessions, 1u);
+  other.reset();
+  // Every slab comes back to the pool once no session holds it.
+  ASSERT_OK_AND_ASSIGN(auto probe, d.Connect("probe"));
+  EXPECT_TRUE(DaemonHarness::Eventually([&] {
+    auto s = probe->Stats();
+    return s.ok() && s->pool_free_bytes == s->pool_bytes;
+  }, 10'000)) << "the evicted session's slabs never came back";
+}
+
+TEST(Handoff, EventsBeyondTheFlagAreaAreHandedOffOnTheHostAndStillWork) {
+  DaemonHarness d;
+  FlagWaitSetup c;
+  ASSERT_OK(c.Open(d.socket_path()));
+  ASSERT_EQ(c.event.flag_index, 0u);
+  ASSERT_OK_AND_ASSIGN(auto unflagged, c.raw.RegisterEvent(0));
+  EXPECT_EQ(unflagged.flag_index, wire::kNoFlag) << "an event nothing is ordered after needs no flag";
+  for (uint32_t i = 1; i < wire::kEventFlags; ++i) {
+    ASSERT_OK_AND_ASSIGN(auto r, c.raw.RegisterEvent(wire::kEventWantsFlag));
+    ASSERT_EQ(r.flag_index, i);
+  }
+  ASSERT_OK_AND_ASSIGN(c.event, c.raw.RegisterEvent(wire::kEventWantsFlag));
+  EXPECT_EQ(c.event.flag_index, wire::kNoFlag) << "flag area full";
+  std::byte* src = c.raw.BufferBytes(c.host);
+  std::byte* dev = c.region.second.data();
+  FillRandom(src, c.kBytes, testing::RandomSeed());
+  Poison(dev, c.kBytes);
+  c.SubmitAfter(3, 9);  // the host backend's events have always happened; the value is not a flag's
+  auto done = c.raw.Next();
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->status, 0);
+  EXPECT_EQ(FirstDifference(dev, src, c.kBytes), -1);
+  // Through libferry: an event past the flag area orders its copies all the same.
+  ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
+  std::vector<SharedEvent> events;
+  for (size_t i = 0; i <= wire::kEventFlags; ++i) {
+    ASSERT_OK_AND_ASSIGN(SharedEvent ev, client->CreateEvent());
+    events.push_back(std::move(ev));
+  }
+  ASSERT_OK_AND_ASSIGN(HostBuffer host, client->AllocateHost(4099));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation mem, client->AllocateDevice(4099));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(mem.data(), mem.size()));
+  for (SharedEvent* ev : {&events.front(), &events.back()}) {
+    ASSERT_OK(ev->Record(nullptr));
+    ASSERT_OK(ev->Record(nullptr));
+    FillRandom(host.data(), host.size(), testing::RandomSeed());
+    Poison(static_cast<std::byte*>(mem.data()), mem.size());
+    ASSERT_OK_AND_ASSIGN(Transfer t, client->Copy(Direction::kHostToDevice, host, 0, region, 0, 4099, {.after = ev}));
+    ASSERT_OK(t.Wait(10s));
+    EXPECT_EQ(FirstDifference(static_cast<std::byte*>(mem.data()), host.data(), 4099), -1);
+  }
+}
+
+TEST(Handoff, AnEventWithUnknownFlagsIsRefused) {
+  DaemonHarness d;
+  RawSession raw;
+  ASSERT_OK(raw.Open(d.socket_path()));
+  EXPECT_EQ(raw.RegisterEvent(2).status().code(), Code::kInvalidArgument);
 }
 
 }  // namespace

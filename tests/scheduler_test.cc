@@ -218,6 +218,35 @@ TEST_F(SchedulerTest, DispatchSharesTheEnginesByClassWeight) {
   EXPECT_EQ(pieces[2], 10);
 }
 
+// A copy after a flagged event goes at once, whole, to its session's lane with the wait as data,
+// and parks there outside the bulk in-flight window: another session's bulk copy still goes.
+TEST_F(SchedulerTest, ACopyWaitingOnAFlagGoesToItsLaneAtOnceAndLeavesTheBulkWindowToOthers) {
+  Start(Chunked(kMiB, kMiB));
+  scheduler_->AddSession(1, 1);
+  scheduler_->AddSession(2, 1);
+  uint32_t flag = 0;
+  CopyRequest waits = Copy(1, 1, 1 * kSessionSpan, 4 * kMiB);
+  waits.wait_flag = &flag;
+  waits.wait_value = 3;
+  scheduler_->Submit(waits);
+  ASSERT_EQ(backend_.submitted.size(), 1u) << "a lane copy is not queued behind the scheduler's windows";
+  const CopyPlan& lane = backend_.submitted[0].plan;
+  EXPECT_EQ(lane.pieces.size(), 4u);  // cut as the policy says, sent whole
+  EXPECT_EQ(lane.wait.flag, &flag);
+  EXPECT_EQ(lane.wait.value, 3u);
+  EXPECT_EQ(lane.wait.session_id, 1u);
+  scheduler_->Submit(Copy(2, 2, 2 * kSessionSpan, kMiB));
+  scheduler_->Dispatch();
+  ASSERT_EQ(backend_.submitted.size(), 2u) << "the parked copy kept another session's bulk copy off the engines";
+  EXPECT_EQ(backend_.submitted[1].plan.wait.flag, nullptr);
+  EXPECT_EQ(SessionOf(backend_.submitted[1]), 2u);
+  backend_.FinishAll();
+  scheduler_->PollBackend();
+  EXPECT_TRUE(scheduler_->idle());
+  ASSERT_EQ(listener_.finished.size(), 2u);
+  for (const auto& f : listener_.finished) EXPECT_TRUE(f.copy.status.ok());
+}
+
 TEST_F(SchedulerTest, AWeightChangedByAPolicySwitchTakesEffect) {
   Start(Chunked(kMiB, kMiB));
   scheduler_->AddSession(1, 1);

@@ -93,7 +93,10 @@ class PausableBackend : public daemon::FaultInjectingBackend {
   }
   void Pause(bool p) { paused_ = p; }
   // While set, no client event has happened: copies "after" one must be held by the daemon.
+  // Events get no flags here, so "after" is the host-polled hand-off (as on a GPU without stream
+  // memory operations) that HoldEvents controls.
   void HoldEvents(bool h) { events_held_ = h; }
+  bool waits_on_flags() const override { return false; }
   Result<bool> EventHappened(daemon::SharedEvent& e) override {
     if (events_held_) return false;
     return daemon::FaultInjectingBackend::EventHappened(e);
