@@ -62,6 +62,7 @@ Status ClientCore::Connect(const ConnectOptions& o) {
   cq_entries_ = r.cq_entries;
   sq_ = wire::SubmissionEntries(ring_.data());
   cq_ = wire::CompletionEntries(ring_.data(), sq_entries_);
+  done_words_ = reinterpret_cast<std::atomic<uint32_t>*>(wire::DoneWords(ring_.data(), sq_entries_, cq_entries_));
   session_id_ = r.session_id;
   slab_bytes_ = r.slab_bytes;
   device_ordinal_ = r.device_ordinal;
@@ -166,6 +167,7 @@ Result<std::shared_ptr<TransferState>> ClientCore::Submit(wire::SubmissionEntry 
       const uint32_t head = hdr_->sq_head.value.load(std::memory_order_acquire);
       if (outstanding_ < sq_entries_ && !wire::RingFull(head, sq_tail_, sq_entries_)) {
         e.user_tag = t->tag = next_tag_++;
+        if (t->watch_done_word) t->done_word = &done_words_[t->tag % wire::kDoneWords];
         t->submit_ns = MonotonicNanos();
         pending_[t->tag] = t;
         ++outstanding_;
@@ -244,7 +246,7 @@ void ClientCore::ReapLocked() {
     }
     t.done = true;
     t.enqueued = true;
-    t.complete_ns = MonotonicNanos();
+    if (t.complete_ns == 0) t.complete_ns = MonotonicNanos();
     if (c.status != 0) {
       int32_t code = c.status;
       Code k = (code > 0 && code <= static_cast<int32_t>(Code::kAborted)) ? static_cast<Code>(code) : Code::kInternal;
@@ -370,7 +372,7 @@ Status ClientCore::Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueu
     // Spinning threads look at the ring without the lock, and take it only when completions
     // arrived: many threads waiting at once (the staged path) must not starve submitters.
     if (!first && hdr_->cq_tail.value.load(std::memory_order_acquire) == reaped_to_.load(std::memory_order_acquire) &&
-        MonotonicNanos() - start < timeout_ns) {
+        !(until_enqueued ? false : DoneByWord(t)) && MonotonicNanos() - start < timeout_ns) {
       const uint64_t now = MonotonicNanos();
       if (now >= sleep_until && now < spin_until) {
         CpuRelax();
@@ -380,7 +382,7 @@ Status ClientCore::Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueu
     {
       std::lock_guard<std::mutex> l(ring_mu_);
       ReapLocked();
-      if (t.done) {
+      if (until_enqueued ? t.done : SeenDoneLocked(t)) {
         if (!until_enqueued && !t.wait_reported) {
           t.wait_reported = true;
           ReportWaitLocked(t.tag, first ? 0 : MonotonicNanos() - start);
@@ -401,10 +403,18 @@ Status ClientCore::Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueu
   }
 }
 
+bool ClientCore::SeenDoneLocked(TransferState& t) {
+  if (t.done) return true;
+  if (!DoneByWord(t)) return false;
+  // Done on the engines; the completion still comes, and releases what the copy holds.
+  if (t.complete_ns == 0) t.complete_ns = MonotonicNanos();
+  return true;
+}
+
 Result<bool> ClientCore::Poll(TransferState& t) {
   std::lock_guard<std::mutex> l(ring_mu_);
   ReapLocked();
-  if (t.done) {
+  if (SeenDoneLocked(t)) {
     if (!t.status.ok()) return t.status;
     return true;
   }

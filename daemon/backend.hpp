@@ -55,9 +55,23 @@ struct CopyPiece {
   bool batchable = true;  // may go to the engines in one batch with others on its stream
 };
 
+// Words of ferryd's memory that a copy stream may write (the done words of a session's flag
+// area), registered with the engines for as long as this lives.
+class HostWords {
+ public:
+  virtual ~HostWords() = default;
+  // The address the engines write `word` at; `word` must lie in the registered range.
+  virtual uint64_t DeviceAddress(const uint32_t* word) const = 0;
+};
+
 struct CopyPlan {
   Direction direction = Direction::kHostToDevice;
   SharedEvent* signal = nullptr;  // optional: recorded once every piece is done
+  // Optional: done_value is written (release) into done_word once every piece is done, through
+  // done_word_device on a GPU; both from a HostWords registration.
+  uint32_t* done_word = nullptr;
+  uint64_t done_word_device = 0;
+  uint32_t done_value = 0;
   std::vector<CopyPiece> pieces;
   uint64_t accepted_ns = 0;  // when ferryd read the request off the ring (for --trace-engine)
 };
@@ -114,6 +128,8 @@ class Backend {
   virtual Result<std::unique_ptr<DeviceRegion>> OpenDeviceRegion(const wire::RegisterDeviceRequest& req,
                                                                  UniqueFd fd) = 0;
   virtual Result<std::unique_ptr<SharedEvent>> OpenEvent(const wire::RegisterEventRequest& req) = 0;
+  // Lets copy streams write [base, base + bytes) (page-aligned): NotSupported where they cannot.
+  virtual Result<std::unique_ptr<HostWords>> RegisterHostWords(std::byte* base, size_t bytes) = 0;
   // Whether the client's last record of `event` has happened. "Start after this event" is
   // resolved here, on the host, before the copy is submitted: a copy stream of ferryd waiting
   // on the GPU for another process's event cost 0.4 ms a hand-off on the H200 (a cross-context
@@ -190,10 +206,19 @@ class FaultInjectingBackend : public Backend {
     return inner_->OpenEvent(r);
   }
   Result<bool> EventHappened(SharedEvent& e) override { return inner_->EventHappened(e); }
+  Result<std::unique_ptr<HostWords>> RegisterHostWords(std::byte* base, size_t bytes) override {
+    return inner_->RegisterHostWords(base, bytes);
+  }
   Result<FenceId> Submit(const CopyPlan& plan) override {
     if (pass_submits_.load() > 0 && pass_submits_.fetch_sub(1) > 0) return inner_->Submit(plan);
     if (fail_submits_.load() > 0 && fail_submits_.fetch_sub(1) > 0) {
       return DeviceError("injected: copy engine refused the copy");
+    }
+    if (fail_completions_.load() > 0 && plan.done_word != nullptr) {
+      // A copy that fails on the device never gets to write its done word.
+      CopyPlan without = plan;
+      without.done_word = nullptr;
+      return inner_->Submit(without);
     }
     return inner_->Submit(plan);
   }

@@ -6,6 +6,7 @@
 // With the engine trace on, each stream's share of a group is bracketed by timing events and its
 // timeline logged when it is seen done (see CopySpan).
 #include <dlfcn.h>
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -62,6 +63,22 @@ class CudaEvent : public SharedEvent {
   cudaEvent_t e_;
 };
 
+// Host words registered with the GPU (mapped), unregistered when destroyed.
+class CudaHostWords : public HostWords {
+ public:
+  CudaHostWords(std::byte* base, uint64_t device) : base_(base), device_(device) {}
+  ~CudaHostWords() override { cudaHostUnregister(base_); }
+  uint64_t DeviceAddress(const uint32_t* word) const override {
+    return device_ + static_cast<uint64_t>(reinterpret_cast<const std::byte*>(word) - base_);
+  }
+
+ private:
+  std::byte* base_;
+  uint64_t device_;
+};
+
+using StreamWriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
 class CudaBackend : public Backend {
  public:
   CudaBackend(int device, uint32_t streams, bool trace) : device_(device), streams_per_dir_(streams), trace_(trace) {}
@@ -91,6 +108,17 @@ class CudaBackend : public Backend {
       }
     }
     if (trace_) FERRY_RETURN_IF_ERROR(StartTrace());
+    // Stream memory operations, from the driver the runtime loaded (ferryd does not link libcuda).
+    cudaDriverEntryPointQueryResult found{};
+    void* fn = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault, &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess) {
+      write_value32_ = reinterpret_cast<StreamWriteValue32>(fn);
+    } else {
+      cudaGetLastError();
+      FERRY_LOG(kInfo) << "the driver offers no cuStreamWriteValue32: clients learn of latency copies' completion "
+                          "from the completion ring only";
+    }
     return Status::Ok();
   }
 
@@ -287,6 +315,19 @@ class CudaBackend : public Backend {
     return std::unique_ptr<SharedEvent>(std::make_unique<CudaEvent>(e));
   }
 
+  Result<std::unique_ptr<HostWords>> RegisterHostWords(std::byte* base, size_t bytes) override {
+    if (write_value32_ == nullptr) return NotSupported("no stream memory operations");
+    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    FERRY_CUDA_RETURN_IF_ERROR(cudaHostRegister(base, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
+    void* device = nullptr;
+    if (const cudaError_t e = cudaHostGetDevicePointer(&device, base, 0); e != cudaSuccess) {
+      cudaHostUnregister(base);
+      cudaGetLastError();
+      return DeviceError(std::string("cudaHostGetDevicePointer of a session's flag area: ") + cudaGetErrorString(e));
+    }
+    return std::unique_ptr<HostWords>(std::make_unique<CudaHostWords>(base, reinterpret_cast<uintptr_t>(device)));
+  }
+
   Result<bool> EventHappened(SharedEvent& e) override {
     const cudaError_t q = cudaEventQuery(static_cast<CudaEvent&>(e).get());
     if (q == cudaErrorNotReady) return false;
@@ -321,6 +362,13 @@ class CudaBackend : public Backend {
       st.sizes.push_back(p.length);
       st.batchable.push_back(p.batchable);
       groups_[cls].staged_mask |= uint64_t{1} << (d * 32 + p.stream);
+    }
+    // A done word follows its copy on the copy's stream (a plan spread over streams gets none:
+    // its completion says when it is done).
+    const bool one_stream = std::all_of(plan.pieces.begin(), plan.pieces.end(),
+                                        [&](const CopyPiece& p) { return p.stream == plan.pieces[0].stream; });
+    if (plan.done_word != nullptr && one_stream && write_value32_ != nullptr) {
+      staged_[d][plan.pieces[0].stream].done_writes.emplace_back(plan.done_word_device, plan.done_value);
     }
     const FenceId id = next_fence_++;
     groups_[cls].fences.push_back(id);
@@ -382,6 +430,13 @@ class CudaBackend : public Backend {
           Status issued;
           if (trace_) issued = TraceStart(g, d, s, st);
           if (issued.ok()) issued = Issue(st, kind, streams_[d][s]);
+          // Default flags: the write waits for the copies before it on the stream, data included.
+          for (const auto& [address, value] : st.done_writes) {
+            if (!issued.ok()) break;
+            const CUresult r = write_value32_(streams_[d][s], address, value, CU_STREAM_WRITE_VALUE_DEFAULT);
+            if (r != CUDA_SUCCESS) issued = DeviceError("cuStreamWriteValue32 of a done word: error " + std::to_string(r));
+          }
+          st.done_writes.clear();
           st.dsts.clear();
           st.srcs.clear();
           st.sizes.clear();
@@ -467,6 +522,7 @@ class CudaBackend : public Backend {
     uint64_t staged_mask = 0;  // while staging: bit d * 32 + s for each stream with staged pieces
   };
   struct StagedCopies {
+    std::vector<std::pair<uint64_t, uint32_t>> done_writes;  // (device address, value), after the copies
     std::vector<void*> dsts;
     std::vector<const void*> srcs;
     std::vector<size_t> sizes;
@@ -547,6 +603,7 @@ class CudaBackend : public Backend {
   }
 
   int device_;
+  StreamWriteValue32 write_value32_ = nullptr;
   uint32_t streams_per_dir_;
   const bool trace_;
   cudaEvent_t trace_origin_ = nullptr;

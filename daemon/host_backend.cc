@@ -1,6 +1,7 @@
 // The host backend: device memory is a client's sealed memfd mapped here, copies are memcpy on
 // one worker thread per (direction, stream). Events are accepted and ignored: with no GPU there
 // is no device work to order against, so "after" is always already satisfied.
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -27,6 +28,12 @@ class HostRegion : public DeviceRegion {
 };
 
 class HostEvent : public SharedEvent {};
+
+// The copy threads write ferryd's own mapping of the words.
+class HostMappedWords : public HostWords {
+ public:
+  uint64_t DeviceAddress(const uint32_t* word) const override { return reinterpret_cast<uintptr_t>(word); }
+};
 
 class HostBackend : public Backend {
  public:
@@ -72,6 +79,10 @@ class HostBackend : public Backend {
     return std::unique_ptr<SharedEvent>(std::make_unique<HostEvent>());
   }
 
+  Result<std::unique_ptr<HostWords>> RegisterHostWords(std::byte*, size_t) override {
+    return std::unique_ptr<HostWords>(std::make_unique<HostMappedWords>());
+  }
+
   Result<FenceId> Submit(const CopyPlan& plan) override {
     if (plan.pieces.empty()) return InvalidArgument("empty copy plan");
     for (const CopyPiece& p : plan.pieces) {
@@ -85,7 +96,7 @@ class HostBackend : public Backend {
     FenceId id = next_fence_++;
     {
       std::lock_guard<std::mutex> l(fence_mu_);
-      remaining_[id] = plan.pieces.size();
+      remaining_[id] = {plan.pieces.size(), plan.done_word, plan.done_value};
     }
     for (const CopyPiece& p : plan.pieces) {
       Worker& w = *workers_[static_cast<size_t>(plan.direction) * streams_ + p.stream];
@@ -169,7 +180,11 @@ class HostBackend : public Backend {
       {
         std::lock_guard<std::mutex> l(fence_mu_);
         auto it = remaining_.find(job.fence);
-        if (--it->second == 0) {
+        if (--it->second.pieces == 0) {
+          // As a GPU writes it: after the data, which the release orders before the word.
+          if (it->second.done_word != nullptr) {
+            std::atomic_ref<uint32_t>(*it->second.done_word).store(it->second.done_value, std::memory_order_release);
+          }
           remaining_.erase(it);
           finished_.push_back(job.fence);
           last = true;
@@ -184,7 +199,12 @@ class HostBackend : public Backend {
   UniqueFd efd_;
   FenceId next_fence_ = 1;
   std::mutex fence_mu_;
-  std::unordered_map<FenceId, size_t> remaining_;  // guarded by fence_mu_
+  struct FenceLeft {
+    size_t pieces;
+    uint32_t* done_word;
+    uint32_t done_value;
+  };
+  std::unordered_map<FenceId, FenceLeft> remaining_;  // guarded by fence_mu_
   std::vector<FenceId> finished_;                  // guarded by fence_mu_
   std::vector<std::unique_ptr<Worker>> workers_;
 };

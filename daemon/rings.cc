@@ -226,6 +226,14 @@ void Rings::HandleSubmission(Session& s, const wire::SubmissionEntry& e, Schedul
   r.region_id = e.region_id;
   r.device = rit->second.region->base() + e.device_offset;
   r.latency_requested = e.priority == static_cast<uint16_t>(wire::Priority::kLatency) && s.klass.latency_allowed;
+  // Ordered after nothing, a latency copy reaches the engines now, behind this session's earlier
+  // ones on its stream, so its tag in the done word means it is done (see wire::kDoneWords).
+  if (r.latency_requested && r.wait == nullptr && s.done_words != nullptr) {
+    const size_t slot = e.user_tag % wire::kDoneWords;
+    r.done_word = &s.done_words[slot];
+    r.done_word_device = s.flag_area->DeviceAddress(r.done_word);
+    r.done_value = static_cast<uint32_t>(e.user_tag);
+  }
   RememberForReports(s, r.id, r.user_tag, r.accepted_ns, r.direction);
   // Held until the copy finishes (OnCopyFinished): the engines use the buffer and the region.
   buf->in_flight++;

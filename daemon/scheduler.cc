@@ -53,6 +53,11 @@ void Scheduler::Submit(const CopyRequest& r) {
   c->signal = r.signal;
   c->policy = policy_.shared();
   c->latency = r.latency_requested && r.bytes <= policy_->latency_max_bytes && backend_.streams_per_direction() > 1;
+  if (c->latency) {
+    c->done_word = r.done_word;
+    c->done_word_device = r.done_word_device;
+    c->done_value = r.done_value;
+  }
   PlanPieces(*c, r.pool_offset, r.device);
   counters_.in_flight++;
   Copy& ref = *c;
@@ -148,7 +153,12 @@ void Scheduler::DispatchNext(SessionQueues* q, Copy& c) {
     bytes += p.length;
   }
   const bool last = end == c.pieces.size();
-  if (last) plan.signal = c.signal;
+  if (last) {
+    plan.signal = c.signal;
+    plan.done_word = c.done_word;
+    plan.done_word_device = c.done_word_device;
+    plan.done_value = c.done_value;
+  }
   c.next = end;
   if (c.first_dispatch_ns == 0) c.first_dispatch_ns = MonotonicNanos();
   auto fence = backend_.Submit(plan);

@@ -41,6 +41,10 @@ struct CopyRequest {
   bool latency_requested = false;  // latency priority, and the session's class allows it
   SharedEvent* wait = nullptr;     // start after this event; owned by the session, which outlives its copies
   SharedEvent* signal = nullptr;   // record this one once the copy is done
+  // Optional, for a latency-class copy: the engines write done_value here once it is done.
+  uint32_t* done_word = nullptr;
+  uint64_t done_word_device = 0;
+  uint32_t done_value = 0;
   uint64_t accepted_ns = 0;        // when it was read off the ring
   // The session's, handed back untouched in FinishedCopy: what it holds for the copy.
   uint64_t buffer_offset = 0;
@@ -126,6 +130,9 @@ class Scheduler {
     std::shared_ptr<const Policy> policy;
     SharedEvent* wait = nullptr;
     SharedEvent* signal = nullptr;
+    uint32_t* done_word = nullptr;  // latency copies only
+    uint64_t done_word_device = 0;
+    uint32_t done_value = 0;
     std::vector<CopyPiece> pieces;  // stream chosen at dispatch
     size_t next = 0;                // first piece not yet dispatched
     uint32_t out = 0;               // fences dispatched and not yet done

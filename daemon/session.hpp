@@ -71,6 +71,10 @@ struct Session {
   wire::CompletionEntry* cq = nullptr;
   uint32_t sq_entries = 0, cq_entries = 0;  // daemon's copies; never read back from shared memory
   uint32_t sq_head = 0, cq_tail = 0;
+  // The ring segment's flag area as the engines see it (declared after `ring`: released before
+  // it is unmapped), and its done words; null where the backend cannot write them.
+  std::unique_ptr<HostWords> flag_area;
+  uint32_t* done_words = nullptr;
   uint32_t staging_generation = 0;  // ours: the client can write the ring's copy
   uint32_t in_flight = 0;
   std::deque<wire::CompletionEntry> backlog;

@@ -258,6 +258,15 @@ void Sessions::HandleHello(Session& s, uint32_t seq, uint16_t version, const wir
                                     " (end one of them, or raise the limit in ferryd's config)"));
   }
   if (Status ring = svc_.rings.Attach(s, config_.ring_entries); !ring.ok()) return refuse(ring);
+  // Done words are a shortcut: where the engines cannot write them, completions alone serve.
+  std::byte* flag_area = s.ring.data() + wire::EventFlagsOffset(s.sq_entries, s.cq_entries);
+  if (auto words = svc_.backend.RegisterHostWords(flag_area, wire::kFlagAreaBytes); words.ok()) {
+    s.flag_area = std::move(*words);
+    s.done_words = wire::DoneWords(s.ring.data(), s.sq_entries, s.cq_entries);
+  } else if (words.status().code() != Code::kNotSupported) {
+    FERRY_LOG(kWarning) << "session " << s.id << ": its done words cannot be registered with the engines ("
+                        << words.status().message() << "); its latency copies complete through the ring only";
+  }
   s.arena = std::make_unique<SessionArena>(svc_.pool, s.id, quota_, s.peer.uid, config_.limits.pool_bytes_per_uid);
   s.klass = svc_.policy->ClassFor(s.name, s.peer.uid);
   if (!svc_.poller.Watch(s.submit_efd.get(), SessionTag(s.id, kDoorbellKind)).ok()) return refuse(Internal("epoll"));

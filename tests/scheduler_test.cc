@@ -31,6 +31,9 @@ class RecordingBackend : public Backend {
   Result<std::unique_ptr<SharedEvent>> OpenEvent(const wire::RegisterEventRequest&) override {
     return NotSupported("recording backend");
   }
+  Result<std::unique_ptr<HostWords>> RegisterHostWords(std::byte*, size_t) override {
+    return NotSupported("recording backend");
+  }
   Result<FenceId> Submit(const CopyPlan& plan) override {
     if (fail_submits > 0) {
       --fail_submits;
