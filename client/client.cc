@@ -162,6 +162,7 @@ Result<Transfer> Client::Copy(Direction direction, const HostBuffer& host, size_
   t->direction = direction == Direction::kHostToDevice ? 0 : 1;
   t->host_keep = host.s_;
   t->region_keep = device.s_;
+  t->watch_done_word = options.priority == Priority::kLatency && options.after == nullptr;
   FERRY_ASSIGN_OR_RETURN(auto st, impl_->core->Submit(e, std::move(t), options.stream_waitable));
   return Transfer(impl_->core, std::move(st));
 }

@@ -64,6 +64,7 @@ Status ClientCore::Connect(const ConnectOptions& o) {
   sq_ = wire::SubmissionEntries(ring_.data());
   cq_ = wire::CompletionEntries(ring_.data(), sq_entries_);
   flags_ = wire::EventFlags(ring_.data(), sq_entries_, cq_entries_);
+  done_words_ = reinterpret_cast<std::atomic<uint32_t>*>(wire::DoneWords(ring_.data(), sq_entries_, cq_entries_));
   session_id_ = r.session_id;
   slab_bytes_ = r.slab_bytes;
   device_ordinal_ = r.device_ordinal;
@@ -197,6 +198,7 @@ Result<std::shared_ptr<TransferState>> ClientCore::Submit(wire::SubmissionEntry 
       // Room for the whole group: its last slot must fit too.
       if (outstanding_ < sq_entries_ && !wire::RingFull(head, sq_tail_ + extra, sq_entries_)) {
         e.user_tag = t->tag = next_tag_++;
+        if (t->watch_done_word) t->done_word = &done_words_[t->tag % wire::kDoneWords];
         t->submit_ns = MonotonicNanos();
         pending_[t->tag] = t;
         ++outstanding_;
@@ -320,7 +322,7 @@ void ClientCore::ReapLocked() {
     }
     t.done = true;
     t.enqueued = true;
-    t.complete_ns = MonotonicNanos();
+    if (t.complete_ns == 0) t.complete_ns = MonotonicNanos();
     if (c.status != 0) {
       int32_t code = c.status;
       Code k = (code > 0 && code <= static_cast<int32_t>(Code::kAborted)) ? static_cast<Code>(code) : Code::kInternal;
@@ -448,7 +450,7 @@ Status ClientCore::Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueu
     // Spinning threads look at the ring without the lock, and take it only when completions
     // arrived: many threads waiting at once (the staged path) must not starve submitters.
     if (!first && hdr_->cq_tail.value.load(std::memory_order_acquire) == reaped_to_.load(std::memory_order_acquire) &&
-        MonotonicNanos() - start < timeout_ns) {
+        !(until_enqueued ? false : DoneByWord(t)) && MonotonicNanos() - start < timeout_ns) {
       const uint64_t now = MonotonicNanos();
       if (now >= sleep_until && now < spin_until) {
         CpuRelax();
@@ -458,7 +460,7 @@ Status ClientCore::Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueu
     {
       std::lock_guard<std::mutex> l(ring_mu_);
       ReapLocked();
-      if (t.done) {
+      if (until_enqueued ? t.done : SeenDoneLocked(t)) {
         if (!until_enqueued && !t.wait_reported) {
           t.wait_reported = true;
           ReportWaitLocked(t.tag, first ? 0 : MonotonicNanos() - start);
@@ -479,10 +481,18 @@ Status ClientCore::Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueu
   }
 }
 
+bool ClientCore::SeenDoneLocked(TransferState& t) {
+  if (t.done) return true;
+  if (!DoneByWord(t)) return false;
+  // Done on the engines; the completion still comes, and releases what the copy holds.
+  if (t.complete_ns == 0) t.complete_ns = MonotonicNanos();
+  return true;
+}
+
 Result<bool> ClientCore::Poll(TransferState& t) {
   std::lock_guard<std::mutex> l(ring_mu_);
   ReapLocked();
-  if (t.done) {
+  if (SeenDoneLocked(t)) {
     if (!t.status.ok()) return t.status;
     return true;
   }

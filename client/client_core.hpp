@@ -73,6 +73,8 @@ struct TransferState {
   bool enqueued = false;
   bool done = false;
   bool wait_reported = false;  // ferryd believes one wait report per copy: the first
+  bool watch_done_word = false;  // a latency copy after nothing: ferryd's engines may write its done word
+  const std::atomic<uint32_t>* done_word = nullptr;  // set at submission when watch_done_word
   Status status;
   uint64_t submit_ns = 0, complete_ns = 0;
   std::shared_ptr<EventState> event;           // completion event, when stream-waitable
@@ -173,6 +175,13 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   StallProbe TakeProbeLocked();
   void RecycleListBufferLocked(std::shared_ptr<HostBufferState> b);
   void Break(const Status& why);
+  // Whether the engines wrote `t`'s tag into its done word: the copy is done, its completion
+  // not necessarily reaped yet. Any thread, no lock.
+  static bool DoneByWord(const TransferState& t) {
+    return t.done_word != nullptr && t.done_word->load(std::memory_order_acquire) == static_cast<uint32_t>(t.tag);
+  }
+  // Caller holds ring_mu_: `t` reads as done (done, or done by its word).
+  bool SeenDoneLocked(TransferState& t);
   void WaitForProgress(uint64_t timeout_ns);
 
   UniqueFd sock_;
@@ -184,6 +193,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   wire::RingHeader* hdr_ = nullptr;
   wire::SubmissionEntry* sq_ = nullptr;
   wire::CompletionEntry* cq_ = nullptr;
+  std::atomic<uint32_t>* done_words_ = nullptr;  // the ring segment's, written by ferryd's engines
   uint32_t sq_entries_ = 0, cq_entries_ = 0;
   UniqueFd submit_efd_, complete_efd_;
   uint32_t* flags_ = nullptr;  // the ring segment's flag area

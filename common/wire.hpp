@@ -333,9 +333,10 @@ inline constexpr uint32_t kDaemonSleeping = 1;       // daemon_state bit: ring t
 inline constexpr uint32_t kClientWaiting = 1;        // client_state bit: ring the completion doorbell
 
 // Layout of the ring segment: RingHeader, then sq_entries SubmissionEntry, then cq_entries
-// CompletionEntry, then (from the next 4 KiB boundary) the event flags: kEventFlags words of
-// 32 bits, one per registered event that has one (RegisterEventReply::flag_index), on pages of
-// their own so that each side can register just them with the GPU. The daemon writes the geometry
+// CompletionEntry, then (from the next 4 KiB boundary) the flag area, on pages of its own so
+// that each side can register just them with the GPU: the event flags, kEventFlags words of 32
+// bits, one per registered event that has one (RegisterEventReply::flag_index), then the done
+// words. The daemon writes the geometry
 // once and keeps its own copy; it never reads the geometry back from shared memory.
 struct RingHeader {
   uint32_t magic;
@@ -355,12 +356,19 @@ static_assert(sizeof(RingHeader) == 512);
 
 inline constexpr size_t kEventFlags = 1024;
 inline constexpr size_t kEventFlagsBytes = kEventFlags * sizeof(uint32_t);
+// After the event flags, the done words: once a latency-class copy without an "after" event is
+// done, ferryd's copy stream writes its user_tag's low 32 bits into word user_tag % kDoneWords
+// (after the copy, fenced behind its data). A client that reads its copy's tag there may take the
+// copy as done before its completion arrives; a word another copy overwrote only means waiting
+// for the completion. ferryd may write no word at all (the completion always comes).
+inline constexpr size_t kDoneWords = 1024;
+inline constexpr size_t kFlagAreaBytes = kEventFlagsBytes + kDoneWords * sizeof(uint32_t);
 constexpr size_t EventFlagsOffset(uint32_t sq_entries, uint32_t cq_entries) {
   const size_t rings = sizeof(RingHeader) + sq_entries * sizeof(SubmissionEntry) + cq_entries * sizeof(CompletionEntry);
   return (rings + 4095) / 4096 * 4096;
 }
 constexpr size_t RingSegmentBytes(uint32_t sq_entries, uint32_t cq_entries) {
-  return EventFlagsOffset(sq_entries, cq_entries) + kEventFlagsBytes;
+  return EventFlagsOffset(sq_entries, cq_entries) + kFlagAreaBytes;
 }
 inline SubmissionEntry* SubmissionEntries(void* seg) {
   return reinterpret_cast<SubmissionEntry*>(static_cast<std::byte*>(seg) + sizeof(RingHeader));
@@ -371,6 +379,9 @@ inline CompletionEntry* CompletionEntries(void* seg, uint32_t sq_entries) {
 }
 inline uint32_t* EventFlags(void* seg, uint32_t sq_entries, uint32_t cq_entries) {
   return reinterpret_cast<uint32_t*>(static_cast<std::byte*>(seg) + EventFlagsOffset(sq_entries, cq_entries));
+}
+inline uint32_t* DoneWords(void* seg, uint32_t sq_entries, uint32_t cq_entries) {
+  return EventFlags(seg, sq_entries, cq_entries) + kEventFlags;
 }
 
 // Ring arithmetic, the same on both sides. Indices run freely (mod 2^32); a ring of a power of

@@ -74,6 +74,10 @@ struct CopyPlan {
   Direction direction = Direction::kHostToDevice;
   SharedEvent* signal = nullptr;  // optional: recorded once every piece is done
   FlagWait wait;                  // optional: on the session's lane, after this flag
+  // Optional: done_value is written (release) into done_word, a word of the session's
+  // registered flag area (RegisterFlags), once every piece is done.
+  uint32_t* done_word = nullptr;
+  uint32_t done_value = 0;
   std::vector<CopyPiece> pieces;
   uint64_t accepted_ns = 0;  // when ferryd read the request off the ring (for --trace-engine)
 };
@@ -142,8 +146,11 @@ class Backend {
   // GPU-side "after": whether plans may wait on a flag (FlagWait). False: ferryd resolves
   // "after" on the host (EventHappened).
   virtual bool waits_on_flags() const { return false; }
-  // A session's flag pages (its ring segment's EventFlags), made visible to the engines before
-  // a plan waits on them; unregistered once none of its plans is on the engines.
+  // Whether plans may ask for a done word (CopyPlan::done_word).
+  virtual bool writes_done_words() const { return false; }
+  // A session's flag area (its ring segment's event flags and done words), made visible to the
+  // engines at the session's hello, where it waits on flags or writes done words; unregistered
+  // once none of its plans is on the engines.
   virtual Status RegisterFlags(std::byte* flags, size_t bytes) {
     (void)flags, (void)bytes;
     return NotSupported("this backend does not wait on flags");
@@ -220,6 +227,7 @@ class FaultInjectingBackend : public Backend {
   }
   Result<bool> EventHappened(SharedEvent& e) override { return inner_->EventHappened(e); }
   bool waits_on_flags() const override { return inner_->waits_on_flags(); }
+  bool writes_done_words() const override { return inner_->writes_done_words(); }
   Status RegisterFlags(std::byte* flags, size_t bytes) override { return inner_->RegisterFlags(flags, bytes); }
   void UnregisterFlags(std::byte* flags) override { inner_->UnregisterFlags(flags); }
   void CloseLanes(uint64_t session_id) override { inner_->CloseLanes(session_id); }
@@ -227,6 +235,12 @@ class FaultInjectingBackend : public Backend {
     if (pass_submits_.load() > 0 && pass_submits_.fetch_sub(1) > 0) return inner_->Submit(plan);
     if (fail_submits_.load() > 0 && fail_submits_.fetch_sub(1) > 0) {
       return DeviceError("injected: copy engine refused the copy");
+    }
+    if (fail_completions_.load() > 0 && plan.done_word != nullptr) {
+      // A copy that fails on the device never gets to write its done word.
+      CopyPlan without = plan;
+      without.done_word = nullptr;
+      return inner_->Submit(without);
     }
     return inner_->Submit(plan);
   }

@@ -143,19 +143,9 @@ void Sessions::HandleRegisterEvent(Session& s, uint32_t seq, const wire::Registe
 
 // GPU-side "after": the event gets a flag word, zeroed, when the backend can wait on flags and
 // one is left; else kNoFlag, and its "after" copies are handed off on the host. The session's
-// flag pages are registered with the backend when its first event gets a flag.
+// flag area was registered with the backend at its hello.
 uint32_t Sessions::AssignEventFlag(Session& s, uint32_t event_id) {
-  if (!svc_.backend.waits_on_flags() || s.next_flag >= wire::kEventFlags || s.flags == nullptr) return wire::kNoFlag;
-  if (!s.flags_registered) {
-    if (Status st = svc_.backend.RegisterFlags(reinterpret_cast<std::byte*>(s.flags), wire::kEventFlagsBytes);
-        !st.ok()) {
-      FERRY_LOG(kWarning) << "session " << s.id << " '" << s.name << "': its event flags cannot be registered ("
-                          << st.ToString() << "); its copies ordered after an event are handed off on the host";
-      s.next_flag = wire::kEventFlags;  // do not try again
-      return wire::kNoFlag;
-    }
-    s.flags_registered = true;
-  }
+  if (!svc_.backend.waits_on_flags() || !s.flags_registered || s.next_flag >= wire::kEventFlags) return wire::kNoFlag;
   const uint32_t index = s.next_flag++;
   std::atomic_ref<uint32_t>(s.flags[index]).store(0, std::memory_order_relaxed);
   s.event_flags[event_id] = Session::EventFlag{index, 0, false};

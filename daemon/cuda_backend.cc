@@ -69,6 +69,7 @@ class CudaEvent : public SharedEvent {
   cudaEvent_t e_;
 };
 
+
 class CudaBackend : public Backend {
  public:
   CudaBackend(int device, uint32_t streams, bool trace) : device_(device), streams_per_dir_(streams), trace_(trace) {}
@@ -350,6 +351,7 @@ class CudaBackend : public Backend {
   }
 
   bool waits_on_flags() const override { return flag_waits_; }
+  bool writes_done_words() const override { return flag_waits_; }
 
   Status RegisterFlags(std::byte* flags, size_t bytes) override {
     if (!flag_waits_) return NotSupported("stream memory operations unusable on this device");
@@ -373,6 +375,16 @@ class CudaBackend : public Backend {
       cudaStreamDestroy(it->second);
       lanes_.erase(it);
     }
+  }
+
+  // Where the engines see a word of a registered flag area; 0 if it lies in none.
+  CUdeviceptr FlagAreaAddress(const uint32_t* word) const {
+    auto page = flag_pages_.upper_bound(reinterpret_cast<std::byte*>(const_cast<uint32_t*>(word)));
+    if (page == flag_pages_.begin()) return 0;
+    --page;
+    const auto offset = reinterpret_cast<const std::byte*>(word) - page->first;
+    if (offset < 0 || static_cast<size_t>(offset) >= wire::kFlagAreaBytes) return 0;
+    return page->second + static_cast<CUdeviceptr>(offset);
   }
 
   // A plan after a flag: on its session's lane, the wait, its copies (one batch) and its fence;
@@ -460,6 +472,13 @@ class CudaBackend : public Backend {
       st.batchable.push_back(p.batchable);
       groups_[cls].staged_mask |= uint64_t{1} << (d * 32 + p.stream);
     }
+    // A done word follows its copy on the copy's stream (a plan spread over streams gets none:
+    // its completion says when it is done).
+    const bool one_stream = std::all_of(plan.pieces.begin(), plan.pieces.end(),
+                                        [&](const CopyPiece& p) { return p.stream == plan.pieces[0].stream; });
+    if (const CUdeviceptr word = plan.done_word != nullptr && one_stream ? FlagAreaAddress(plan.done_word) : 0; word != 0) {
+      staged_[d][plan.pieces[0].stream].done_writes.emplace_back(word, plan.done_value);
+    }
     const FenceId id = next_fence_++;
     groups_[cls].fences.push_back(id);
     if (plan.signal != nullptr) groups_[cls].needs_events = true;
@@ -525,6 +544,13 @@ class CudaBackend : public Backend {
           Status issued;
           if (trace_) issued = TraceStart(g, d, s, st);
           if (issued.ok()) issued = Issue(st, kind, streams_[d][s]);
+          // Default flags: the write waits for the copies before it on the stream, data included.
+          for (const auto& [address, value] : st.done_writes) {
+            if (!issued.ok()) break;
+            const CUresult r = write_value_(streams_[d][s], address, value, CU_STREAM_WRITE_VALUE_DEFAULT);
+            if (r != CUDA_SUCCESS) issued = DeviceError("cuStreamWriteValue32 of a done word: error " + std::to_string(r));
+          }
+          st.done_writes.clear();
           st.dsts.clear();
           st.srcs.clear();
           st.sizes.clear();
@@ -610,6 +636,7 @@ class CudaBackend : public Backend {
     uint64_t staged_mask = 0;  // while staging: bit d * 32 + s for each stream with staged pieces
   };
   struct StagedCopies {
+    std::vector<std::pair<uint64_t, uint32_t>> done_writes;  // (device address, value), after the copies
     std::vector<void*> dsts;
     std::vector<const void*> srcs;
     std::vector<size_t> sizes;
@@ -697,7 +724,7 @@ class CudaBackend : public Backend {
   uint32_t streams_per_dir_;
   bool flag_waits_ = false;  // stream memory operations work (ProbeFlagWaits)
   WaitValue32 wait_value_ = nullptr;
-  WriteValue32 write_value_ = nullptr;                   // the start probe's only
+  WriteValue32 write_value_ = nullptr;                   // the start probe's, and done words
   std::map<std::byte*, CUdeviceptr> flag_pages_;         // sessions' flag pages, by host address
   std::map<uint64_t, cudaStream_t> lanes_;               // by LaneKey
   StagedCopies lane_staged_;

@@ -33,6 +33,7 @@ class HostRegion : public DeviceRegion {
 
 class HostEvent : public SharedEvent {};
 
+
 class HostBackend : public Backend {
  public:
   explicit HostBackend(const HostBackendOptions& o, UniqueFd efd)
@@ -79,6 +80,7 @@ class HostBackend : public Backend {
   }
 
   bool waits_on_flags() const override { return true; }
+  bool writes_done_words() const override { return true; }
   Status RegisterFlags(std::byte*, size_t) override { return Status::Ok(); }  // ferryd's own mapping
   void CloseLanes(uint64_t session_id) override {
     for (int d = 0; d < 2; ++d) {
@@ -103,7 +105,7 @@ class HostBackend : public Backend {
     FenceId id = next_fence_++;
     {
       std::lock_guard<std::mutex> l(fence_mu_);
-      remaining_[id] = plan.pieces.size();
+      remaining_[id] = {plan.pieces.size(), plan.done_word, plan.done_value};
     }
     for (const CopyPiece& p : plan.pieces) {
       Worker& w = *workers_[static_cast<size_t>(plan.direction) * streams_ + p.stream];
@@ -169,7 +171,7 @@ class HostBackend : public Backend {
     const FenceId id = next_fence_++;
     {
       std::lock_guard<std::mutex> l(fence_mu_);
-      remaining_[id] = 1;
+      remaining_[id] = {1, nullptr, 0};
     }
     Lane& lane = *it->second;
     {
@@ -237,7 +239,11 @@ class HostBackend : public Backend {
     {
       std::lock_guard<std::mutex> l(fence_mu_);
       auto it = remaining_.find(fence);
-      if (--it->second == 0) {
+      if (--it->second.pieces == 0) {
+        // As a GPU writes it: after the data, which the release orders before the word.
+        if (it->second.done_word != nullptr) {
+          std::atomic_ref<uint32_t>(*it->second.done_word).store(it->second.done_value, std::memory_order_release);
+        }
         remaining_.erase(it);
         finished_.push_back(fence);
         last = true;
@@ -296,7 +302,12 @@ class HostBackend : public Backend {
   UniqueFd efd_;
   FenceId next_fence_ = 1;
   std::mutex fence_mu_;
-  std::unordered_map<FenceId, size_t> remaining_;  // guarded by fence_mu_
+  struct FenceLeft {
+    size_t pieces;
+    uint32_t* done_word;
+    uint32_t done_value;
+  };
+  std::unordered_map<FenceId, FenceLeft> remaining_;  // guarded by fence_mu_
   std::vector<FenceId> finished_;                  // guarded by fence_mu_
   std::vector<std::unique_ptr<Worker>> workers_;
   std::unordered_map<uint64_t, std::unique_ptr<Lane>> lanes_;  // by LaneKey; event-loop thread only

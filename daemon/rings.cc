@@ -329,6 +329,12 @@ void Rings::Accept(Session& s, CopyTarget& t, Scheduler& scheduler) {
     if (!f->waited || FlagReached(t.wait_value, f->awaited)) f->awaited = t.wait_value;
     f->waited = true;
   }
+  // Ordered after nothing, a latency copy reaches the engines now, behind this session's earlier
+  // ones on its stream, so its tag in the done word means it is done (see wire::kDoneWords).
+  if (r.latency_requested && r.wait == nullptr && r.wait_flag == nullptr && s.done_words != nullptr) {
+    r.done_word = &s.done_words[r.user_tag % wire::kDoneWords];
+    r.done_value = static_cast<uint32_t>(r.user_tag);
+  }
   RememberForReports(s, r.id, r.user_tag, r.accepted_ns, r.direction);
   // Held until the copy finishes (OnCopyFinished): the engines use the buffer and the region.
   t.buffer->in_flight++;

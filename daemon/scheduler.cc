@@ -59,6 +59,10 @@ void Scheduler::Submit(CopyRequest r) {
   c->wait_value = r.wait_value;
   c->policy = policy_.shared();
   c->latency = r.latency_requested && r.bytes <= policy_->latency_max_bytes && backend_.streams_per_direction() > 1;
+  if (c->latency) {
+    c->done_word = r.done_word;
+    c->done_value = r.done_value;
+  }
   c->blocks = r.blocks;
   if (r.blocks != 0) {
     PlanBlockList(*c, r.pool_offset, r.device, r.block_pieces);
@@ -192,7 +196,11 @@ void Scheduler::DispatchNext(SessionQueues* q, Copy& c) {
     bytes += p.length;
   }
   const bool last = end == c.pieces.size();
-  if (last) plan.signal = c.signal;
+  if (last) {
+    plan.signal = c.signal;
+    plan.done_word = c.done_word;
+    plan.done_value = c.done_value;
+  }
   if (c.OnLane()) plan.wait = FlagWait{c.wait_flag, c.wait_value, c.session_id, c.latency};
   c.next = end;
   if (c.first_dispatch_ns == 0) c.first_dispatch_ns = MonotonicNanos();

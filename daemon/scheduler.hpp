@@ -48,6 +48,9 @@ struct CopyRequest {
   uint32_t* wait_flag = nullptr;
   uint32_t wait_value = 0;
   SharedEvent* signal = nullptr;   // record this one once the copy is done
+  // Optional, for a latency-class copy: the engines write done_value here once it is done.
+  uint32_t* done_word = nullptr;
+  uint32_t done_value = 0;
   uint64_t accepted_ns = 0;        // when it was read off the ring
   // The session's, handed back untouched in FinishedCopy: what it holds for the copy.
   uint64_t buffer_offset = 0;
@@ -142,6 +145,8 @@ class Scheduler {
     SharedEvent* signal = nullptr;
     uint32_t* wait_flag = nullptr;  // on its session's lane (see CopyRequest)
     uint32_t wait_value = 0;
+    uint32_t* done_word = nullptr;  // latency copies only
+    uint32_t done_value = 0;
     std::vector<CopyPiece> pieces;  // stream chosen at dispatch
     size_t next = 0;                // first piece not yet dispatched
     // A block list's units: one past each unit's last piece. Empty: each piece is a unit.

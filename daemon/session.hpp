@@ -71,6 +71,7 @@ struct Session {
   wire::CompletionEntry* cq = nullptr;
   uint32_t sq_entries = 0, cq_entries = 0;  // daemon's copies; never read back from shared memory
   uint32_t sq_head = 0, cq_tail = 0;
+  uint32_t* done_words = nullptr;  // in `ring`; null unless the engines write them (flags_registered)
   uint32_t staging_generation = 0;  // ours: the client can write the ring's copy
   uint32_t in_flight = 0;
   std::deque<wire::CompletionEntry> backlog;
@@ -92,9 +93,9 @@ struct Session {
     bool waited = false;
   };
   std::map<uint32_t, EventFlag> event_flags;  // by event id
-  uint32_t* flags = nullptr;                  // the flag area, in `ring`
+  uint32_t* flags = nullptr;                  // the event flags, in `ring`
   uint32_t next_flag = 0;                     // events live as long as the session: no free list
-  bool flags_registered = false;              // with the backend (RegisterFlags)
+  bool flags_registered = false;              // the flag area, with the backend (RegisterFlags)
   ClientClass klass;
 
   // The session's recent copies, by user_tag: bounded (the oldest are forgotten first), each

@@ -258,6 +258,19 @@ void Sessions::HandleHello(Session& s, uint32_t seq, uint16_t version, const wir
                                     " (end one of them, or raise the limit in ferryd's config)"));
   }
   if (Status ring = svc_.rings.Attach(s, config_.ring_entries); !ring.ok()) return refuse(ring);
+  // The flag area goes to the engines now where they wait on event flags or write done words
+  // (microseconds a hello); where it cannot, "after" is handed off on the host and latency copies
+  // complete through the completion ring alone.
+  if (svc_.backend.waits_on_flags() || svc_.backend.writes_done_words()) {
+    if (Status st = svc_.backend.RegisterFlags(reinterpret_cast<std::byte*>(s.flags), wire::kFlagAreaBytes); st.ok()) {
+      s.flags_registered = true;
+      if (svc_.backend.writes_done_words()) s.done_words = wire::DoneWords(s.ring.data(), s.sq_entries, s.cq_entries);
+    } else {
+      FERRY_LOG(kWarning) << "session " << s.id << " '" << s.name << "': its flag area cannot be registered with the "
+                          << "engines (" << st.ToString() << "); its copies after an event are handed off on the host "
+                          << "and its latency copies complete through the ring only";
+    }
+  }
   s.arena = std::make_unique<SessionArena>(svc_.pool, s.id, quota_, s.peer.uid, config_.limits.pool_bytes_per_uid);
   s.klass = svc_.policy->ClassFor(s.name, s.peer.uid);
   if (!svc_.poller.Watch(s.submit_efd.get(), SessionTag(s.id, kDoorbellKind)).ok()) return refuse(Internal("epoll"));

@@ -191,6 +191,49 @@ TEST(Scheduler, ALatencyCopyGoesAheadOfQueuedBulkWork) {
   for (size_t i = 3; i < log.size(); ++i) EXPECT_NE(log[i].stream, 0u) << "bulk never uses the latency stream";
 }
 
+// The engines write a latency copy's tag into its done word after its data: the client may
+// return from the wait then, before ferryd has seen the copy done and posted its completion.
+TEST(Scheduler, ALatencyCopyIsSeenDoneFromItsDoneWordBeforeItsCompletionArrives) {
+  auto inner = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
+  ASSERT_TRUE(inner.ok());
+  auto backend = std::make_unique<PausableBackend>(std::move(*inner));
+  PausableBackend* be = backend.get();
+  DaemonHarness d(DaemonHarness::SmallConfig(), std::move(backend));
+  Fixture f = NewClient(d, "done-word", 1 << 20);
+  ASSERT_OK_AND_ASSIGN(SharedEvent ev, f.client->CreateEvent());
+  ASSERT_OK(ev.Record(nullptr));
+  be->Pause(true);  // the engines run copies; ferryd sees none of them done
+  auto* dev = static_cast<std::byte*>(f.dev.data());
+  for (int round = 0; round < 24; ++round) {  // held completions: within the ring's 64 in flight
+    const size_t at = static_cast<size_t>(round) * 8192;
+    ASSERT_OK_AND_ASSIGN(Transfer up, f.client->Copy(Direction::kHostToDevice, f.host, at, f.region, at, 4096,
+                                                     {.priority = Priority::kLatency}));
+    ASSERT_OK(up.Wait(5s));
+    ASSERT_EQ(testing::FirstDifference(dev + at, f.host.data() + at, 4096), -1) << "round " << round;
+    EXPECT_GT(up.latency().count(), 0);
+    testing::FillRandom(dev + at + 4096, 4096, testing::RandomSeed() + round);
+    testing::Poison(f.host.data() + at + 4096, 4096);
+    ASSERT_OK_AND_ASSIGN(Transfer down, f.client->Copy(Direction::kDeviceToHost, f.host, at + 4096, f.region,
+                                                       at + 4096, 4096, {.priority = Priority::kLatency}));
+    ASSERT_OK(down.Wait(5s));
+    ASSERT_EQ(testing::FirstDifference(f.host.data() + at + 4096, dev + at + 4096, 4096), -1) << "round " << round;
+  }
+  // Neither a bulk copy nor one ordered after an event has a done word: they wait for ferryd.
+  ASSERT_OK_AND_ASSIGN(Transfer bulk, f.client->Copy(Direction::kHostToDevice, f.host, 900 << 10, f.region, 900 << 10, 4096));
+  ASSERT_OK_AND_ASSIGN(Transfer after, f.client->Copy(Direction::kHostToDevice, f.host, 950 << 10, f.region, 950 << 10,
+                                                      4096, {.priority = Priority::kLatency, .after = &ev}));
+  EXPECT_EQ(bulk.Wait(100ms).code(), Code::kTimeout);
+  EXPECT_EQ(after.Wait(1ms).code(), Code::kTimeout);
+  ASSERT_OK_AND_ASSIGN(DaemonStats held, f.client->Stats());
+  be->Pause(false);
+  ASSERT_OK(bulk.Wait(5s));
+  ASSERT_OK(after.Wait(5s));
+  ASSERT_TRUE(DaemonHarness::Eventually([&] {
+    auto now = f.client->Stats();
+    return now.ok() && now->copies_completed == held.copies_completed + 50;
+  })) << "every copy's completion still comes once ferryd sees it done";
+}
+
 TEST(Scheduler, ACopyAfterAnEventIsHeldUntilTheEventHappensWhileOtherCopiesGoAhead) {
   auto inner = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
   ASSERT_TRUE(inner.ok());
