@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "client/spin_wait.hpp"
 #include "common/status_macros.hpp"
@@ -75,6 +76,9 @@ Status ClientCore::Connect(const ConnectOptions& o) {
     device_ = MakeHostClientDevice();
   }
   if (const char* s = std::getenv("FERRY_SPIN_US")) spin_ns_ = std::strtoull(s, nullptr, 10) * 1000;
+  // FERRY_DONE_WORDS=0: wait for latency copies' completions alone (to measure what the done
+  // words save).
+  if (const char* s = std::getenv("FERRY_DONE_WORDS"); s != nullptr && std::string_view(s) == "0") done_words_ = nullptr;
   return Status::Ok();
 }
 
@@ -198,7 +202,7 @@ Result<std::shared_ptr<TransferState>> ClientCore::Submit(wire::SubmissionEntry 
       // Room for the whole group: its last slot must fit too.
       if (outstanding_ < sq_entries_ && !wire::RingFull(head, sq_tail_ + extra, sq_entries_)) {
         e.user_tag = t->tag = next_tag_++;
-        if (t->watch_done_word) t->done_word = &done_words_[t->tag % wire::kDoneWords];
+        if (t->watch_done_word && done_words_ != nullptr) t->done_word = &done_words_[t->tag % wire::kDoneWords];
         t->submit_ns = MonotonicNanos();
         pending_[t->tag] = t;
         ++outstanding_;
@@ -219,6 +223,19 @@ Result<std::shared_ptr<TransferState>> ClientCore::Submit(wire::SubmissionEntry 
     if (MonotonicNanos() > deadline) {
       return ResourceExhausted("submission ring full: " + std::to_string(outstanding_) +
                                " copies in flight for 1 s; wait on some before submitting more");
+    }
+    // Room comes with ferryd's next completions, usually within microseconds while it copies:
+    // spin for them first, as a waiter does, before the doorbell's wake-up (tens of us a time,
+    // paid over and over by a client keeping more copies in flight than its ring holds).
+    const uint32_t seen_head = hdr_->sq_head.value.load(std::memory_order_acquire);
+    for (const uint64_t spin_until = MonotonicNanos() + spin_ns_;
+         hdr_->cq_tail.value.load(std::memory_order_acquire) == reaped_to_.load(std::memory_order_acquire) &&
+         hdr_->sq_head.value.load(std::memory_order_acquire) == seen_head && MonotonicNanos() < spin_until;) {
+      CpuRelax();
+    }
+    if (hdr_->cq_tail.value.load(std::memory_order_acquire) != reaped_to_.load(std::memory_order_acquire) ||
+        hdr_->sq_head.value.load(std::memory_order_acquire) != seen_head) {
+      continue;
     }
     WaitForProgress(1'000'000);
   }

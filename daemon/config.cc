@@ -13,7 +13,7 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
   FERRY_RETURN_IF_ERROR(yamlutil::CheckKeys(
       file, root,
       {"runtime_dir", "socket", "allowed_group", "backend", "device", "pool", "session_quota", "max_sessions",
-       "ring_entries", "spin_us", "spin_max_us", "cpu", "policy", "metrics", "snapshots", "limits"}));
+       "ring_entries", "spin_us", "spin_max_us", "cpu", "policy", "metrics", "snapshots", "limits", "handoff"}));
   using namespace yamlutil;
   if (auto n = root["runtime_dir"]) { FERRY_ASSIGN_OR_RETURN(c.runtime_dir, GetString(file, n)); }
   if (auto n = root["socket"]) { FERRY_ASSIGN_OR_RETURN(c.socket_name, GetString(file, n)); }
@@ -62,6 +62,13 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
     FERRY_ASSIGN_OR_RETURN(c.spin_max_us, GetInt(file, n, 0, 1000000));
   }
   if (auto n = root["cpu"]) { FERRY_ASSIGN_OR_RETURN(c.cpu, GetInt(file, n, -1, 4095)); }
+  if (auto n = root["handoff"]) {
+    FERRY_ASSIGN_OR_RETURN(std::string h, GetString(file, n));
+    if (h != "gpu" && h != "host") {
+      return ErrorAt(file, n, "handoff '" + h + "' unknown (expected gpu or host)");
+    }
+    c.handoff_on_gpu = h == "gpu";
+  }
   if (auto n = root["policy"]) { FERRY_ASSIGN_OR_RETURN(c.policy_path, GetString(file, n)); }
   if (auto m = root["metrics"]) {
     FERRY_RETURN_IF_ERROR(CheckKeys(file, m, {"address"}));

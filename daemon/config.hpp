@@ -55,6 +55,9 @@ struct DaemonConfig {
   std::string snapshot_key;       // the secret key (ferryctl keygen), mode 0600
   uint64_t snapshot_interval_ms = 60000;
   bool trace_engine = false;  // log each copy group's timeline on the copy engines (cuda)
+  // Copies ordered after a client's event: false hands them off on the host (ferryd polls the
+  // event), as before the GPU-side hand-off, for comparing the two.
+  bool handoff_on_gpu = true;
 
   std::string SocketPath() const { return runtime_dir + "/" + socket_name; }
 };

@@ -145,7 +145,10 @@ void Sessions::HandleRegisterEvent(Session& s, uint32_t seq, const wire::Registe
 // one is left; else kNoFlag, and its "after" copies are handed off on the host. The session's
 // flag area was registered with the backend at its hello.
 uint32_t Sessions::AssignEventFlag(Session& s, uint32_t event_id) {
-  if (!svc_.backend.waits_on_flags() || !s.flags_registered || s.next_flag >= wire::kEventFlags) return wire::kNoFlag;
+  if (!config_.handoff_on_gpu || !svc_.backend.waits_on_flags() || !s.flags_registered ||
+      s.next_flag >= wire::kEventFlags) {
+    return wire::kNoFlag;
+  }
   const uint32_t index = s.next_flag++;
   std::atomic_ref<uint32_t>(s.flags[index]).store(0, std::memory_order_relaxed);
   s.event_flags[event_id] = Session::EventFlag{index, 0, false};

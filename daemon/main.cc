@@ -57,6 +57,8 @@ options:
   --metrics-address A  override metrics.address: host:port for /metrics (port 0: any free
                        port, logged); "" turns the exporter off
   --log-level LEVEL    debug | info | warning | error (default info)
+  --handoff WHERE      override handoff: gpu (default: a copy after a client's event waits on the
+                       GPU) or host (ferryd polls the event, then issues the copy)
   --trace-engine       log when each copy was read off the ring, issued, run on the copy engine
                        and seen done (cuda backend; a diagnostic for where a copy's time goes)
   --check-config       check the config and everything ferryd needs that is not the GPU (the
@@ -71,7 +73,7 @@ options:
 int main(int argc, char** argv) {
   using namespace ferry;
   std::string config_path;
-  std::string runtime_dir, backend, pool_size, slab_size, policy, pool_register;
+  std::string runtime_dir, backend, pool_size, slab_size, policy, pool_register, handoff;
   std::optional<std::string> metrics_address;
   bool check_only = false, trace_engine = false;
   // A bad command line exits 2, like a bad configuration.
@@ -98,6 +100,7 @@ int main(int argc, char** argv) {
     else if (a.Is("--pool-size")) ok = value(pool_size);
     else if (a.Is("--slab-size")) ok = value(slab_size);
     else if (a.Is("--pool-register")) ok = value(pool_register);
+    else if (a.Is("--handoff")) ok = value(handoff);
     else if (a.Is("--metrics-address")) {
       ok = value(address);
       metrics_address = address;
@@ -134,6 +137,10 @@ int main(int argc, char** argv) {
     auto choice = daemon::ParseBackendChoice(backend);
     if (!choice.ok()) return usage_error("--backend: " + choice.status().message());
     config.backend = *choice;
+  }
+  if (!handoff.empty()) {
+    if (handoff != "gpu" && handoff != "host") return usage_error("--handoff takes gpu or host (not '" + handoff + "')");
+    config.handoff_on_gpu = handoff == "gpu";
   }
   if (!pool_register.empty()) {
     auto mode = daemon::ParsePoolRegistration(pool_register);
@@ -192,8 +199,10 @@ int main(int argc, char** argv) {
   FERRY_LOG(kInfo) << "ferryd " << kVersionString << ": " << why;
   FERRY_LOG(kInfo) << (*be)->Describe();
   FERRY_LOG(kInfo) << "copies ordered after a client's event: "
-                   << ((*be)->waits_on_flags() ? "handed off on the GPU (a lane per client waits on the event's flag)"
-                                               : "handed off on the host (ferryd polls the event)");
+                   << ((*be)->waits_on_flags() && config.handoff_on_gpu
+                           ? "handed off on the GPU (a lane per client waits on the event's flag)"
+                           : std::string("handed off on the host (ferryd polls the event") +
+                                 (config.handoff_on_gpu ? ")" : ", as handoff: host asks)"));
   std::unique_ptr<daemon::MetricsExporter> metrics;
   if (!config.metrics_address.empty()) {
     auto m = daemon::MetricsExporter::Create(config.metrics_address, {kVersionString, (*be)->device_info()});

@@ -150,6 +150,13 @@ void Scheduler::PlanBlockList(Copy& c, uint64_t pool_offset, std::byte* device, 
     lengths_.push_back(c.bytes);
   } else {
     c.policy->Pieces(c.bytes, lengths_);
+    // At least a unit per bulk stream, where the list has the blocks for it: each stream's engine
+    // takes its unit's batch at once, and small blocks are bound by an engine's work per block,
+    // not by the bus.
+    const uint64_t streams = std::min(c.policy->bulk_streams, kMaxBulkStreams);
+    if (lengths_.size() < streams && pieces.size() >= 2 * streams) {
+      lengths_.assign(streams, (c.bytes + streams - 1) / streams);
+    }
   }
   SplitIntoUnits(pieces, lengths_, c.unit_ends);
   c.pieces.reserve(pieces.size());

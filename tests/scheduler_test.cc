@@ -375,6 +375,31 @@ TEST_F(SchedulerTest, ASwitchedPolicyAppliesToNewCopiesOnly) {
 // A list is one copy to the scheduler, sent in units of the policy's piece size: each unit one
 // plan, its pieces on one bulk stream (one batch on the cuda backend), the units round robin
 // over the streams; one completion, its bytes the sum of the blocks'.
+// A list smaller than one of the policy's pieces still spreads over its bulk streams (two in
+// the default policy): small blocks are bound by each engine's work per block.
+TEST_F(SchedulerTest, ABlockListSmallerThanAPieceGoesAsAUnitPerBulkStream) {
+  Start(Chunked(64 * kMiB));
+  scheduler_->AddSession(1, 1);
+  scheduler_->Submit(List(1, 1, 0, 64, 64 << 10));
+  scheduler_->Dispatch();
+  ASSERT_EQ(backend_.submitted.size(), 2u);
+  EXPECT_NE(backend_.submitted[0].plan.pieces[0].stream, backend_.submitted[1].plan.pieces[0].stream);
+  size_t blocks = 0;
+  for (const auto& sub : backend_.submitted) {
+    EXPECT_EQ(sub.plan.pieces.size(), 32u);
+    for (const CopyPiece& p : sub.plan.pieces) {
+      EXPECT_EQ(p.stream, sub.plan.pieces[0].stream);
+      EXPECT_NE(p.stream, 0u);
+      ++blocks;
+    }
+  }
+  EXPECT_EQ(blocks, 64u);
+  backend_.FinishAll();
+  scheduler_->PollBackend();
+  ASSERT_EQ(listener_.finished.size(), 1u);
+  EXPECT_TRUE(listener_.finished[0].copy.status.ok());
+}
+
 TEST_F(SchedulerTest, ABlockListGoesInUnitsOfThePolicysPieceSizeEachOnOneStream) {
   Start(Chunked(kMiB));
   scheduler_->AddSession(1, 1);
