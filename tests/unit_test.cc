@@ -103,6 +103,21 @@ TEST(Config, PoolRegistrationFollowsWhoMayConnectUnlessSet) {
       << bad.status().message();
 }
 
+// handoff: where copies ordered after a client's event are handed off; gpu unless set.
+TEST(Config, HandoffIsOnTheGpuUnlessSetToTheHost) {
+  auto c = ParseConfig("spin_us: 200\n", "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->handoff_on_gpu);
+  c = ParseConfig("handoff: host\n", "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->handoff_on_gpu);
+  auto bad = ParseConfig("handoff: sometimes\n", "t.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("t.yaml:1:10: handoff 'sometimes' unknown (expected gpu or host)"),
+            std::string::npos)
+      << bad.status().message();
+}
+
 struct BadConfig {
   const char* text;
   const char* message;  // must appear in the error
