@@ -536,6 +536,11 @@ class CudaBackend : public Backend {
       g.by_stream_query = query_stream;
       if (&staging == &groups_[0]) ++latency_out_;
       g.latency = &staging == &groups_[0];
+      // Two passes: every stream's copies first, then (each behind its stream's copies) the done
+      // words, only if every stream of the group issued (a failed group reports its copies failed,
+      // and a copy reported failed must not have said done), then each stream's fence, so that a
+      // fence seen done means its words were written.
+      std::vector<std::pair<int, uint32_t>> issued_streams;
       for (int d = 0; d < 2; ++d) {
         const cudaMemcpyKind kind = d == 0 ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
         for (uint32_t s = 0; s < streams_per_dir_; ++s) {
@@ -544,27 +549,40 @@ class CudaBackend : public Backend {
           Status issued;
           if (trace_) issued = TraceStart(g, d, s, st);
           if (issued.ok()) issued = Issue(st, kind, streams_[d][s]);
-          // Default flags: the write waits for the copies before it on the stream, data included.
-          for (const auto& [address, value] : st.done_writes) {
-            if (!issued.ok()) break;
-            const CUresult r = write_value_(streams_[d][s], address, value, CU_STREAM_WRITE_VALUE_DEFAULT);
-            if (r != CUDA_SUCCESS) issued = DeviceError("cuStreamWriteValue32 of a done word: error " + std::to_string(r));
-          }
-          st.done_writes.clear();
           st.dsts.clear();
           st.srcs.clear();
           st.sizes.clear();
           st.batchable.clear();
-          if (issued.ok() && query_stream) {
-            g.streams.push_back(streams_[d][s]);
-          } else if (issued.ok()) {
-            auto e = TakeEvent();
-            issued = e.ok() ? CudaStatus(cudaEventRecord(*e, streams_[d][s]), "fence") : e.status();
-            if (e.ok()) g.events.push_back(*e);
-            g.streams.push_back(streams_[d][s]);
-          }
+          if (issued.ok()) issued_streams.emplace_back(d, s);
           if (!issued.ok() && g.status.ok()) g.status = issued;
         }
+      }
+      for (const auto [d, s] : issued_streams) {
+        StagedCopies& st = staged_[d][s];
+        Status issued;
+        // Default flags: the write waits for the copies before it on the stream, data included.
+        for (const auto& [address, value] : st.done_writes) {
+          if (!g.status.ok() || !issued.ok()) break;
+          const CUresult r = write_value_(streams_[d][s], address, value, CU_STREAM_WRITE_VALUE_DEFAULT);
+          if (r != CUDA_SUCCESS) issued = DeviceError("cuStreamWriteValue32 of a done word: error " + std::to_string(r));
+        }
+        if (issued.ok() && query_stream) {
+          g.streams.push_back(streams_[d][s]);
+        } else if (issued.ok()) {
+          auto e = TakeEvent();
+          issued = e.ok() ? CudaStatus(cudaEventRecord(*e, streams_[d][s]), "fence") : e.status();
+          if (issued.ok()) {
+            for (CopySpan& sp : g.spans) {
+              if (sp.direction == d && sp.stream == s) sp.fence = g.events.size();
+            }
+          }
+          if (e.ok()) g.events.push_back(*e);
+          g.streams.push_back(streams_[d][s]);
+        }
+        if (!issued.ok() && g.status.ok()) g.status = issued;
+      }
+      for (int d = 0; d < 2; ++d) {
+        for (uint32_t s = 0; s < streams_per_dir_; ++s) staged_[d][s].done_writes.clear();
       }
       g.bulk = bulk;
       pending_.push_back(std::move(g));
@@ -651,7 +669,7 @@ class CudaBackend : public Backend {
     }
     uint64_t bytes = 0;
     for (size_t n : st.sizes) bytes += n;
-    g.spans.push_back(CopySpan{d, s, bytes, MonotonicNanos(), start, g.events.size()});
+    g.spans.push_back(CopySpan{d, s, bytes, MonotonicNanos(), start, SIZE_MAX});  // fence: set once recorded
     return Status::Ok();
   }
 
