@@ -476,7 +476,7 @@ class Server::Impl {
   void ReapDead() {
     for (auto it = session_map_.begin(); it != session_map_.end();) {
       Session& s = *it->second;
-      if (s.dead && s.in_flight != 0 && !s.event_flags.empty()) Rings::ReleaseFlagWaits(s);
+      if (s.dead && !s.lane_waits.empty()) Rings::ReleaseFlagWaits(s);
       if (s.dead && s.in_flight == 0) {
         if (s.flags_registered) backend_->UnregisterFlags(reinterpret_cast<std::byte*>(s.flags));
         backend_->CloseLanes(s.id);
