@@ -854,6 +854,28 @@ TEST(Handoff, AClientEndingWithWaitsSpreadAroundTheCounterIsReclaimed) {
   }
 }
 
+// ferryd stopping lets its sessions' lane waits go too, each of them, and waits for those copies
+// (they use the sessions' memory) before it lets go of the sessions.
+TEST(Handoff, AStoppingFerrydLetsEveryLaneWaitGoBeforeItEndsTheSessions) {
+  DaemonHarness d;
+  FlagWaitSetup c;
+  ASSERT_OK(c.Open(d.socket_path()));
+  std::byte* src = c.raw.BufferBytes(c.host);
+  std::byte* dev = c.region.second.data();
+  const uint64_t seed = testing::RandomSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  FillRandom(src, c.kBytes, seed);
+  Poison(dev, c.kBytes);
+  // Records 1 and 2 the client never makes: two waits on one flag, as an honest client's are.
+  c.SubmitAfter(1, 1);
+  c.SubmitAfter(2, 2);
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().in_flight.load() == 2; }));
+  d.Stop();
+  EXPECT_EQ(d.counters().in_flight.load(), 0u) << "ferryd stopped with copies waiting on a session's flag";
+  EXPECT_EQ(d.counters().copies_completed.load(), 2u);
+  EXPECT_EQ(FirstDifference(dev, src, c.kBytes), -1);
+}
+
 TEST(Handoff, EventsBeyondTheFlagAreaAreHandedOffOnTheHostAndStillWork) {
   DaemonHarness d;
   FlagWaitSetup c;
