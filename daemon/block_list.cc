@@ -5,6 +5,8 @@
 #include <string>
 #include <unordered_set>
 
+#include "common/status_macros.hpp"
+
 namespace ferry::daemon {
 namespace {
 
@@ -126,18 +128,30 @@ Result<BlockListPlan> PlanBlockList(const wire::BlockListEntry& e, std::span<con
   plan.pieces.reserve(n);  // pages a list coalesces into fewer pieces are never touched
   std::vector<uint32_t> dst(n);
   uint32_t max_dst = 0;
+  // The error of the first block (in list order) that repeats a destination among dst[0, blocks).
+  auto repeat_among = [&](size_t blocks) -> Status {
+    uint32_t earlier = 0;
+    const int64_t i = FirstRepeatedDestination(std::span<const uint32_t>(dst).first(blocks), max_dst, &earlier);
+    if (i < 0) return Status::Ok();
+    return InvalidArgument("block " + Num(static_cast<uint64_t>(i)) + ": destination block " +
+                           Num(dst[static_cast<size_t>(i)]) + " is block " + Num(earlier) +
+                           "'s destination too (blocks may not overlap)");
+  };
+  // Block i is bad: named, unless an earlier block repeated a destination (the first bad one).
+  auto refuse = [&](uint32_t i, std::string why) -> Status {
+    FERRY_RETURN_IF_ERROR(repeat_among(i));
+    return InvalidArgument(std::move(why));
+  };
   for (uint32_t i = 0; i < n; ++i) {
     const uint32_t src = word(i);
     dst[i] = word(size_t{n} + i);
     const uint64_t len = has_lengths ? word(2 * size_t{n} + i) : bb;
-    if (len == 0 || len > bb) {
-      return InvalidArgument("block " + Num(i) + ": length " + Num(len) + " is not in 1.." + Num(bb));
-    }
+    if (len == 0 || len > bb) return refuse(i, "block " + Num(i) + ": length " + Num(len) + " is not in 1.." + Num(bb));
     if (!BlockInside(src, len, bb, src_bytes)) {
-      return InvalidArgument(BlockOutside(i, "source", src, len, bb, src_name, src_bytes));
+      return refuse(i, BlockOutside(i, "source", src, len, bb, src_name, src_bytes));
     }
     if (!BlockInside(dst[i], len, bb, dst_bytes)) {
-      return InvalidArgument(BlockOutside(i, "destination", dst[i], len, bb, dst_name, dst_bytes));
+      return refuse(i, BlockOutside(i, "destination", dst[i], len, bb, dst_name, dst_bytes));
     }
     max_dst = std::max(max_dst, dst[i]);
     // Both offsets fit: each block lies inside its region, whose size is a uint64_t.
@@ -146,12 +160,7 @@ Result<BlockListPlan> PlanBlockList(const wire::BlockListEntry& e, std::span<con
     Append(plan.pieces, regions.host_to_device ? src_off : dst_off, regions.host_to_device ? dst_off : src_off, len);
     plan.bytes += len;
   }
-  uint32_t earlier = 0;
-  if (const int64_t i = FirstRepeatedDestination(dst, max_dst, &earlier); i >= 0) {
-    return InvalidArgument("block " + Num(static_cast<uint64_t>(i)) + ": destination block " +
-                           Num(dst[static_cast<size_t>(i)]) + " is block " + Num(earlier) +
-                           "'s destination too (blocks may not overlap)");
-  }
+  FERRY_RETURN_IF_ERROR(repeat_among(n));
   return plan;
 }
 

@@ -151,7 +151,7 @@ uint32_t Sessions::AssignEventFlag(Session& s, uint32_t event_id) {
   }
   const uint32_t index = s.next_flag++;
   std::atomic_ref<uint32_t>(s.flags[index]).store(0, std::memory_order_relaxed);
-  s.event_flags[event_id] = Session::EventFlag{index, 0, false};
+  s.event_flags[event_id] = Session::EventFlag{index};
   return index;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bitset>
 #include <cstring>
 #include <memory>
 
@@ -326,8 +327,7 @@ void Rings::Accept(Session& s, CopyTarget& t, Scheduler& scheduler) {
   if (Session::EventFlag* f = t.wait_flag; f != nullptr) {
     r.wait_flag = s.flags + f->index;
     r.wait_value = t.wait_value;
-    if (!f->waited || FlagReached(t.wait_value, f->awaited)) f->awaited = t.wait_value;
-    f->waited = true;
+    s.lane_waits.emplace(r.id, Session::LaneWait{f->index, t.wait_value});
   }
   // Ordered after nothing, a latency copy reaches the engines now, behind this session's earlier
   // ones on its stream, so its tag in the done word means it is done (see wire::kDoneWords).
@@ -355,6 +355,7 @@ void Rings::OnCopyFinished(const FinishedCopy& c) {
   if (sit == sessions_.end()) return;
   Session& s = *sit->second;
   s.in_flight--;
+  s.lane_waits.erase(c.id);
   s.arena->CopyDone(c.buffer_offset);
   auto rit = s.regions.find(c.region_id);
   if (rit != s.regions.end() && --rit->second.in_flight == 0 && rit->second.unregistering) s.regions.erase(rit);
@@ -379,11 +380,16 @@ void Rings::OnCopyFinished(const FinishedCopy& c) {
 }
 
 // Whatever the client wrote (or never wrote) into its flags, the lanes' waits go: a session that
-// ended with copies waiting must drain. Written again on every reap pass until they have, as a
-// client still running could write its flags back.
+// ended with copies waiting must drain. Each flag gets the value of its oldest wait: the
+// session's oldest wait heads its lane, so it goes, and once it is done the next pass lets the
+// next one go (one value for all of a flag's waits could satisfy none of some). Written again on
+// every reap pass until they have, as a client still running could write its flags back.
 void Rings::ReleaseFlagWaits(Session& s) {
-  for (auto& [id, f] : s.event_flags) {
-    if (f.waited) std::atomic_ref<uint32_t>(s.flags[f.index]).store(f.awaited, std::memory_order_release);
+  std::bitset<wire::kEventFlags> written;
+  for (const auto& [copy_id, w] : s.lane_waits) {
+    if (written.test(w.index)) continue;
+    written.set(w.index);
+    std::atomic_ref<uint32_t>(s.flags[w.index]).store(w.value, std::memory_order_release);
   }
 }
 

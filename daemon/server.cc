@@ -476,7 +476,7 @@ class Server::Impl {
   void ReapDead() {
     for (auto it = session_map_.begin(); it != session_map_.end();) {
       Session& s = *it->second;
-      if (s.dead && s.in_flight != 0 && !s.event_flags.empty()) Rings::ReleaseFlagWaits(s);
+      if (s.dead && !s.lane_waits.empty()) Rings::ReleaseFlagWaits(s);
       if (s.dead && s.in_flight == 0) {
         if (s.flags_registered) backend_->UnregisterFlags(reinterpret_cast<std::byte*>(s.flags));
         backend_->CloseLanes(s.id);
@@ -555,11 +555,17 @@ class Server::Impl {
     for (auto& [id, s] : session_map_) sessions_->End(*s, "ferryd is stopping");
     const uint64_t deadline = MonotonicNanos() + 10'000'000'000ull;
     while (scheduler_->fences_out() != 0 && MonotonicNanos() < deadline) {
+      // Lane waits are let go one at a time per flag (ReleaseFlagWaits), as copies finish.
+      for (auto& [id, s] : session_map_) {
+        if (!s->lane_waits.empty()) Rings::ReleaseFlagWaits(*s);
+      }
       if (backend_->completion_fd() >= 0) WaitReadable(backend_->completion_fd(), 10).ok();
       backend_->Flush();
       scheduler_->PollBackend();
     }
     ReapDead();
+    // Past the deadline a lane may still wait on a flag in a session's ring: it goes first.
+    for (auto& [id, s] : session_map_) backend_->CloseLanes(id);
     session_map_.clear();
   }
 

@@ -89,10 +89,16 @@ struct Session {
   // waits go when the session ends (ReleaseFlagWaits).
   struct EventFlag {
     uint32_t index = 0;
-    uint32_t awaited = 0;  // the highest value (cyclically) a copy of the session waited for
-    bool waited = false;
   };
   std::map<uint32_t, EventFlag> event_flags;  // by event id
+  // The session's copies on its lanes, by copy id (the order they went to the lanes): the flag
+  // each waits on and the value it waits for. The values are the client's: no one value need
+  // satisfy every wait on a flag (cyclically, two half the counter apart never are both met).
+  struct LaneWait {
+    uint32_t index = 0;
+    uint32_t value = 0;
+  };
+  std::map<uint64_t, LaneWait> lane_waits;
   uint32_t* flags = nullptr;                  // the event flags, in `ring`
   uint32_t next_flag = 0;                     // events live as long as the session: no free list
   bool flags_registered = false;              // the flag area, with the backend (RegisterFlags)

@@ -167,6 +167,24 @@ TEST(BlockListDecoder, TwoBlocksWithOneDestinationAreRefused) {
   EXPECT_TRUE(Plan(sparse_ok, 1, 1 << 20, UINT64_MAX).ok());
 }
 
+TEST(BlockListDecoder, TheFirstBadBlockIsNamedWhateverIsWrongWithIt) {
+  // Block 1 repeats block 0's destination; block 3 is bad in its own way: block 1 is named.
+  List outside{{0, 1, 2, 3}, {7, 7, 9, 9000}, {}};
+  EXPECT_EQ(Error(Plan(outside, 4096, 1 << 20, 1 << 20)),
+            "block 1: destination block 7 is block 0's destination too (blocks may not overlap)");
+  List source{{0, 1, 2, 5000}, {7, 7, 9, 10}, {}};
+  EXPECT_EQ(Error(Plan(source, 4096, 1 << 20, 1 << 20)),
+            "block 1: destination block 7 is block 0's destination too (blocks may not overlap)");
+  List length{{0, 1, 2, 3}, {7, 8, 7, 10}, {4096, 4096, 4096, 0}};
+  EXPECT_EQ(Error(Plan(length, 4096, 1 << 20, 1 << 20)),
+            "block 2: destination block 7 is block 0's destination too (blocks may not overlap)");
+  // A bad block before the repeat is named itself.
+  List first{{0, 1, 2, 3}, {9000, 7, 7, 10}, {}};
+  EXPECT_EQ(Error(Plan(first, 4096, 1 << 20, 1 << 20)),
+            "block 0: destination block 9000 (offset 36864000, 4096 bytes) is outside the device region (1048576 "
+            "bytes)");
+}
+
 TEST(BlockListDecoder, ConsecutiveFullBlocksBecomeOnePiece) {
   // Runs 0-2 -> 10-12 and 5-6 -> 3-4 are contiguous on both sides; 3 -> 20 breaks the first run
   // on the destination side, and a short block ends a run.

@@ -818,6 +818,64 @@ TEST(Handoff, AClientEvictedWithACopyWaitingOnItsFlagIsReclaimedWhileAnotherKeep
   }, 10'000)) << "the evicted session's slabs never came back";
 }
 
+// The values a client's copies wait for are its own to choose: waits on one flag half the
+// counter apart (no single value satisfies both, cyclically), or spread around it, must still all
+// be let go when the session ends, or its lane never drains and the session is never reclaimed.
+TEST(Handoff, AClientEndingWithWaitsSpreadAroundTheCounterIsReclaimed) {
+  const std::vector<std::vector<uint32_t>> spreads = {{1, 0x80000001u}, {1, 0x60000001u, 0xc0000001u}};
+  for (const auto& values : spreads) {
+    SCOPED_TRACE("wait values " + ::testing::PrintToString(values));
+    DaemonHarness d;
+    auto dying = std::make_unique<FlagWaitSetup>();
+    ASSERT_OK(dying->Open(d.socket_path()));
+    std::byte* src = dying->raw.BufferBytes(dying->host);
+    std::byte* dev = dying->region.second.data();
+    const uint64_t seed = testing::RandomSeed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    FillRandom(src, dying->kBytes, seed);
+    Poison(dev, dying->kBytes);
+    for (size_t i = 0; i < values.size(); ++i) dying->SubmitAfter(i + 1, values[i]);
+    ASSERT_TRUE(DaemonHarness::Eventually([&] { return dying->raw.header()->sq_head.value.load() == values.size(); }));
+    ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().in_flight.load() == values.size(); }));
+    dying->raw.header()->sq_tail.value.store(0x7fffffff);
+    dying->raw.Kick();
+    EXPECT_TRUE(dying->raw.DaemonHungUp());
+    EXPECT_TRUE(DaemonHarness::Eventually([&] { return d.counters().sessions.load() == 0; }, 10'000))
+        << "the session's lane never drained: it was never reclaimed";
+    EXPECT_EQ(d.counters().in_flight.load(), 0u);
+    // Its waits were let go, not dropped: the copies ran, every byte.
+    EXPECT_EQ(FirstDifference(dev, src, dying->kBytes), -1);
+    dying.reset();  // its slabs stay quarantined while mapped here
+    ASSERT_OK_AND_ASSIGN(auto probe, d.Connect("probe"));
+    EXPECT_TRUE(DaemonHarness::Eventually([&] {
+      auto s = probe->Stats();
+      return s.ok() && s->pool_free_bytes == s->pool_bytes;
+    }, 10'000)) << "the ended session's slabs never came back";
+  }
+}
+
+// ferryd stopping lets its sessions' lane waits go too, each of them, and waits for those copies
+// (they use the sessions' memory) before it lets go of the sessions.
+TEST(Handoff, AStoppingFerrydLetsEveryLaneWaitGoBeforeItEndsTheSessions) {
+  DaemonHarness d;
+  FlagWaitSetup c;
+  ASSERT_OK(c.Open(d.socket_path()));
+  std::byte* src = c.raw.BufferBytes(c.host);
+  std::byte* dev = c.region.second.data();
+  const uint64_t seed = testing::RandomSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  FillRandom(src, c.kBytes, seed);
+  Poison(dev, c.kBytes);
+  // Records 1 and 2 the client never makes: two waits on one flag, as an honest client's are.
+  c.SubmitAfter(1, 1);
+  c.SubmitAfter(2, 2);
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().in_flight.load() == 2; }));
+  d.Stop();
+  EXPECT_EQ(d.counters().in_flight.load(), 0u) << "ferryd stopped with copies waiting on a session's flag";
+  EXPECT_EQ(d.counters().copies_completed.load(), 2u);
+  EXPECT_EQ(FirstDifference(dev, src, c.kBytes), -1);
+}
+
 TEST(Handoff, EventsBeyondTheFlagAreaAreHandedOffOnTheHostAndStillWork) {
   DaemonHarness d;
   FlagWaitSetup c;
