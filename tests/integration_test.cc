@@ -484,6 +484,58 @@ TEST(Daemon, WaitReportsAreBelievedOnlyForARealCopyOnceAndNoLongerThanItExisted)
   EXPECT_EQ(seen.refused, 103);
 }
 
+// Where the stream wait is a host wait, the caller is blocked for the whole call: ferryd hears one
+// report for the batch, against its newest copy, as long as the call from its start to the last
+// copy's completion. One report per copy left the time between the copies' waits unreported.
+TEST(Daemon, AHostStreamWaitIsReportedOnceForTheWholeBatchAndTheWholeCall) {
+  RecordingObserver seen;
+  auto inner = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
+  ASSERT_TRUE(inner.ok());
+  auto backend = std::make_unique<testing::PausableBackend>(std::move(*inner));
+  testing::PausableBackend* be = backend.get();
+  DaemonHarness d(DaemonHarness::SmallConfig(), std::move(backend), DaemonHarness::SmallChunks(), &seen);
+  ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
+  constexpr size_t kPiece = 64 << 10, kCount = 3;
+  ASSERT_OK_AND_ASSIGN(HostBuffer src, client->AllocateHost(kPiece * kCount));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(kPiece * kCount));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  FillRandom(src.data(), src.size(), testing::RandomSeed());
+  Poison(static_cast<std::byte*>(dev.data()), dev.size());
+  be->Pause(true);  // the engines hold every completion until released below
+  std::vector<Transfer> ts;
+  for (size_t i = 0; i < kCount; ++i) {
+    ASSERT_OK_AND_ASSIGN(Transfer t, client->Copy(Direction::kHostToDevice, src, i * kPiece, region, i * kPiece, kPiece,
+                                                  {.stream_waitable = true}));
+    ts.push_back(std::move(t));
+  }
+  std::atomic<uint64_t> call_start{0};
+  uint64_t call_ns = 0;
+  Status waited;
+  std::thread waiter([&] {
+    const uint64_t t0 = MonotonicNanos();
+    call_start.store(t0);
+    waited = client->StreamWait(ts, nullptr);
+    call_ns = MonotonicNanos() - t0;
+  });
+  // Held for 20 ms of the call at least, so the report has a length to check.
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return call_start.load() != 0; }, 10000));
+  while (MonotonicNanos() < call_start.load() + 20'000'000) std::this_thread::sleep_for(1ms);
+  const uint64_t held_ns = MonotonicNanos() - call_start.load();
+  be->Pause(false);
+  waiter.join();
+  ASSERT_OK(waited);
+  EXPECT_EQ(FirstDifference(static_cast<std::byte*>(dev.data()), src.data(), src.size()), -1);
+  // A copy's completion after the report: ferryd has read the ring up to it.
+  ASSERT_OK_AND_ASSIGN(Transfer probe, client->Copy(Direction::kDeviceToHost, src, 0, region, 0, 4096));
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return probe.Poll().ok() && *probe.Poll(); }, 10000));
+  EXPECT_EQ(d.counters().wait_reports_accepted.load(), 1u);
+  std::lock_guard<std::mutex> l(seen.mu);
+  EXPECT_EQ(seen.refused, 0);
+  ASSERT_EQ(seen.exposed.size(), 1u);
+  EXPECT_GE(seen.exposed[0], static_cast<double>(held_ns) * 1e-9);
+  EXPECT_LE(seen.exposed[0], static_cast<double>(call_ns) * 1e-9);
+}
+
 TEST(Daemon, RejectsSubmissionsThatPointOutsideTheSessionsOwnMemory) {
   DaemonHarness d;
   RawSession raw;
