@@ -518,21 +518,17 @@ TEST(Daemon, AHostStreamWaitIsReportedOnceForTheWholeBatchAndTheWholeCall) {
                                                   {.stream_waitable = true}));
     ts.push_back(std::move(t));
   }
+  // Released 20 ms into the call (a hold, not a synchronization: what is checked holds whenever
+  // the release comes), so the report has a length to check.
   std::atomic<uint64_t> call_start{0};
-  uint64_t call_ns = 0;
-  Status waited;
-  std::thread waiter([&] {
-    const uint64_t t0 = MonotonicNanos();
-    call_start.store(t0);
-    waited = client->StreamWait(ts, nullptr);
-    call_ns = MonotonicNanos() - t0;
+  std::thread releaser([&] {
+    while (call_start.load() == 0 || MonotonicNanos() < call_start.load() + 20'000'000) std::this_thread::sleep_for(1ms);
+    be->Pause(false);
   });
-  // Held for 20 ms of the call at least, so the report has a length to check.
-  ASSERT_TRUE(DaemonHarness::Eventually([&] { return call_start.load() != 0; }, 10000));
-  while (MonotonicNanos() < call_start.load() + 20'000'000) std::this_thread::sleep_for(1ms);
-  const uint64_t held_ns = MonotonicNanos() - call_start.load();
-  be->Pause(false);
-  waiter.join();
+  call_start.store(MonotonicNanos());
+  const Status waited = client->StreamWait(ts, nullptr);
+  const uint64_t call_ns = MonotonicNanos() - call_start.load();
+  releaser.join();
   ASSERT_OK(waited);
   EXPECT_EQ(FirstDifference(static_cast<std::byte*>(dev.data()), src.data(), src.size()), -1);
   // A copy's completion after the report: ferryd has read the ring up to it.
@@ -542,7 +538,9 @@ TEST(Daemon, AHostStreamWaitIsReportedOnceForTheWholeBatchAndTheWholeCall) {
   std::lock_guard<std::mutex> l(seen.mu);
   EXPECT_EQ(seen.refused, 0);
   ASSERT_EQ(seen.exposed.size(), 1u);
-  EXPECT_GE(seen.exposed[0], static_cast<double>(held_ns) * 1e-9);
+  // From the call's start (a few instructions after call_start) to the batch's end, which came
+  // after the release: 20 ms at least, less whatever preempted those few instructions.
+  EXPECT_GE(seen.exposed[0], 0.010);
   EXPECT_LE(seen.exposed[0], static_cast<double>(call_ns) * 1e-9);
 }
 
