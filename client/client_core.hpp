@@ -167,6 +167,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     uint64_t tag = 0;
   };
   static constexpr size_t kMaxStallProbes = 256;  // beyond this many unread, waits go unmeasured
+  // StreamWait where the stream is the calling thread: a host wait of the batch, one report.
+  Status HostStreamWait(std::span<TransferState* const> batch);
 
   // The methods named *Locked are called with ring_mu_ held.
   void ReportWaitLocked(uint64_t tag, uint64_t blocked_ns);

@@ -1,7 +1,12 @@
 // The host backend's device: "device memory" is a sealed memfd this process maps and shares
 // with ferryd; events are placeholders (there is no device work to order against), and an
 // event's flag is written when it is recorded, there being no stream to wait for.
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <climits>
 #include <map>
 #include <mutex>
 
@@ -60,6 +65,8 @@ class HostClientDevice : public ClientDevice {
   void UnmapFlags(void*) override {}
   Status WriteFlag(void*, uint32_t* flag, uint32_t value) override {
     std::atomic_ref<uint32_t>(*flag).store(value, std::memory_order_release);
+    // ferryd's lane for a copy after this event may be asleep on the word (a shared futex).
+    ::syscall(SYS_futex, flag, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
     return Status::Ok();
   }
 

@@ -2,7 +2,12 @@
 // one worker thread per (direction, stream). Events are accepted and ignored: with no GPU there
 // is no device work to order against, so "after" an event without a flag is always satisfied.
 // "After" a flag is simulated as on the GPU: a lane per (session, direction), a thread that
-// waits for the flag (a short spin, then sleeps that grow to a millisecond) and then copies.
+// waits for the flag (a short spin, then asleep on the flag word, which the client's host device
+// wakes when it writes it) and then copies.
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -217,13 +222,17 @@ class HostBackend : public Backend {
     while (std::chrono::steady_clock::now() < spin_until) {
       if (reached()) return true;
     }
-    auto nap = std::chrono::microseconds(10);
-    while (!reached()) {
+    // Asleep on the flag word itself (the ring segment is shared memory, so the futex is too):
+    // the client's write wakes the lane at once. Naps that grew to 1 ms held a copy up to 1 ms
+    // past its flag. The timeout bounds how late a stop, or a writer that does not wake (ferryd
+    // letting a dead session's waits go), is seen.
+    for (;;) {
+      const uint32_t seen = flag.load(std::memory_order_acquire);
+      if (FlagReached(seen, w.value)) return true;
       if (lane.stop.load(std::memory_order_relaxed)) return false;
-      std::this_thread::sleep_for(nap);
-      nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(1));
+      const timespec timeout{0, 1'000'000};
+      ::syscall(SYS_futex, w.flag, FUTEX_WAIT, seen, &timeout, nullptr, 0);
     }
-    return true;
   }
 
   static void Copy(Direction dir, const CopyPiece& p) {

@@ -2,9 +2,13 @@
 // over the real socket and rings. Every copy uses random data into a poisoned destination and
 // every byte is checked.
 #include <gtest/gtest.h>
+#include <linux/futex.h>
 #include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -382,6 +386,12 @@ class RawSession {
   std::atomic_ref<uint32_t> Flag(uint32_t index) {
     return std::atomic_ref<uint32_t>(wire::EventFlags(ring_.data(), reply_.sq_entries, reply_.cq_entries)[index]);
   }
+  // As libferry's host device records: the value, then a wake for a lane asleep on the word.
+  void Record(uint32_t index, uint32_t value) {
+    Flag(index).store(value, std::memory_order_release);
+    ::syscall(SYS_futex, &wire::EventFlags(ring_.data(), reply_.sq_entries, reply_.cq_entries)[index], FUTEX_WAKE,
+              INT_MAX, nullptr, nullptr, 0);
+  }
   bool DaemonHungUp() {
     auto m = RecvMessage(sock_.get(), 2000);
     return !m.ok() && m.status().code() == Code::kUnavailable;
@@ -482,6 +492,56 @@ TEST(Daemon, WaitReportsAreBelievedOnlyForARealCopyOnceAndNoLongerThanItExisted)
   EXPECT_NEAR(seen.exposed[0], static_cast<double>(real_wait / 2) * 1e-9, 1e-9);
   EXPECT_GT(seen.copy_seconds[0], 0.0);  // ferryd's own time of that copy, beside the report
   EXPECT_EQ(seen.refused, 103);
+}
+
+// Where the stream wait is a host wait, the caller is blocked for the whole call: ferryd hears one
+// report for the batch, against its newest copy, as long as the call from its start to the last
+// copy's completion. One report per copy left the time between the copies' waits unreported.
+TEST(Daemon, AHostStreamWaitIsReportedOnceForTheWholeBatchAndTheWholeCall) {
+  RecordingObserver seen;
+  auto inner = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
+  ASSERT_TRUE(inner.ok());
+  auto backend = std::make_unique<testing::PausableBackend>(std::move(*inner));
+  testing::PausableBackend* be = backend.get();
+  DaemonHarness d(DaemonHarness::SmallConfig(), std::move(backend), DaemonHarness::SmallChunks(), &seen);
+  ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
+  constexpr size_t kPiece = 64 << 10, kCount = 3;
+  ASSERT_OK_AND_ASSIGN(HostBuffer src, client->AllocateHost(kPiece * kCount));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(kPiece * kCount));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  FillRandom(src.data(), src.size(), testing::RandomSeed());
+  Poison(static_cast<std::byte*>(dev.data()), dev.size());
+  be->Pause(true);  // the engines hold every completion until released below
+  std::vector<Transfer> ts;
+  for (size_t i = 0; i < kCount; ++i) {
+    ASSERT_OK_AND_ASSIGN(Transfer t, client->Copy(Direction::kHostToDevice, src, i * kPiece, region, i * kPiece, kPiece,
+                                                  {.stream_waitable = true}));
+    ts.push_back(std::move(t));
+  }
+  // Released 20 ms into the call (a hold, not a synchronization: what is checked holds whenever
+  // the release comes), so the report has a length to check.
+  std::atomic<uint64_t> call_start{0};
+  std::thread releaser([&] {
+    while (call_start.load() == 0 || MonotonicNanos() < call_start.load() + 20'000'000) std::this_thread::sleep_for(1ms);
+    be->Pause(false);
+  });
+  call_start.store(MonotonicNanos());
+  const Status waited = client->StreamWait(ts, nullptr);
+  const uint64_t call_ns = MonotonicNanos() - call_start.load();
+  releaser.join();
+  ASSERT_OK(waited);
+  EXPECT_EQ(FirstDifference(static_cast<std::byte*>(dev.data()), src.data(), src.size()), -1);
+  // A copy's completion after the report: ferryd has read the ring up to it.
+  ASSERT_OK_AND_ASSIGN(Transfer probe, client->Copy(Direction::kDeviceToHost, src, 0, region, 0, 4096));
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return probe.Poll().ok() && *probe.Poll(); }, 10000));
+  EXPECT_EQ(d.counters().wait_reports_accepted.load(), 1u);
+  std::lock_guard<std::mutex> l(seen.mu);
+  EXPECT_EQ(seen.refused, 0);
+  ASSERT_EQ(seen.exposed.size(), 1u);
+  // From the call's start (a few instructions after call_start) to the batch's end, which came
+  // after the release: 20 ms at least, less whatever preempted those few instructions.
+  EXPECT_GE(seen.exposed[0], 0.010);
+  EXPECT_LE(seen.exposed[0], static_cast<double>(call_ns) * 1e-9);
 }
 
 TEST(Daemon, RejectsSubmissionsThatPointOutsideTheSessionsOwnMemory) {
@@ -716,7 +776,7 @@ TEST(Handoff, ACopyAfterAFlaggedEventWaitsUntilTheRecordItNamesAndNoLonger) {
   EXPECT_EQ(c.raw.header()->cq_tail.value.load(), 0u) << "the copy completed before its record happened";
   for (size_t i = 0; i < c.kBytes; ++i) ASSERT_EQ(dev[i], std::byte{0xA5}) << "moved a byte before the record, at " << i;
   const uint64_t recorded = MonotonicNanos();
-  c.raw.Flag(c.event.flag_index).store(2);
+  c.raw.Record(c.event.flag_index, 2);
   auto done = c.raw.Next();
   const uint64_t waited = MonotonicNanos() - recorded;
   ASSERT_TRUE(done.has_value());
@@ -724,7 +784,7 @@ TEST(Handoff, ACopyAfterAFlaggedEventWaitsUntilTheRecordItNamesAndNoLonger) {
   EXPECT_EQ(done->status, 0);
   EXPECT_EQ(done->bytes, c.kBytes);
   EXPECT_EQ(FirstDifference(dev, src, c.kBytes), -1);
-  // The lane sleeps at most a millisecond between looks at the flag.
+  // The lane sleeps on the flag word and the record wakes it (without the wake, within 1 ms).
   EXPECT_LT(waited, 500'000'000u) << "the copy went " << waited << " ns after its record";
   // A record already passed (cyclically: 2 is past 0xffffffff) does not wait.
   Poison(dev, c.kBytes);

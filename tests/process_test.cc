@@ -94,9 +94,12 @@ TEST_F(RealDaemon, AClientKilledMidCopyIsReclaimedWhileOthersKeepWorking) {
   const auto killed = std::chrono::steady_clock::now();
   EXPECT_TRUE(WIFSIGNALED(victim->Wait()));
   // Reclaimed within a second of the kill: its 16 MiB back in the pool, the worker untouched.
+  // Renewing the 16 slabs is most of it: ~20 ms, under 100 ms with the cores 4x oversubscribed.
   ASSERT_TRUE(testing::DaemonHarness::Eventually([&] { return PoolFree(*observer) == before + (16ull << 20); }, 2000))
       << "pool free " << PoolFree(*observer) << "\n" << daemon_->Output();
-  EXPECT_LT(std::chrono::steady_clock::now() - killed, 1s);
+  const auto reclaim = std::chrono::steady_clock::now() - killed;
+  EXPECT_LT(reclaim, 1s) << std::chrono::duration_cast<std::chrono::milliseconds>(reclaim).count() << " ms\n"
+                         << daemon_->Output();
   // The worker kept copying (and checking every byte) through it.
   auto check = StartClient({"roundtrip", socket_, std::to_string(4 << 20), "10"}, "check");
   int st = check->Wait();
