@@ -128,13 +128,39 @@ Result<SharedEvent> Client::CreateEvent() {
   return SharedEvent(std::move(s));
 }
 
+namespace {
+
+// What a single copy and a block list share: both ends of this connection, and the entry's
+// opcode, priority, regions and ordering.
+Status CheckSameConnection(const detail::HostBufferState* host, const detail::DeviceRegionState* device,
+                           const std::shared_ptr<detail::ClientCore>& core) {
+  if (host == nullptr || device == nullptr) return InvalidArgument("empty HostBuffer or DeviceRegion");
+  if (host->core.lock() != core || device->core.lock() != core) {
+    return InvalidArgument("buffer or region belongs to another connection");
+  }
+  return Status::Ok();
+}
+
+wire::SubmissionEntry NewEntry(wire::Opcode opcode, const detail::HostBufferState& host, uint64_t host_offset,
+                               uint64_t length, const detail::DeviceRegionState& device, uint64_t device_offset,
+                               Priority priority, const detail::EventState* after) {
+  wire::SubmissionEntry e{};
+  e.opcode = static_cast<uint16_t>(opcode);
+  e.priority = static_cast<uint16_t>(priority == Priority::kLatency ? wire::Priority::kLatency : wire::Priority::kBulk);
+  e.pool_offset = host.pool_offset + host_offset;
+  e.length = length;
+  e.device_offset = device.offset_in_base + device_offset;
+  e.region_id = device.id;
+  if (after != nullptr) detail::OrderAfter(e, *after);
+  return e;
+}
+
+}  // namespace
+
 Result<Transfer> Client::Copy(Direction direction, const HostBuffer& host, size_t host_offset,
                               const DeviceRegion& device, size_t device_offset, size_t bytes,
                               const CopyOptions& options) {
-  if (!host.s_ || !device.s_) return InvalidArgument("empty HostBuffer or DeviceRegion");
-  if (host.s_->core.lock() != impl_->core || device.s_->core.lock() != impl_->core) {
-    return InvalidArgument("buffer or region belongs to another connection");
-  }
+  FERRY_RETURN_IF_ERROR(CheckSameConnection(host.s_.get(), device.s_.get(), impl_->core));
   if (bytes == 0) return InvalidArgument("copy of 0 bytes");
   if (host_offset > host.size() || bytes > host.size() - host_offset) {
     return InvalidArgument("host range [" + std::to_string(host_offset) + ", +" + std::to_string(bytes) +
@@ -144,19 +170,11 @@ Result<Transfer> Client::Copy(Direction direction, const HostBuffer& host, size_
     return InvalidArgument("device range [" + std::to_string(device_offset) + ", +" + std::to_string(bytes) +
                            ") runs past the region's " + std::to_string(device.size()) + " bytes");
   }
-  wire::SubmissionEntry e{};
-  e.opcode = static_cast<uint16_t>(direction == Direction::kHostToDevice ? wire::Opcode::kHostToDevice
-                                                                         : wire::Opcode::kDeviceToHost);
-  e.priority =
-      static_cast<uint16_t>(options.priority == Priority::kLatency ? wire::Priority::kLatency : wire::Priority::kBulk);
-  e.pool_offset = host.s_->pool_offset + host_offset;
-  e.length = bytes;
-  e.device_offset = device.s_->offset_in_base + device_offset;
-  e.region_id = device.s_->id;
-  if (options.after != nullptr) {
-    if (!options.after->s_) return InvalidArgument("empty SharedEvent");
-    detail::OrderAfter(e, *options.after->s_);
-  }
+  if (options.after != nullptr && !options.after->s_) return InvalidArgument("empty SharedEvent");
+  const wire::SubmissionEntry e = NewEntry(
+      direction == Direction::kHostToDevice ? wire::Opcode::kHostToDevice : wire::Opcode::kDeviceToHost, *host.s_,
+      host_offset, bytes, *device.s_, device_offset, options.priority,
+      options.after != nullptr ? options.after->s_.get() : nullptr);
   auto t = std::make_shared<detail::TransferState>();
   t->bytes = bytes;
   t->direction = direction == Direction::kHostToDevice ? 0 : 1;
@@ -170,10 +188,7 @@ Result<Transfer> Client::Copy(Direction direction, const HostBuffer& host, size_
 Result<Transfer> Client::CopyBlocks(Direction direction, const HostBuffer& host, size_t host_offset,
                                     const DeviceRegion& device, size_t device_offset, const BlockList& blocks,
                                     const CopyOptions& options) {
-  if (!host.s_ || !device.s_) return InvalidArgument("empty HostBuffer or DeviceRegion");
-  if (host.s_->core.lock() != impl_->core || device.s_->core.lock() != impl_->core) {
-    return InvalidArgument("buffer or region belongs to another connection");
-  }
+  FERRY_RETURN_IF_ERROR(CheckSameConnection(host.s_.get(), device.s_.get(), impl_->core));
   if (host_offset > host.size()) {
     return InvalidArgument("host_offset " + std::to_string(host_offset) + " is past the buffer's " +
                            std::to_string(host.size()) + " bytes");
@@ -196,15 +211,10 @@ Result<Transfer> Client::CopyBlocks(Direction direction, const HostBuffer& host,
   list.block_count = static_cast<uint32_t>(blocks.src.size());
   list.list_flags = blocks.lengths.empty() ? 0 : wire::kBlockListLengths;
   list.list_bytes = detail::EncodedBlockListBytes(blocks);
-  wire::SubmissionEntry e{};
-  e.opcode = static_cast<uint16_t>(h2d ? wire::Opcode::kBlocksHostToDevice : wire::Opcode::kBlocksDeviceToHost);
-  e.priority =
-      static_cast<uint16_t>(options.priority == Priority::kLatency ? wire::Priority::kLatency : wire::Priority::kBulk);
-  e.pool_offset = host.s_->pool_offset + host_offset;
-  e.length = host_bytes;
-  e.device_offset = device.s_->offset_in_base + device_offset;
-  e.region_id = device.s_->id;
-  if (options.after != nullptr) detail::OrderAfter(e, *options.after->s_);
+  wire::SubmissionEntry e =
+      NewEntry(h2d ? wire::Opcode::kBlocksHostToDevice : wire::Opcode::kBlocksDeviceToHost, *host.s_, host_offset,
+               host_bytes, *device.s_, device_offset, options.priority,
+               options.after != nullptr ? options.after->s_.get() : nullptr);
   auto t = std::make_shared<detail::TransferState>();
   t->bytes = total;
   t->direction = h2d ? 0 : 1;
