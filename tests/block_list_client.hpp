@@ -17,6 +17,7 @@
 #include "common/fd.hpp"
 #include "common/status_macros.hpp"
 #include "common/wire.hpp"
+#include "raw_connection.hpp"
 #include "test_util.hpp"
 
 namespace ferry::testing {
@@ -25,7 +26,7 @@ using namespace std::chrono_literals;
 
 // A client that speaks the protocol by hand and maps what it is given: its buffers (slabs side
 // by side) and the memfd it registers as device memory.
-class RawClient {
+class RawClient : public RawConnection {
  public:
   struct Buffer {
     uint64_t pool_offset = 0;
@@ -38,24 +39,9 @@ class RawClient {
     std::byte* data() const { return mapping.data(); }
   };
 
-  Status Open(const std::string& socket) {
-    FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(socket));
-    wire::HelloRequest h{};
-    h.client_version = wire::kVersion;
-    CopyCString(h.name, "raw-blocks");
-    FERRY_RETURN_IF_ERROR(Send(sock_.get(), wire::MsgType::kHello, 1, h));
-    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, RecvMessage(sock_.get(), 5000));
-    if (m.type() != wire::MsgType::kHelloReply || m.fds.size() != 3) return Internal("bad hello reply");
-    reply_ = m.As<wire::HelloReply>();
-    FERRY_RETURN_IF_ERROR(FromWire(reply_.status));
-    FERRY_ASSIGN_OR_RETURN(ring_, MapShared(m.fds[0].get(), reply_.ring_bytes));
-    submit_ = std::move(m.fds[1]);
-    return Status::Ok();
-  }
   Result<Buffer> AllocBuffer(uint64_t size) {
     wire::AllocBufferRequest req{size};
-    FERRY_RETURN_IF_ERROR(Send(sock_.get(), wire::MsgType::kAllocBuffer, ++seq_, req));
-    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, RecvMessage(sock_.get(), 5000));
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kAllocBuffer, req));
     const auto r = m.As<wire::AllocBufferReply>();
     FERRY_RETURN_IF_ERROR(FromWire(r.status));
     std::vector<int> fds;
@@ -79,54 +65,25 @@ class RawClient {
   }
   // A registration as it is (cuda backend: a CUDA IPC handle and no fd).
   Result<uint32_t> Register(const wire::RegisterDeviceRequest& req, int fd = -1) {
-    FERRY_RETURN_IF_ERROR(
-        Send(sock_.get(), wire::MsgType::kRegisterDevice, ++seq_, req, fd >= 0 ? &fd : nullptr, fd >= 0 ? 1 : 0));
-    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, RecvMessage(sock_.get(), 5000));
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kRegisterDevice, req, fd));
     FERRY_RETURN_IF_ERROR(FromWire(m.As<wire::RegisterDeviceReply>().status));
     return m.As<wire::RegisterDeviceReply>().region_id;
   }
   Status Unregister(uint32_t region) {
     wire::UnregisterDeviceRequest req{region, 0};
-    FERRY_RETURN_IF_ERROR(Send(sock_.get(), wire::MsgType::kUnregisterDevice, ++seq_, req));
-    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, RecvMessage(sock_.get(), 5000));
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kUnregisterDevice, req));
     return FromWire(m.As<wire::SimpleReply>().status);
   }
   // Writes `slots` from the ring's tail and publishes `publish` of them (all by default).
   void Push(const std::vector<wire::SubmissionEntry>& slots, std::optional<size_t> publish = std::nullopt) {
-    auto* hdr = reinterpret_cast<wire::RingHeader*>(ring_.data());
-    const uint32_t tail = hdr->sq_tail.value.load();
-    for (size_t i = 0; i < slots.size(); ++i) {
-      wire::SubmissionEntries(ring_.data())[(tail + i) & (reply_.sq_entries - 1)] = slots[i];
-    }
-    hdr->sq_tail.value.store(tail + static_cast<uint32_t>(publish.value_or(slots.size())));
-    RingDoorbell(submit_.get());
+    const uint32_t tail = header()->sq_tail.value.load();
+    for (size_t i = 0; i < slots.size(); ++i) sq()[(tail + i) & (reply_.sq_entries - 1)] = slots[i];
+    header()->sq_tail.value.store(tail + static_cast<uint32_t>(publish.value_or(slots.size())));
+    Kick();
   }
   // The next completion; nullopt if none comes within 20 s.
-  std::optional<wire::CompletionEntry> Next() {
-    auto* hdr = reinterpret_cast<wire::RingHeader*>(ring_.data());
-    const auto deadline = std::chrono::steady_clock::now() + 20s;
-    while (std::chrono::steady_clock::now() < deadline) {
-      const uint32_t head = hdr->cq_head.value.load();
-      if (hdr->cq_tail.value.load() != head) {
-        wire::CompletionEntry c =
-            wire::CompletionEntries(ring_.data(), reply_.sq_entries)[head & (reply_.cq_entries - 1)];
-        hdr->cq_head.value.store(head + 1);
-        return c;
-      }
-      std::this_thread::sleep_for(1ms);
-    }
-    return std::nullopt;
-  }
-  bool DaemonHungUp() {
-    auto m = RecvMessage(sock_.get(), 5000);
-    return !m.ok() && m.status().code() == Code::kUnavailable;
-  }
-
- private:
-  UniqueFd sock_, submit_;
-  Mapping ring_;
-  wire::HelloReply reply_{};
-  uint32_t seq_ = 1;
+  std::optional<wire::CompletionEntry> Next() { return RawConnection::Next(20s); }
+  bool DaemonHungUp() { return RawConnection::DaemonHungUp(5000); }
 };
 
 struct BlockList {

@@ -19,6 +19,7 @@
 #include "common/fd.hpp"
 #include "common/status_macros.hpp"
 #include "common/wire.hpp"
+#include "raw_connection.hpp"
 #include "test_util.hpp"
 
 namespace ferry {
@@ -288,50 +289,18 @@ TEST(Daemon, DeviceFailureFailsThatCopyAndTheDaemonKeepsServing) {
 }
 
 // A client that speaks the protocol by hand, to do what libferry never would.
-class RawSession {
+class RawSession : public testing::RawConnection {
  public:
-  Status Open(const std::string& socket) {
-    FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(socket));
-    wire::HelloRequest h{};
-    h.client_version = wire::kVersion;
-    CopyCString(h.name, "raw");
-    FERRY_RETURN_IF_ERROR(Send(sock_.get(), wire::MsgType::kHello, 1, h));
-    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, RecvMessage(sock_.get(), 5000));
-    if (m.type() != wire::MsgType::kHelloReply || m.fds.size() != 3) return Internal("bad hello reply");
-    reply_ = m.As<wire::HelloReply>();
-    FERRY_RETURN_IF_ERROR(FromWire(reply_.status));
-    FERRY_ASSIGN_OR_RETURN(ring_, MapShared(m.fds[0].get(), reply_.ring_bytes));
-    submit_ = std::move(m.fds[1]);
-    return Status::Ok();
-  }
-  wire::RingHeader* header() { return reinterpret_cast<wire::RingHeader*>(ring_.data()); }
-  wire::SubmissionEntry* sq() { return wire::SubmissionEntries(ring_.data()); }
-  wire::CompletionEntry* cq() { return wire::CompletionEntries(ring_.data(), reply_.sq_entries); }
-  void Kick() { RingDoorbell(submit_.get()); }
   void Push(const wire::SubmissionEntry& e) {
     uint32_t tail = header()->sq_tail.value.load();
     sq()[tail & (reply_.sq_entries - 1)] = e;
     header()->sq_tail.value.store(tail + 1);
     Kick();
   }
-  // Waits for the next completion; nullopt after a timeout.
-  std::optional<wire::CompletionEntry> Next() {
-    for (int i = 0; i < 2000; ++i) {
-      uint32_t head = header()->cq_head.value.load();
-      if (header()->cq_tail.value.load() != head) {
-        wire::CompletionEntry c = cq()[head & (reply_.cq_entries - 1)];
-        header()->cq_head.value.store(head + 1);
-        return c;
-      }
-      std::this_thread::sleep_for(1ms);
-    }
-    return std::nullopt;
-  }
   // A pool buffer of this session and a device region (a sealed memfd, as on the host backend).
   Result<uint64_t> AllocBuffer(uint64_t size) {
     wire::AllocBufferRequest req{size};
-    FERRY_RETURN_IF_ERROR(Send(sock_.get(), wire::MsgType::kAllocBuffer, ++seq_, req));
-    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, RecvMessage(sock_.get(), 5000));
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kAllocBuffer, req));
     FERRY_RETURN_IF_ERROR(FromWire(m.As<wire::AllocBufferReply>().status));
     return m.As<wire::AllocBufferReply>().pool_offset;
   }
@@ -341,16 +310,14 @@ class RawSession {
     req.kind = static_cast<uint32_t>(wire::DeviceHandleKind::kHostMemfd);
     req.size = size;
     const int fd = mem.get();
-    FERRY_RETURN_IF_ERROR(Send(sock_.get(), wire::MsgType::kRegisterDevice, ++seq_, req, &fd, 1));
-    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, RecvMessage(sock_.get(), 5000));
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kRegisterDevice, req, fd));
     FERRY_RETURN_IF_ERROR(FromWire(m.As<wire::RegisterDeviceReply>().status));
     return m.As<wire::RegisterDeviceReply>().region_id;
   }
   // A buffer of at most one slab, mapped here too (BufferBytes): its pool offset.
   Result<uint64_t> AllocMappedBuffer(uint64_t size) {
     wire::AllocBufferRequest req{size};
-    FERRY_RETURN_IF_ERROR(Send(sock_.get(), wire::MsgType::kAllocBuffer, ++seq_, req));
-    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, RecvMessage(sock_.get(), 5000));
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kAllocBuffer, req));
     const auto r = m.As<wire::AllocBufferReply>();
     FERRY_RETURN_IF_ERROR(FromWire(r.status));
     if (r.slab_count != 1 || m.fds.size() != 1) return Internal("a buffer of one slab was expected");
@@ -368,8 +335,7 @@ class RawSession {
     req.kind = static_cast<uint32_t>(wire::DeviceHandleKind::kHostMemfd);
     req.size = size;
     const int fd = mem.get();
-    FERRY_RETURN_IF_ERROR(Send(sock_.get(), wire::MsgType::kRegisterDevice, ++seq_, req, &fd, 1));
-    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, RecvMessage(sock_.get(), 5000));
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kRegisterDevice, req, fd));
     FERRY_RETURN_IF_ERROR(FromWire(m.As<wire::RegisterDeviceReply>().status));
     return std::pair<uint32_t, Mapping>{m.As<wire::RegisterDeviceReply>().region_id, std::move(bytes)};
   }
@@ -377,8 +343,7 @@ class RawSession {
     wire::RegisterEventRequest req{};
     req.kind = static_cast<uint32_t>(wire::EventHandleKind::kHost);
     req.flags = flags;
-    FERRY_RETURN_IF_ERROR(Send(sock_.get(), wire::MsgType::kRegisterEvent, ++seq_, req));
-    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, RecvMessage(sock_.get(), 5000));
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kRegisterEvent, req));
     const auto r = m.As<wire::RegisterEventReply>();
     FERRY_RETURN_IF_ERROR(FromWire(r.status));
     return r;
@@ -392,18 +357,9 @@ class RawSession {
     ::syscall(SYS_futex, &wire::EventFlags(ring_.data(), reply_.sq_entries, reply_.cq_entries)[index], FUTEX_WAKE,
               INT_MAX, nullptr, nullptr, 0);
   }
-  bool DaemonHungUp() {
-    auto m = RecvMessage(sock_.get(), 2000);
-    return !m.ok() && m.status().code() == Code::kUnavailable;
-  }
-  int sock() const { return sock_.get(); }
 
  private:
-  UniqueFd sock_, submit_;
-  Mapping ring_;
   std::vector<Mapping> mapped_;  // slabs of AllocMappedBuffer
-  wire::HelloReply reply_{};
-  uint32_t seq_ = 1;
 };
 
 // Records what reaches the metrics and snapshots.

@@ -1,0 +1,72 @@
+// A connection to ferryd that speaks the protocol by hand (hello, then its ring), for tests that
+// do what libferry never would. The tests' raw clients build on it.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "common/channel.hpp"
+#include "common/fd.hpp"
+#include "common/status_macros.hpp"
+#include "common/wire.hpp"
+
+namespace ferry::testing {
+
+class RawConnection {
+ public:
+  Status Open(const std::string& socket, const char* name = "raw") {
+    FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(socket));
+    wire::HelloRequest h{};
+    h.client_version = wire::kVersion;
+    CopyCString(h.name, name);
+    FERRY_RETURN_IF_ERROR(Send(sock_.get(), wire::MsgType::kHello, 1, h));
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, RecvMessage(sock_.get(), 5000));
+    if (m.type() != wire::MsgType::kHelloReply || m.fds.size() != 3) return Internal("bad hello reply");
+    reply_ = m.As<wire::HelloReply>();
+    FERRY_RETURN_IF_ERROR(FromWire(reply_.status));
+    FERRY_ASSIGN_OR_RETURN(ring_, MapShared(m.fds[0].get(), reply_.ring_bytes));
+    submit_ = std::move(m.fds[1]);
+    return Status::Ok();
+  }
+  wire::RingHeader* header() { return reinterpret_cast<wire::RingHeader*>(ring_.data()); }
+  wire::SubmissionEntry* sq() { return wire::SubmissionEntries(ring_.data()); }
+  wire::CompletionEntry* cq() { return wire::CompletionEntries(ring_.data(), reply_.sq_entries); }
+  void Kick() { RingDoorbell(submit_.get()); }
+  // The next completion; nullopt if none comes within `timeout`.
+  std::optional<wire::CompletionEntry> Next(std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      const uint32_t head = header()->cq_head.value.load();
+      if (header()->cq_tail.value.load() != head) {
+        wire::CompletionEntry c = cq()[head & (reply_.cq_entries - 1)];
+        header()->cq_head.value.store(head + 1);
+        return c;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return std::nullopt;
+  }
+  // Whether ferryd closes the connection within `timeout_ms`.
+  bool DaemonHungUp(int timeout_ms = 2000) {
+    auto m = RecvMessage(sock_.get(), timeout_ms);
+    return !m.ok() && m.status().code() == Code::kUnavailable;
+  }
+  int sock() const { return sock_.get(); }
+
+ protected:
+  // One control request (with one fd, or none) and its reply.
+  template <typename T>
+  Result<ReceivedMessage> Call(wire::MsgType type, const T& request, int fd = -1) {
+    FERRY_RETURN_IF_ERROR(Send(sock_.get(), type, ++seq_, request, fd >= 0 ? &fd : nullptr, fd >= 0 ? 1 : 0));
+    return RecvMessage(sock_.get(), 5000);
+  }
+
+  UniqueFd sock_, submit_;
+  Mapping ring_;
+  wire::HelloReply reply_{};
+  uint32_t seq_ = 1;
+};
+
+}  // namespace ferry::testing
