@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/status_macros.hpp"
 #include "ferry/client.hpp"
 #include "ferry/version.hpp"
 
@@ -164,23 +165,37 @@ void* ferry_device_data(const ferry_device_region* r) { return r ? r->r.data() :
 // Members go in reverse order: the region is unregistered before its allocation is freed.
 void ferry_device_unregister(ferry_device_region* r) { std::unique_ptr<ferry_device_region> owned(r); }
 
+namespace {
+
+// A copy's options from the caller's versioned struct (NULL: the defaults).
+ferry::Result<ferry::CopyOptions> CopyOptionsFrom(const ferry_copy_options* options) {
+  ferry::CopyOptions o;
+  if (options == nullptr) return o;
+  ferry_copy_options in{};
+  FERRY_RETURN_IF_ERROR(ReadVersioned(*options, kCopyOptionsFirstSize, "ferry_copy_options", in));
+  o.priority = FromC(in.priority);
+  o.stream_waitable = in.stream_waitable != 0;
+  return o;
+}
+
+// Hands a submitted copy to the caller as a ferry_transfer, or fails with its error.
+ferry_status TransferOut(ferry::Result<ferry::Transfer> t, ferry_transfer** out) {
+  if (!t.ok()) return Fail(t.status());
+  *out = std::make_unique<ferry_transfer>(ferry_transfer{std::move(*t)}).release();
+  return Done(ferry::Status::Ok());
+}
+
+}  // namespace
+
 ferry_status ferry_copy(ferry_client* client, ferry_direction direction, ferry_host_buffer* host, size_t host_offset,
                         ferry_device_region* device, size_t device_offset, size_t bytes, const ferry_copy_options* options,
                         ferry_transfer** out) {
   if (Null(client, "client") || Null(host, "host") || Null(device, "device") || Null(out, "out")) {
     return FERRY_INVALID_ARGUMENT;
   }
-  ferry::CopyOptions o;
-  if (options != nullptr) {
-    ferry_copy_options in{};
-    if (auto st = ReadVersioned(*options, kCopyOptionsFirstSize, "ferry_copy_options", in); !st.ok()) return Fail(st);
-    o.priority = FromC(in.priority);
-    o.stream_waitable = in.stream_waitable != 0;
-  }
-  auto t = client->c->Copy(FromC(direction), host->b, host_offset, device->r, device_offset, bytes, o);
-  if (!t.ok()) return Fail(t.status());
-  *out = std::make_unique<ferry_transfer>(ferry_transfer{std::move(*t)}).release();
-  return Done(ferry::Status::Ok());
+  auto o = CopyOptionsFrom(options);
+  if (!o.ok()) return Fail(o.status());
+  return TransferOut(client->c->Copy(FromC(direction), host->b, host_offset, device->r, device_offset, bytes, *o), out);
 }
 
 ferry_status ferry_copy_blocks(ferry_client* client, ferry_direction direction, ferry_host_buffer* host,
@@ -199,17 +214,10 @@ ferry_status ferry_copy_blocks(ferry_client* client, ferry_direction direction, 
   list.src = {in.src, in.count};
   list.dst = {in.dst, in.count};
   if (in.lengths != nullptr) list.lengths = {in.lengths, in.count};
-  ferry::CopyOptions o;
-  if (options != nullptr) {
-    ferry_copy_options oin{};
-    if (auto st = ReadVersioned(*options, kCopyOptionsFirstSize, "ferry_copy_options", oin); !st.ok()) return Fail(st);
-    o.priority = FromC(oin.priority);
-    o.stream_waitable = oin.stream_waitable != 0;
-  }
-  auto t = client->c->CopyBlocks(FromC(direction), host->b, host_offset, device->r, device_offset, list, o);
-  if (!t.ok()) return Fail(t.status());
-  *out = std::make_unique<ferry_transfer>(ferry_transfer{std::move(*t)}).release();
-  return Done(ferry::Status::Ok());
+  auto o = CopyOptionsFrom(options);
+  if (!o.ok()) return Fail(o.status());
+  return TransferOut(client->c->CopyBlocks(FromC(direction), host->b, host_offset, device->r, device_offset, list, *o),
+                     out);
 }
 
 ferry_status ferry_copy_staged(ferry_client* client, ferry_direction direction, void* host, ferry_device_region* device,

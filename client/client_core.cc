@@ -467,7 +467,7 @@ Status ClientCore::Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueu
     // Spinning threads look at the ring without the lock, and take it only when completions
     // arrived: many threads waiting at once (the staged path) must not starve submitters.
     if (!first && hdr_->cq_tail.value.load(std::memory_order_acquire) == reaped_to_.load(std::memory_order_acquire) &&
-        !(until_enqueued ? false : DoneByWord(t)) && MonotonicNanos() - start < timeout_ns) {
+        (until_enqueued || !DoneByWord(t)) && MonotonicNanos() - start < timeout_ns) {
       const uint64_t now = MonotonicNanos();
       if (now >= sleep_until && now < spin_until) {
         CpuRelax();

@@ -67,6 +67,11 @@ struct FlagWait {
   bool latency = false;     // the lane's priority, when the plan creates it
 };
 
+// A lane's key: the session's, in one direction.
+inline uint64_t LaneKey(uint64_t session_id, Direction direction) {
+  return session_id * 2 + static_cast<uint64_t>(direction);
+}
+
 // Whether a flag holding `flag` satisfies a wait for `value` (the GPU's cyclic comparison).
 inline bool FlagReached(uint32_t flag, uint32_t value) { return static_cast<int32_t>(flag - value) >= 0; }
 

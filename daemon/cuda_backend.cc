@@ -69,7 +69,6 @@ class CudaEvent : public SharedEvent {
   cudaEvent_t e_;
 };
 
-
 class CudaBackend : public Backend {
  public:
   CudaBackend(int device, uint32_t streams, bool trace) : device_(device), streams_per_dir_(streams), trace_(trace) {}
@@ -370,35 +369,31 @@ class CudaBackend : public Backend {
   }
   void CloseLanes(uint64_t session_id) override {
     for (int d = 0; d < 2; ++d) {
-      auto it = lanes_.find(LaneKey(session_id, d));
+      auto it = lanes_.find(LaneKey(session_id, static_cast<Direction>(d)));
       if (it == lanes_.end()) continue;
       cudaStreamDestroy(it->second);
       lanes_.erase(it);
     }
   }
 
-  // Where the engines see a word of a registered flag area; 0 if it lies in none.
-  CUdeviceptr FlagAreaAddress(const uint32_t* word) const {
+  // Where the engines see a word among the first `within` bytes of a registered flag area; 0 if
+  // it lies in none.
+  CUdeviceptr FlagAreaAddress(const uint32_t* word, size_t within) const {
     auto page = flag_pages_.upper_bound(reinterpret_cast<std::byte*>(const_cast<uint32_t*>(word)));
     if (page == flag_pages_.begin()) return 0;
     --page;
     const auto offset = reinterpret_cast<const std::byte*>(word) - page->first;
-    if (offset < 0 || static_cast<size_t>(offset) >= wire::kFlagAreaBytes) return 0;
+    if (offset < 0 || static_cast<size_t>(offset) >= within) return 0;
     return page->second + static_cast<CUdeviceptr>(offset);
   }
 
   // A plan after a flag: on its session's lane, the wait, its copies (one batch) and its fence;
   // a group of its own, so nothing else waits with it.
   Result<FenceId> SubmitToLane(const CopyPlan& plan) {
-    auto page = flag_pages_.upper_bound(reinterpret_cast<std::byte*>(plan.wait.flag));
-    if (page == flag_pages_.begin()) return Internal("a flag outside every registered flag page");
-    --page;
-    const auto offset = reinterpret_cast<std::byte*>(plan.wait.flag) - page->first;
-    if (offset < 0 || static_cast<size_t>(offset) >= wire::kEventFlagsBytes) {
-      return Internal("a flag outside every registered flag page");
-    }
+    const CUdeviceptr flag = FlagAreaAddress(plan.wait.flag, wire::kEventFlagsBytes);
+    if (flag == 0) return Internal("a flag outside every registered flag page");
     const int d = static_cast<int>(plan.direction);
-    const uint64_t key = LaneKey(plan.wait.session_id, d);
+    const uint64_t key = LaneKey(plan.wait.session_id, plan.direction);
     auto lane = lanes_.find(key);
     if (lane == lanes_.end()) {
       int lo = 0, hi = 0;
@@ -413,7 +408,7 @@ class CudaBackend : public Backend {
     g.fences.push_back(next_fence_++);
     g.streams.push_back(s);
     g.status = DriverStatus(
-        wait_value_(s, page->second + static_cast<CUdeviceptr>(offset), plan.wait.value, CU_STREAM_WAIT_VALUE_GEQ),
+        wait_value_(s, flag, plan.wait.value, CU_STREAM_WAIT_VALUE_GEQ),
         "cuStreamWaitValue32");
     const bool h2d = plan.direction == Direction::kHostToDevice;
     StagedCopies& st = lane_staged_;
@@ -472,11 +467,13 @@ class CudaBackend : public Backend {
       st.batchable.push_back(p.batchable);
       groups_[cls].staged_mask |= uint64_t{1} << (d * 32 + p.stream);
     }
-    // A done word follows its copy on the copy's stream (a plan spread over streams gets none:
-    // its completion says when it is done).
     const bool one_stream = std::all_of(plan.pieces.begin(), plan.pieces.end(),
                                         [&](const CopyPiece& p) { return p.stream == plan.pieces[0].stream; });
-    if (const CUdeviceptr word = plan.done_word != nullptr && one_stream ? FlagAreaAddress(plan.done_word) : 0; word != 0) {
+    // A done word follows its copy on the copy's stream (a plan spread over streams gets none:
+    // its completion says when it is done).
+    if (const CUdeviceptr word =
+            plan.done_word != nullptr && one_stream ? FlagAreaAddress(plan.done_word, wire::kFlagAreaBytes) : 0;
+        word != 0) {
       staged_[d][plan.pieces[0].stream].done_writes.emplace_back(word, plan.done_value);
     }
     const FenceId id = next_fence_++;
@@ -487,9 +484,7 @@ class CudaBackend : public Backend {
     const bool large = std::any_of(plan.pieces.begin(), plan.pieces.end(), [](const CopyPiece& p) { return !p.batchable; });
     // A block list's unit (several pieces on one bulk stream) is a batch already: it goes out
     // now, as one cudaMemcpyBatchAsync with its own fence, not held back for more.
-    const bool unit = cls == 1 && plan.pieces.size() > 1 &&
-                      std::all_of(plan.pieces.begin(), plan.pieces.end(),
-                                  [&](const CopyPiece& p) { return p.stream == plan.pieces[0].stream; });
+    const bool unit = cls == 1 && plan.pieces.size() > 1 && one_stream;
     if ((large || unit) && plan.signal == nullptr) FlushGroups(true);
     if (plan.signal != nullptr) {
       FlushGroups(true);
@@ -734,7 +729,6 @@ class CudaBackend : public Backend {
     return e;
   }
 
-  static uint64_t LaneKey(uint64_t session_id, int direction) { return session_id * 2 + static_cast<uint64_t>(direction); }
   using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
   using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 

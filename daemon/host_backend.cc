@@ -89,7 +89,7 @@ class HostBackend : public Backend {
   Status RegisterFlags(std::byte*, size_t) override { return Status::Ok(); }  // ferryd's own mapping
   void CloseLanes(uint64_t session_id) override {
     for (int d = 0; d < 2; ++d) {
-      auto it = lanes_.find(LaneKey(session_id, d));
+      auto it = lanes_.find(LaneKey(session_id, static_cast<Direction>(d)));
       if (it == lanes_.end()) continue;
       StopLane(*it->second);
       lanes_.erase(it);
@@ -157,10 +157,9 @@ class HostBackend : public Backend {
     std::atomic<bool> stop{false};
     std::thread thread;
   };
-  static uint64_t LaneKey(uint64_t session_id, int direction) { return session_id * 2 + static_cast<uint64_t>(direction); }
 
   Result<FenceId> SubmitToLane(const CopyPlan& plan) {
-    const uint64_t key = LaneKey(plan.wait.session_id, static_cast<int>(plan.direction));
+    const uint64_t key = LaneKey(plan.wait.session_id, plan.direction);
     auto it = lanes_.find(key);
     if (it == lanes_.end()) {
       auto lane = std::make_unique<Lane>();
