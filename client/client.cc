@@ -2,6 +2,7 @@
 #include "ferry/client.hpp"
 
 #include <array>
+#include <map>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -22,6 +23,15 @@ struct ClientImpl {
   std::shared_ptr<ClientCore> core;
   std::mutex stager_mu;  // guards the creation of stager
   std::unique_ptr<Stager> stager;
+
+  // RegisterDeviceAllocation's cache: allocation base -> its id and region.
+  struct CachedAllocation {
+    uint64_t id = 0;
+    std::shared_ptr<DeviceRegionState> region;
+  };
+  static constexpr size_t kMaxCachedAllocations = 4096;  // beyond this, the cache starts over
+  std::mutex allocations_mu;
+  std::map<uintptr_t, CachedAllocation> allocations;
 };
 
 }  // namespace detail
@@ -59,6 +69,14 @@ Status SharedEvent::Record(void* stream) {
   auto c = s_->core.lock();
   if (!c) return Unavailable("the client that made this event is gone");
   return c->RecordEvent(*s_, stream);
+}
+
+Status SharedEvent::RecordAfter(void* cuda_event) {
+  if (!s_) return InvalidArgument("empty SharedEvent");
+  if (cuda_event == nullptr) return InvalidArgument("RecordAfter: no CUDA event");
+  auto c = s_->core.lock();
+  if (!c) return Unavailable("the client that made this event is gone");
+  return c->RecordEventAfter(*s_, cuda_event);
 }
 
 Transfer::Transfer(std::shared_ptr<detail::ClientCore> core, std::shared_ptr<detail::TransferState> s)
@@ -121,6 +139,44 @@ Result<DeviceAllocation> Client::AllocateDevice(size_t bytes) {
 Result<DeviceRegion> Client::RegisterDevice(void* ptr, size_t bytes) {
   FERRY_ASSIGN_OR_RETURN(auto s, impl_->core->Register(ptr, bytes));
   return DeviceRegion(std::move(s));
+}
+
+Result<DeviceRegion> Client::RegisterDeviceAllocation(const void* ptr, size_t bytes, size_t* offset) {
+  FERRY_ASSIGN_OR_RETURN(detail::AllocationInfo a, impl_->core->device().AllocationOf(ptr));
+  const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+  if (bytes > a.size - (p - a.base)) {
+    return InvalidArgument(std::to_string(bytes) + " bytes from this pointer run past the end of its allocation (" +
+                           std::to_string(a.size - (p - a.base)) + " bytes left in it)");
+  }
+  *offset = p - a.base;
+  std::vector<std::shared_ptr<detail::DeviceRegionState>> stale;  // unregistered (a round trip) after the unlock
+  std::lock_guard<std::mutex> l(impl_->allocations_mu);
+  auto it = impl_->allocations.find(a.base);
+  if (it != impl_->allocations.end() && it->second.id == a.id && it->second.region->size == a.size) {
+    return DeviceRegion(it->second.region);
+  }
+  // A stale entry (freed, its address reused) or a new allocation; drop entries it overlaps.
+  auto first = impl_->allocations.lower_bound(a.base);
+  if (first != impl_->allocations.begin()) {
+    auto before = std::prev(first);
+    if (before->first + before->second.region->size > a.base) first = before;
+  }
+  auto last = impl_->allocations.lower_bound(a.base + a.size);
+  if (impl_->allocations.size() >= detail::ClientImpl::kMaxCachedAllocations) first = impl_->allocations.begin(), last = impl_->allocations.end();
+  for (auto i = first; i != last; ++i) stale.push_back(std::move(i->second.region));
+  impl_->allocations.erase(first, last);
+  FERRY_ASSIGN_OR_RETURN(auto region, impl_->core->Register(reinterpret_cast<void*>(a.base), a.size));
+  impl_->allocations[a.base] = {a.id, region};
+  return DeviceRegion(std::move(region));
+}
+
+void Client::ForgetDeviceAllocations() {
+  std::map<uintptr_t, detail::ClientImpl::CachedAllocation> dropped;
+  {
+    std::lock_guard<std::mutex> l(impl_->allocations_mu);
+    dropped.swap(impl_->allocations);
+  }
+  // Unregistering is a round trip each: outside the lock.
 }
 
 Result<SharedEvent> Client::CreateEvent() {

@@ -16,6 +16,7 @@
 namespace ferry::detail {
 
 ClientCore::~ClientCore() {
+  if (relay_created_) device_->DestroyStream(relay_stream_);
   if (flags_mapped_) device_->UnmapFlags(flags_);
   // EventState's destructor cannot reach a core that is going away: release events here.
   for (auto& e : free_events_) {
@@ -167,6 +168,16 @@ Status ClientCore::RecordEvent(EventState& ev, void* stream) {
   FERRY_RETURN_IF_ERROR(device_->WriteFlag(stream, ev.flag, n));
   ev.records.store(n, std::memory_order_release);
   return Status::Ok();
+}
+
+Status ClientCore::RecordEventAfter(EventState& ev, void* foreign_event) {
+  std::lock_guard<std::mutex> l(relay_mu_);
+  if (!relay_created_) {
+    FERRY_ASSIGN_OR_RETURN(relay_stream_, device_->CreateStream());
+    relay_created_ = true;
+  }
+  FERRY_RETURN_IF_ERROR(device_->StreamWaitEvent(relay_stream_, foreign_event));
+  return RecordEvent(ev, relay_stream_);
 }
 
 Result<std::shared_ptr<TransferState>> ClientCore::Submit(wire::SubmissionEntry e, std::shared_ptr<TransferState> t,

@@ -132,6 +132,10 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   Result<std::shared_ptr<EventState>> NewEvent(bool ordered_after);
   // Records `ev` on `stream` and, when it has a flag, writes the record's number there.
   Status RecordEvent(EventState& ev, void* stream);
+  // Records `ev` on the core's relay stream once `foreign_event` (any CUDA event of this
+  // process) has happened: GPU-side, no host wait. One relay stream per session, so records made
+  // this way are ordered among themselves.
+  Status RecordEventAfter(EventState& ev, void* foreign_event);
 
   // Puts `e` on the submission ring for `t` (waiting up to 1 s for room), with a completion
   // event when `want_event`. `more`: slots that belong to the request and follow `e` (a block
@@ -225,6 +229,10 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   uint64_t spin_ns_ = 50'000;
   static constexpr uint64_t kEnqueueSpinNs = 3'000'000;
   std::atomic<uint32_t> reaped_to_{0};  // cq_head_ after the last reap, readable without ring_mu_
+
+  std::mutex relay_mu_;          // guards relay_stream_ and orders the relay's wait-then-record pairs
+  void* relay_stream_ = nullptr;  // created on the first RecordEventAfter
+  bool relay_created_ = false;
 
   std::mutex map_mu_;
   std::map<uint32_t, std::weak_ptr<SlabMapping>> slab_maps_;

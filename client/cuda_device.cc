@@ -54,6 +54,13 @@ class CudaClientDevice : public ClientDevice {
     return e;
   }
 
+  Result<AllocationInfo> AllocationOf(const void* ptr) override {
+    AllocationInfo a;
+    FERRY_RETURN_IF_ERROR(CudaAllocationRange(ptr, &a.base, &a.size));
+    FERRY_RETURN_IF_ERROR(CudaBufferId(ptr, &a.id));
+    return a;
+  }
+
   Result<DeviceEvent> CreateEvent() override {
     FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     cudaEvent_t ev;
@@ -78,6 +85,13 @@ class CudaClientDevice : public ClientDevice {
     return CudaStatus(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(ev), 0),
                       "cudaStreamWaitEvent");
   }
+  Result<void*> CreateStream() override {
+    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    cudaStream_t s;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return static_cast<void*>(s);
+  }
+  void DestroyStream(void* s) override { cudaStreamDestroy(static_cast<cudaStream_t>(s)); }
   bool StreamWaitIsHostWait() const override { return false; }
 
   Status MapFlags(void* flags, size_t bytes) override {

@@ -30,6 +30,14 @@ struct ExportedMemory {
   uint64_t offset_in_base = 0; // where the exported pointer sits in the allocation sent
 };
 
+// The allocation a device pointer lies in, and an id no other allocation of this process has
+// had or will have (a new allocation at a freed one's address gets a new id).
+struct AllocationInfo {
+  uintptr_t base = 0;
+  size_t size = 0;
+  uint64_t id = 0;
+};
+
 struct DeviceEvent {
   void* event = nullptr;  // cudaEvent_t on cuda, unused on host
   wire::RegisterEventRequest request{};
@@ -40,10 +48,14 @@ class ClientDevice {
   virtual ~ClientDevice() = default;
   virtual Result<std::shared_ptr<DeviceAllocationState>> Allocate(size_t bytes) = 0;
   virtual Result<ExportedMemory> Export(void* ptr, size_t bytes) = 0;
+  virtual Result<AllocationInfo> AllocationOf(const void* ptr) = 0;
   virtual Result<DeviceEvent> CreateEvent() = 0;
   virtual void DestroyEvent(void* event) = 0;
   virtual Status RecordEvent(void* event, void* stream) = 0;
   virtual Status StreamWaitEvent(void* stream, void* event) = 0;
+  // A stream of libferry's own (nullptr on the host backend, where nothing runs on streams).
+  virtual Result<void*> CreateStream() = 0;
+  virtual void DestroyStream(void* stream) = 0;
   // GPU-side "after": the session's event flags (its ring segment's flag pages) made writable
   // by the device, once, before the first WriteFlag; let go before the pages are unmapped.
   virtual Status MapFlags(void* flags, size_t bytes) = 0;

@@ -29,8 +29,20 @@ class HostClientDevice : public ClientDevice {
     s->fd = std::move(fd);
     s->mapping = std::move(m);
     std::lock_guard<std::mutex> l(mu_);
-    live_[reinterpret_cast<uintptr_t>(s->ptr)] = s;
+    live_[reinterpret_cast<uintptr_t>(s->ptr)] = {s, ++allocations_};
     return s;
+  }
+
+  Result<AllocationInfo> AllocationOf(const void* ptr) override {
+    std::lock_guard<std::mutex> l(mu_);
+    const auto p = reinterpret_cast<uintptr_t>(ptr);
+    auto it = live_.upper_bound(p);
+    if (it != live_.begin()) {
+      --it;
+      auto s = it->second.state.lock();
+      if (s && p - it->first < s->size) return AllocationInfo{it->first, s->size, it->second.id};
+    }
+    return InvalidArgument("on the host backend, device memory must come from Client::AllocateDevice");
   }
 
   Result<ExportedMemory> Export(void* ptr, size_t bytes) override {
@@ -39,7 +51,7 @@ class HostClientDevice : public ClientDevice {
     auto it = live_.upper_bound(p);
     if (it != live_.begin()) {
       --it;
-      auto s = it->second.lock();
+      auto s = it->second.state.lock();
       if (s && p - it->first <= s->size && bytes <= s->size - (p - it->first)) {
         ExportedMemory e;
         e.request.kind = static_cast<uint32_t>(wire::DeviceHandleKind::kHostMemfd);
@@ -60,6 +72,8 @@ class HostClientDevice : public ClientDevice {
   void DestroyEvent(void*) override {}
   Status RecordEvent(void*, void*) override { return Status::Ok(); }
   Status StreamWaitEvent(void*, void*) override { return Status::Ok(); }
+  Result<void*> CreateStream() override { return static_cast<void*>(nullptr); }
+  void DestroyStream(void*) override {}
   bool StreamWaitIsHostWait() const override { return true; }
   Status MapFlags(void*, size_t) override { return Status::Ok(); }
   void UnmapFlags(void*) override {}
@@ -72,7 +86,12 @@ class HostClientDevice : public ClientDevice {
 
  private:
   std::mutex mu_;
-  std::map<uintptr_t, std::weak_ptr<DeviceAllocationState>> live_;
+  struct Live {
+    std::weak_ptr<DeviceAllocationState> state;
+    uint64_t id = 0;
+  };
+  std::map<uintptr_t, Live> live_;
+  uint64_t allocations_ = 0;
 };
 
 }  // namespace

@@ -27,17 +27,39 @@ Status CudaStatus(cudaError_t err, std::string_view what) {
   }
 }
 
+namespace {
+
+// A driver-API function by name, or nullptr where the driver lacks it.
+template <typename Fn>
+Fn DriverFunction(const char* name) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(p);
+}
+
+}  // namespace
+
+Status CudaBufferId(const void* ptr, uint64_t* id) {
+  using Fn = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
+  static const Fn fn = DriverFunction<Fn>("cuPointerGetAttribute");
+  if (fn == nullptr) return Unavailable("cuPointerGetAttribute is not available from the driver");
+  unsigned long long v = 0;
+  CUresult r = fn(&v, CU_POINTER_ATTRIBUTE_BUFFER_ID, reinterpret_cast<CUdeviceptr>(ptr));
+  if (r != CUDA_SUCCESS) {
+    return InvalidArgument("cuPointerGetAttribute(BUFFER_ID) failed (CUresult " + std::to_string(static_cast<int>(r)) +
+                           "): not a device pointer of this context");
+  }
+  *id = v;
+  return Status::Ok();
+}
+
 Status CudaAllocationRange(const void* ptr, uintptr_t* base, size_t* size) {
   using Fn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-  static Fn fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      return static_cast<Fn>(nullptr);
-    }
-    return reinterpret_cast<Fn>(p);
-  }();
+  static const Fn fn = DriverFunction<Fn>("cuMemGetAddressRange");
   if (fn == nullptr) return Unavailable("cuMemGetAddressRange is not available from the driver");
   CUdeviceptr b = 0;
   CUresult r = fn(&b, size, reinterpret_cast<CUdeviceptr>(ptr));

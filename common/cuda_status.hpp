@@ -16,6 +16,8 @@ namespace ferry {
 Status CudaStatus(cudaError_t err, std::string_view what);
 // The allocation that contains `ptr`: its base and size (cuMemGetAddressRange).
 Status CudaAllocationRange(const void* ptr, uintptr_t* base, size_t* size);
+// The allocation's buffer id (CU_POINTER_ATTRIBUTE_BUFFER_ID): unique for the process's life.
+Status CudaBufferId(const void* ptr, uint64_t* id);
 
 }  // namespace ferry
 

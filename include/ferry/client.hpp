@@ -106,6 +106,11 @@ class FERRY_EXPORT SharedEvent {
   SharedEvent& operator=(SharedEvent&&) noexcept;
   ~SharedEvent();
   Status Record(void* cuda_stream);
+  // Records this event once `cuda_event` (any CUDA event of this process, e.g. a framework's,
+  // already recorded on its stream) has happened: a stream of libferry's own waits for it on
+  // the GPU and then records, so a copy `after` this event still starts with no host round
+  // trip. The client has one such stream: records made this way happen in call order.
+  Status RecordAfter(void* cuda_event);
 
  private:
   friend class Client;
@@ -180,6 +185,16 @@ class FERRY_EXPORT Client {
   // Registers device memory: on the cuda backend any device pointer of this process; on the host
   // backend a pointer from AllocateDevice.
   Result<DeviceRegion> RegisterDevice(void* device_ptr, size_t bytes);
+  // The registered region holding [device_ptr, device_ptr + bytes): the whole allocation around
+  // it (a cudaMalloc, or a segment of a framework's caching allocator; on the host backend an
+  // AllocateDevice allocation), registered on first use and cached per allocation, so later
+  // calls anywhere inside it make no round trip to ferryd. `*offset` is where device_ptr lies in
+  // the region. An allocation freed and another made at the same address is told apart (by
+  // CUDA's buffer id) and registered anew.
+  Result<DeviceRegion> RegisterDeviceAllocation(const void* device_ptr, size_t bytes, size_t* offset);
+  // Empties that cache: ferryd unmaps each allocation once no region or copy still holds it.
+  // Call after freeing device memory in bulk (e.g. after torch.cuda.empty_cache()).
+  void ForgetDeviceAllocations();
   Result<SharedEvent> CreateEvent();
 
   Result<Transfer> Copy(Direction direction, const HostBuffer& host, size_t host_offset, const DeviceRegion& device,
