@@ -29,7 +29,7 @@ struct ClientImpl {
     uint64_t id = 0;
     std::shared_ptr<DeviceRegionState> region;
   };
-  static constexpr size_t kMaxCachedAllocations = 4096;  // beyond this, the cache starts over
+  static constexpr size_t kMaxCachedAllocations = 1024;  // beyond this, the cache starts over
   std::mutex allocations_mu;
   std::map<uintptr_t, CachedAllocation> allocations;
 };
@@ -165,9 +165,17 @@ Result<DeviceRegion> Client::RegisterDeviceAllocation(const void* ptr, size_t by
   if (impl_->allocations.size() >= detail::ClientImpl::kMaxCachedAllocations) first = impl_->allocations.begin(), last = impl_->allocations.end();
   for (auto i = first; i != last; ++i) stale.push_back(std::move(i->second.region));
   impl_->allocations.erase(first, last);
-  FERRY_ASSIGN_OR_RETURN(auto region, impl_->core->Register(reinterpret_cast<void*>(a.base), a.size));
-  impl_->allocations[a.base] = {a.id, region};
-  return DeviceRegion(std::move(region));
+  auto region = impl_->core->Register(reinterpret_cast<void*>(a.base), a.size);
+  if (!region.ok() && region.status().code() == Code::kResourceExhausted && !impl_->allocations.empty()) {
+    // ferryd's region limit: the cache may hold allocations freed since. Unregister them now (a
+    // round trip each, under the lock; regions a copy or caller still holds stay) and retry.
+    stale.clear();
+    impl_->allocations.clear();
+    region = impl_->core->Register(reinterpret_cast<void*>(a.base), a.size);
+  }
+  FERRY_RETURN_IF_ERROR(region.status());
+  impl_->allocations[a.base] = {a.id, *region};
+  return DeviceRegion(std::move(*region));
 }
 
 void Client::ForgetDeviceAllocations() {

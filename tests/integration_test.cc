@@ -206,6 +206,77 @@ TEST(Daemon, ClientSideChecksRejectCopiesOutsideTheirBuffers) {
   EXPECT_EQ(client->Copy(Direction::kHostToDevice, host, SIZE_MAX, region, 0, 2).status().code(), Code::kInvalidArgument);
 }
 
+// RegisterDeviceAllocation registers an allocation once, whatever pointer inside it is asked
+// for (a session limited to 2 regions would refuse a third), and addresses the pointer at its
+// offset; allocations freed and made again are registered anew, past the region limit too.
+TEST(Daemon, RegisterDeviceAllocationRegistersEachAllocationOnceAndCopiesAtThePointer) {
+  auto config = DaemonHarness::SmallConfig();
+  config.limits.regions_per_session = 2;
+  DaemonHarness d(config);
+  ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
+  ASSERT_OK_AND_ASSIGN(HostBuffer host, client->AllocateHost(64 << 10));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(1 << 20));
+  const uint64_t seed = testing::RandomSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto* base = static_cast<std::byte*>(dev.data());
+  std::vector<DeviceRegion> held;  // all alive at once: one registration between them, or the limit refuses
+  for (size_t k = 0; k < 100; ++k) {
+    const size_t at = (k * 10007) % ((1 << 20) - (64 << 10)), n = 1 + (k * 331) % (64 << 10);
+    size_t offset = 0;
+    ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDeviceAllocation(base + at, n, &offset));
+    ASSERT_EQ(region.data(), dev.data());
+    ASSERT_EQ(offset, at);
+    FillRandom(host.data(), n, seed + k);
+    Poison(base, dev.size());
+    ASSERT_OK_AND_ASSIGN(Transfer t, client->Copy(Direction::kHostToDevice, host, 0, region, offset, n));
+    ASSERT_OK(t.Wait(10s));
+    ASSERT_EQ(FirstDifference(base + at, host.data(), n), -1) << "k=" << k;
+    for (size_t i = 0; i < at; ++i) ASSERT_EQ(base[i], std::byte{0xA5}) << "wrote before the pointer, k=" << k;
+    for (size_t i = at + n; i < dev.size(); ++i) ASSERT_EQ(base[i], std::byte{0xA5}) << "wrote past the range, k=" << k;
+    held.push_back(std::move(region));
+  }
+  held.clear();
+  size_t offset = 0;
+  EXPECT_EQ(client->RegisterDeviceAllocation(base + 100, 1 << 20, &offset).status().code(), Code::kInvalidArgument);
+  HostBuffer stray = std::move(host);
+  EXPECT_EQ(client->RegisterDeviceAllocation(stray.data(), 1, &offset).status().code(), Code::kInvalidArgument);
+  // Ten allocations, each freed before the next: never more than two regions at once in ferryd.
+  for (int k = 0; k < 10; ++k) {
+    ASSERT_OK_AND_ASSIGN(DeviceAllocation other, client->AllocateDevice(4096 * (k + 1)));
+    ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDeviceAllocation(other.data(), 4096, &offset));
+    ASSERT_EQ(region.data(), other.data());
+    FillRandom(stray.data(), 4096, seed + 1000 + k);
+    Poison(static_cast<std::byte*>(other.data()), other.size());
+    ASSERT_OK_AND_ASSIGN(Transfer t, client->Copy(Direction::kHostToDevice, stray, 0, region, 0, 4096));
+    ASSERT_OK(t.Wait(10s));
+    ASSERT_EQ(FirstDifference(static_cast<std::byte*>(other.data()), stray.data(), 4096), -1) << "k=" << k;
+  }
+  client->ForgetDeviceAllocations();
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation a, client->AllocateDevice(4096));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation b, client->AllocateDevice(4096));
+  ASSERT_OK(client->RegisterDevice(a.data(), a.size()).status());
+  ASSERT_OK(client->RegisterDevice(b.data(), b.size()).status());
+}
+
+// SharedEvent::RecordAfter: on the host backend nothing runs on streams, so the record is at once
+// and a copy after the event runs.
+TEST(Daemon, ACopyAfterAnEventRecordedAfterAForeignEventRuns) {
+  DaemonHarness d;
+  ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
+  ASSERT_OK_AND_ASSIGN(HostBuffer host, client->AllocateHost(8192));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(8192));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  ASSERT_OK_AND_ASSIGN(SharedEvent ev, client->CreateEvent());
+  EXPECT_EQ(ev.RecordAfter(nullptr).code(), Code::kInvalidArgument);
+  int foreign = 0;  // stands in for a framework's cudaEvent_t
+  ASSERT_OK(ev.RecordAfter(&foreign));
+  FillRandom(host.data(), 8192, testing::RandomSeed());
+  Poison(static_cast<std::byte*>(dev.data()), dev.size());
+  ASSERT_OK_AND_ASSIGN(Transfer t, client->Copy(Direction::kHostToDevice, host, 0, region, 0, 8192, {.after = &ev}));
+  ASSERT_OK(t.Wait(10s));
+  EXPECT_EQ(FirstDifference(static_cast<std::byte*>(dev.data()), host.data(), 8192), -1);
+}
+
 // Slabs stay with a session until it ends: its process has them mapped, and a mapping cannot
 // be revoked, so handing them to another session would leak data. Freed buffers are reused
 // inside the session.
