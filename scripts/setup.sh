@@ -10,6 +10,8 @@ packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libboost-dev libyaml-cpp-dev libsodium-dev prometheus-cpp-dev libgtest-dev libgmock-dev
   libsystemd-dev
+  # the Python package (python/): its extension, and its tests with real torch tensors
+  python3-dev python3-pybind11 python3-numpy python3-pytest python3-torch
   # used by the tests: the real tools users run
   minisign prometheus systemd python3 curl
 )
