@@ -87,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
                            "<= 0.11 ms (H200, n = 4096). Exit status 1 if a check failed."),
                        epilog=EPILOG_SOCKET)
     o.add_argument("--socket", help="ferryd's control socket")
-    o.add_argument("--n", type=_positive, help="matrix size (default 4096; 1024 on the host backend, where the math "
+    o.add_argument("--n", type=_positive, help="matrix size (default 4096; 512 on the host backend, where the math "
                    "runs on the CPU; --quick 512 or 256)")
     o.add_argument("--steps", type=_positive, help="timed steps per mode and round (default 30; --quick 6)")
     o.add_argument("--warmup", type=_count, help="warm-up steps per mode and round (default 5; --quick 2)")
@@ -144,7 +144,7 @@ def _overlap(a: argparse.Namespace, rig: Rig) -> int:
     from . import _overlap_report as report
     from .overlap import Runner
 
-    n = a.n or ((512 if rig.gpu else 256) if a.quick else (4096 if rig.gpu else 1024))
+    n = a.n or ((512 if rig.gpu else 256) if a.quick else (4096 if rig.gpu else 512))
     steps = a.steps or (6 if a.quick else 30)
     warmup = a.warmup if a.warmup is not None else (2 if a.quick else 5)
     rounds = a.rounds or (1 if a.quick else 3)

@@ -104,7 +104,8 @@ def targets(res: ForumResult, rats: list[Ratios], lat_rows: list[lat.LatencyRow]
                        "{:.1%}", no_gpu or "no size >= 16 MiB in this sweep"))
     staged = [(r.staged_vs_pageable[d], f"{r.nbytes / MIB:.1f} MiB {d}") for r in rats
               if r.nbytes >= STAGED_MIN_BYTES for d in ("h2d", "d2h") if r.staged_vs_pageable[d] is not None]
-    out.append(verdict(f"ferry staged >= {STAGED_TARGET:g}x torch pageable at >= 64 MiB, both ways", staged, True,
+    out.append(verdict(f"ferry staged >= {STAGED_TARGET:g}x torch pageable (the faster torch path) at >= 64 MiB, "
+                       "both ways", staged, True,
                        STAGED_TARGET, "{:.2f}x", no_gpu or "no size >= 64 MiB in this sweep"))
     spread = [(v, f"{r.nbytes / MIB:.1f} MiB {k}") for r in rats if r.nbytes >= SPREAD_MIN_BYTES
               for k, v in r.spread.items()]
@@ -236,10 +237,12 @@ def write_plot(path: str, rig: Rig, res: ForumResult, metric: str) -> int:
             series.append(Series(f"{p.direction}: {p.label.strip()}", pts, PALETTE[keys.index(p.key) % len(PALETTE)],
                                  None if p.direction == "h2d" else "6,4"))
     where = rig.gpu_name if rig.gpu else "no GPU (ferryd host backend)"
+    env = rig.environment()
     write_line_plot(path, series, title=f"CPU<->GPU copies of (24, 2, 1, seq, 4096) float16 tensors, {where}",
-                    subtitle=[f"ferryd backend {rig.backend}, ferry {rig.environment()['ferry_version']}, torch "
-                              f"{rig.environment()['torch']}; medians of {res.reps} reps after {res.warmup} warm-up; "
-                              "host clock (perf_counter_ns) until the copy is complete; h2d solid, d2h dashed"],
+                    subtitle=[f"ferryd backend {rig.backend}, ferry {env['ferry_version']}, torch {env['torch']}, "
+                              f"on {env['host']}; h2d solid, d2h dashed",
+                              f"medians of {res.reps} reps after {res.warmup} warm-up; host clock (perf_counter_ns) "
+                              "until the copy is complete"],
                     warning="" if rig.gpu else "HOST BACKEND: memcpy through ferryd, NOT GPU figures",
                     x_label="tensor size (MiB)",
                     y_label="GB/s (1e9 bytes/s, median)" if metric == "gbps" else "time per copy (ms, median)")

@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import torch
+
 from ._rig import Rig
 from ._stats import Summary, summarize
 from .overlap import Mode, OverlapResult
@@ -69,7 +71,9 @@ def figures(res: OverlapResult, gpu: bool) -> Figures:
         if f.mode.strategy in ("serial", "pipelined", "in-step"):
             f.exposed = f.step.median - compute.median
             f.overlap = 1 - f.exposed / copy_s if copy_s > 0 else None
-    notes = []
+    notes = [] if gpu else [
+        "host backend: the math and ferryd's threads share this machine's CPUs, so a mode's step also grows by "
+        "the math slowed down by ferryd's work (polling, memcpy), which a GPU's copy engines do not cause"]
     for f in modes:
         base = next((b for b in modes if b.mode.path == "in-process" and b.mode.strategy == f.mode.strategy), None)
         if f.mode.ferry and f.exposed is not None and base and base.exposed is not None \
@@ -151,7 +155,8 @@ def to_json(rig: Rig, res: OverlapResult, figs: Figures) -> str:
     doc = {
         "format": "ferry-python-overlap-report/1",
         "issued_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "environment": rig.environment(), "engine": "cuda" if rig.gpu else "host", "daemon_backend": rig.backend,
+        "environment": {**rig.environment(), "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32},
+        "engine": "cuda" if rig.gpu else "host", "daemon_backend": rig.backend,
         "host_backend": not rig.gpu, "timing": TIMING["cuda" if rig.gpu else "host"],
         "workload": {"n": res.n, "bytes": res.n * res.n * 4, "steps": res.steps, "warmup": res.warmup,
                      "rounds": res.rounds, "blocks": [list(b) for b in res.blocks], "compute_streams": res.lanes},

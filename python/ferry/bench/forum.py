@@ -63,7 +63,7 @@ class Path:
 PATHS = (
     Path("torch_pageable", "h2d", "torch pageable .to('cuda')", True, False),
     Path("torch_pin_copy", "h2d", "torch pin_memory() + .to(non_blocking)", True, False),
-    Path("torch_pin_alone", "h2d", "  of which pin_memory() alone", True, False, derived=True),
+    Path("torch_pin_alone", "h2d", "  pin_memory() alone (of the above)", True, False, derived=True),
     Path("torch_pinned", "h2d", "torch pre-pinned .to(non_blocking)", True, False),
     Path("ferry_pool", "h2d", "ferry pool tensor copy_ + wait", False, True),
     Path("ferry_staged", "h2d", "ferry copy_staged_ from pageable", False, True),
@@ -229,7 +229,7 @@ def measure(rig: Rig, bufs: _Buffers, path: Path, seq: int, reps: int, warmup: i
     n = case.n
     case.load(bufs.a[:n])
     first: Optional[Sample] = None
-    for i in range(warmup):
+    for _ in range(warmup):
         s = timed(case.run)
         first = first or s
     first_s = first.ns / 1e9 if first else float("nan")

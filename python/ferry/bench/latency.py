@@ -95,7 +95,7 @@ def verdict(rows: list[LatencyRow]) -> tuple[str, bool]:
 
 def table(rows: list[LatencyRow]) -> str:
     """The latency rows as text."""
-    lines = [f"4 KiB round trips (copy_ + wait from Python vs client.time_round_trips in C++, latency class), us:",
+    lines = ["4 KiB round trips (copy_ + wait from Python vs client.time_round_trips in C++, latency class), us:",
              f"  {'dir':<4} {'python p50':>11} {'p99':>9} {'min':>9} {'C++ p50':>9} {'p99':>9} {'min':>9}"
              f" {'delta p50':>10}  check"]
     for r in rows:

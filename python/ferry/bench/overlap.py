@@ -210,7 +210,8 @@ class Runner:
                 else:  # ferry: after an event on the block's lane, the copy alone included
                     ev = self.events[slot * len(self.blocks) + p]
                     ev.record(e.lanes[lane])
-                    xfers[slot].append(self.client.copy_(dst, src, after=ev))
+                    # bulk: a stream can wait for it (small blocks would go in the latency class)
+                    xfers[slot].append(self.client.copy_(dst, src, after=ev, priority="bulk"))
             if lanes > 1:
                 e.join()
             if mode.key == "torch_side_stream" and k >= 1:
