@@ -79,11 +79,12 @@ def parser() -> argparse.ArgumentParser:
                        description=(
                            "The seed workload: each step a 4096x4096 float32 torch.matmul on the step stream, its "
                            "64 MiB output copied to the host. Modes as ferry-bench overlap's: compute alone, compute "
-                           "cut in blocks, copy alone, serial (copy after the math on the same stream), pipelined "
+                           "cut in blocks, copy alone, serial (torch: the copy after the math on the same stream; ferry: "
+                           "copy_ after an event, waited for in the same step), pipelined "
                            "(torch side stream into pinned memory; ferry copy_ after= an event, into a pool tensor, "
                            "waited for on the GPU before the buffer is reused), in-step blocks (each block's copy "
                            "starts when its math is done). exposed = median step - median compute step; overlap = "
-                           "1 - exposed / copy. Targets: ferry pipelined exposed <= 2%% of serial; ferry in-step "
+                           "1 - exposed / copy. Targets: ferry pipelined exposed <= 2% of serial; ferry in-step "
                            "<= 0.11 ms (H200, n = 4096). Exit status 1 if a check failed."),
                        epilog=EPILOG_SOCKET)
     o.add_argument("--socket", help="ferryd's control socket")
