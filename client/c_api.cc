@@ -152,6 +152,15 @@ ferry_status ferry_device_register(ferry_client* client, void* ptr, size_t bytes
   return Done(ferry::Status::Ok());
 }
 
+ferry_status ferry_device_register_allocation(ferry_client* client, const void* ptr, size_t bytes,
+                                              ferry_device_region** out, size_t* offset) {
+  if (Null(client, "client") || Null(out, "out") || Null(offset, "offset")) return FERRY_INVALID_ARGUMENT;
+  auto r = client->c->RegisterDeviceAllocation(ptr, bytes, offset);
+  if (!r.ok()) return Fail(r.status());
+  *out = std::make_unique<ferry_device_region>(ferry_device_region{std::nullopt, std::move(*r)}).release();
+  return Done(ferry::Status::Ok());
+}
+
 ferry_status ferry_device_alloc(ferry_client* client, size_t bytes, ferry_device_region** out) {
   if (Null(client, "client") || Null(out, "out")) return FERRY_INVALID_ARGUMENT;
   auto a = client->c->AllocateDevice(bytes);

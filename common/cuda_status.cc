@@ -8,6 +8,10 @@ namespace ferry {
 
 Status CudaStatus(cudaError_t err, std::string_view what) {
   if (err == cudaSuccess) return Status::Ok();
+  // The runtime also keeps a failed call's error as the thread's "last error" (unless it is
+  // sticky): clear it, or the application's next launch check (PyTorch checks cudaGetLastError
+  // after every kernel) reports ferry's failure as its own.
+  cudaGetLastError();
   std::string msg = std::string(what) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
   switch (err) {
     case cudaErrorInvalidValue:

@@ -147,6 +147,33 @@ int main(int argc, char** argv) {
 
   /* Errors: a clear status and message, nothing copied. */
   t = NULL;
+  {
+    /* A pointer inside a device allocation: its whole allocation, at the pointer's offset. */
+    unsigned char* base = (unsigned char*)ferry_device_data(d);
+    ferry_device_region* inner = NULL;
+    size_t offset = 0;
+    CHECK(ferry_device_register_allocation(c, base + 100, n - 100, &inner, &offset) == FERRY_OK, "register allocation");
+    CHECK(offset == 100 && ferry_device_data(inner) == base, "the allocation's region, at the pointer's offset");
+    unsigned char* hp2 = (unsigned char*)ferry_host_data(h);
+    fill(hp2, n - 100, 99);
+    if (ferry_backend(c) == 0) memset(base, 0xA5, n);
+    CHECK(ferry_copy(c, FERRY_HOST_TO_DEVICE, h, 0, inner, offset, n - 100, NULL, &t) == FERRY_OK, "h2d at the offset");
+    CHECK(ferry_transfer_wait(t, 10000000) == FERRY_OK, "h2d at the offset: wait");
+    ferry_transfer_free(t);
+    t = NULL;
+    if (ferry_backend(c) == 0) {
+      CHECK(memcmp(base + 100, hp2, n - 100) == 0, "bytes at the offset differ");
+      for (size_t i = 0; i < 100; ++i) CHECK(base[i] == 0xA5, "wrote before the pointer");
+    }
+    if (ferry_backend(c) == 0) { /* a CUDA allocation may be rounded up past n */
+      ferry_device_region* past = NULL;
+      CHECK(ferry_device_register_allocation(c, base + 100, n, &past, &offset) == FERRY_INVALID_ARGUMENT,
+            "a range past the allocation is refused");
+      CHECK(past == NULL && strstr(ferry_last_error(), "past the end of its allocation") != NULL,
+            "no region on error, and the message says why");
+    }
+    ferry_device_unregister(inner);
+  }
   CHECK(ferry_copy(c, FERRY_HOST_TO_DEVICE, h, 1, d, 0, n, NULL, &t) == FERRY_INVALID_ARGUMENT, "range past the buffer");
   CHECK(t == NULL, "no transfer on error");
   CHECK(strstr(ferry_last_error(), "host range") != NULL, "the message says which range");

@@ -19,6 +19,7 @@ $py -c 'import ferry, torch; print("ferry", ferry.__version__, "torch", torch.__
 echo "== Python GPU tests"
 $py python/tests/run_gpu_tests.py python/tests >"$OUT/python-gpu-tests.log" 2>&1
 echo "python GPU tests: exit $?"; tail -3 "$OUT/python-gpu-tests.log"
+[ -n "${TESTS_ONLY:-}" ] && exit 0  # the extension and its tests alone
 start_ferryd
 echo "== python -m ferry.bench forum"
 $py -m ferry.bench forum --socket "$sock" --csv "$OUT/forum.csv" --plot "$OUT/forum.svg" \
@@ -27,4 +28,9 @@ echo "forum: exit $?"; cat "$OUT/forum.txt"
 echo "== python -m ferry.bench overlap"
 $py -m ferry.bench overlap --socket "$sock" ${OVERLAP_ARGS:-} >"$OUT/overlap.txt" 2>"$OUT/overlap.err"
 echo "overlap: exit $?"; cat "$OUT/overlap.txt"
+kill -TERM "$pid"; wait "$pid"
+start_ferryd >/dev/null
+echo "== python -m ferry.bench latency"
+$py -m ferry.bench latency --socket "$sock" --quiet >"$OUT/latency.txt" 2>&1
+echo "latency: exit $?"; cat "$OUT/latency.txt"
 kill -TERM "$pid"; wait "$pid"

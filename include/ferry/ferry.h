@@ -93,6 +93,12 @@ FERRY_EXPORT void ferry_host_free(ferry_host_buffer* buffer);
 /* device_ptr: a CUDA device pointer (cuda backend) or one from ferry_device_alloc (host backend). */
 FERRY_EXPORT ferry_status ferry_device_register(ferry_client* client, void* device_ptr, size_t bytes,
                                                 ferry_device_region** out);
+/* The region of the whole allocation holding [device_ptr, device_ptr + bytes), registered on first
+ * use and cached per allocation (a framework's caching-allocator segment costs one round trip);
+ * *offset is where device_ptr lies in it. Free the handle with ferry_device_unregister (the
+ * allocation stays registered while the client's cache holds it). */
+FERRY_EXPORT ferry_status ferry_device_register_allocation(ferry_client* client, const void* device_ptr, size_t bytes,
+                                                           ferry_device_region** out, size_t* offset);
 /* Allocates device memory for the daemon's backend and registers it; ferry_device_data() gives its pointer. */
 FERRY_EXPORT ferry_status ferry_device_alloc(ferry_client* client, size_t bytes, ferry_device_region** out);
 FERRY_EXPORT void* ferry_device_data(const ferry_device_region* region);

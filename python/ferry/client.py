@@ -276,7 +276,7 @@ class Client:
     # --- copies --------------------------------------------------------------------------------
 
     def copy_(self, dst: Array, src: Array, *, stream: Stream = None, after: Any = None,
-              priority: Priority = "auto") -> Transfer:
+              priority: Priority = "auto", stream_waitable: Optional[bool] = None) -> Transfer:
         """Copies ``src`` into ``dst``: one a pool tensor (:meth:`empty`), the other a CUDA tensor.
 
         Both contiguous and of equal size in bytes (any dtype, any slice). Returns at once with a
@@ -288,6 +288,9 @@ class Client:
           starts once it has happened, GPU-side (ferry's own event saves a relay).
         - ``priority``: "latency" for small copies waited for at once, "bulk" for the rest,
           "auto" (default) picks latency up to 64 KiB.
+        - ``stream_waitable``: whether :meth:`Transfer.stream_wait` may be used on the copy (ferryd
+          then records an event for it); default: bulk copies yes, latency copies no. A copy only
+          waited for on the host may say False.
 
         Raises :class:`ferry.InvalidArgument` for a tensor ferry cannot reach, saying why.
         """
@@ -303,7 +306,8 @@ class Client:
         event, foreign, stream_handle = self._ordering(stream, after) if (stream is not None or after is not None) \
             else (None, 0, 0)
         latency = priority == "latency" or (priority == "auto" and src_nbytes <= LATENCY_MAX_BYTES)
-        return Transfer(self._c.copy(dst_ptr, dst_cuda, src_ptr, src_cuda, src_nbytes, latency, not latency, event,
+        waitable = (not latency) if stream_waitable is None else bool(stream_waitable)
+        return Transfer(self._c.copy(dst_ptr, dst_cuda, src_ptr, src_cuda, src_nbytes, latency, waitable, event,
                                      foreign, stream_handle), self)
 
     def copy_blocks_(self, dst: Array, src: Array, src_blocks: Any, dst_blocks: Any, block_bytes: int, *,
@@ -365,11 +369,12 @@ class Client:
 
     # --- measurement ---------------------------------------------------------------------------
 
-    def time_round_trips(self, dst: Array, src: Array, iterations: int) -> list[int]:
-        """Nanoseconds of ``iterations`` latency copies src -> dst submitted and waited for in
-        C++ by libferry alone: the baseline the Python path is measured against."""
+    def time_round_trips(self, dst: Array, src: Array, iterations: int, priority: Priority = "latency") -> list[int]:
+        """Nanoseconds of ``iterations`` copies src -> dst (latency class, or "bulk") submitted and
+        waited for in C++ by libferry alone: the baseline the Python path is measured against."""
         dst_ptr, dst_cuda, dst_nbytes, _ = _describe(dst, "dst")
         src_ptr, src_cuda, src_nbytes, _ = _describe(src, "src")
         if dst_nbytes != src_nbytes:
             raise InvalidArgument("dst and src differ in size")
-        return self._c.time_round_trips(dst_ptr, dst_cuda, src_ptr, src_cuda, src_nbytes, iterations)
+        return self._c.time_round_trips(dst_ptr, dst_cuda, src_ptr, src_cuda, src_nbytes, iterations,
+                                        priority != "bulk")

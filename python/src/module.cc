@@ -312,10 +312,11 @@ class PyClient {
     Get().ForgetDeviceAllocations();
   }
 
-  // The C++ round trip the Python path is compared with: `iterations` latency copies of nbytes
+  // The C++ round trip the Python path is compared with: `iterations` copies of nbytes (latency
+  // class, or bulk)
   // between the same two buffers, each submitted and waited for by libferry alone. Nanoseconds.
   std::vector<int64_t> TimeRoundTrips(uintptr_t dst, bool dst_cuda, uintptr_t src, bool src_cuda, size_t nbytes,
-                                      int iterations) {
+                                      int iterations, bool latency) {
     Plan p = Resolve(dst, dst_cuda, src, src_cuda, nbytes);
     std::vector<int64_t> ns;
     ns.reserve(static_cast<size_t>(std::max(iterations, 0)));
@@ -326,7 +327,7 @@ class PyClient {
       for (int i = 0; i < iterations && st.ok(); ++i) {
         const auto t0 = Clock::now();
         Result<Transfer> t = c.Copy(p.direction, *p.host.buffer, p.host.offset, p.device.region, p.device.offset,
-                                    nbytes, {.priority = Priority::kLatency});
+                                    nbytes, {.priority = latency ? Priority::kLatency : Priority::kBulk});
         st = t.ok() ? t->Wait(std::chrono::seconds(10)) : t.status();
         ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
       }
@@ -542,5 +543,5 @@ PYBIND11_MODULE(_ferry, m) {
       .def("stream_wait", &PyClient::StreamWait, py::arg("transfers"), py::arg("stream"))
       .def("forget_device_memory", &PyClient::ForgetDeviceMemory)
       .def("time_round_trips", &PyClient::TimeRoundTrips, py::arg("dst"), py::arg("dst_cuda"), py::arg("src"),
-           py::arg("src_cuda"), py::arg("nbytes"), py::arg("iterations"));
+           py::arg("src_cuda"), py::arg("nbytes"), py::arg("iterations"), py::arg("latency") = true);
 }

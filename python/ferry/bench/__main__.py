@@ -71,6 +71,9 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--json", action="store_true", help="print one JSON object (every sample) instead of the tables")
     f.add_argument("--plot", metavar="FILE.svg", help="write an SVG plot: GB/s (or ms) against size, log axes")
     f.add_argument("--plot-metric", choices=("gbps", "ms"), default="gbps", help="what the plot's y axis shows")
+    f.add_argument("--stream-waitable", action="store_true",
+                   help="make ferry's pool copies stream-waitable (an event per copy), as copies a CUDA stream "
+                        "waits for are; default: not, since the forum waits on the host")
     f.add_argument("--quick", action="store_true", help="few sizes and repetitions (a smoke test, not figures)")
     f.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     f.set_defaults(run=_forum)
@@ -122,6 +125,7 @@ def _forum(a: argparse.Namespace, rig: Rig) -> int:
     from . import _forum_report as report
     from . import forum
 
+    rig.stream_waitable = a.stream_waitable
     seqs = a.seqs or (forum.QUICK_SEQS if a.quick else forum.DEFAULT_SEQS)
     reps = a.reps or (5 if a.quick else 20)
     warmup = a.warmup if a.warmup is not None else (1 if a.quick else 3)

@@ -35,6 +35,9 @@ class Rig:
         self.backend = self.client.backend
         self.torch_cuda = torch.cuda.is_available()
         self.notes: list[str] = []
+        # Whether the forum's pool copies are stream-waitable (ferryd records an event per copy);
+        # they are waited for on the host, so by default not.
+        self.stream_waitable = False
         if self.backend == "cuda" and not self.torch_cuda:
             raise SystemExit("ferry.bench: ferryd drives a GPU but this torch has no CUDA: install a CUDA build "
                              "of torch to benchmark against it")

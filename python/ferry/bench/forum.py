@@ -165,7 +165,7 @@ class _Case:
 
     def _h2d_ferry_pool(self) -> None:
         self.result = self._t(self.b.dev)
-        self.rig.client.copy_(self.result, self._t(self.b.pool)).wait()
+        self.rig.client.copy_(self.result, self._t(self.b.pool), stream_waitable=self.rig.stream_waitable).wait()
 
     def _h2d_ferry_staged(self) -> None:
         self.result = self._t(self.b.dev)
@@ -188,7 +188,7 @@ class _Case:
 
     def _d2h_ferry_pool(self) -> None:
         self.result = self._t(self.b.pool)
-        self.rig.client.copy_(self.result, self._t(self.b.dev)).wait()
+        self.rig.client.copy_(self.result, self._t(self.b.dev), stream_waitable=self.rig.stream_waitable).wait()
 
     def _d2h_ferry_staged(self) -> None:
         self.result = self._t(self.b.page)
