@@ -94,7 +94,10 @@ class PyTransfer {
         st = t_.Wait(std::chrono::duration_cast<std::chrono::microseconds>(std::max(slice, Clock::duration::zero())));
       }
       if (st.ok()) return;
-      if (st.code() != Code::kTimeout || Clock::now() >= deadline) ThrowIfError(st);
+      if (st.code() != Code::kTimeout) ThrowIfError(st);
+      if (Clock::now() >= deadline) {
+        ThrowIfError(Timeout("copy not done after " + std::to_string(*timeout_s) + " s (Transfer.wait's timeout)"));
+      }
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
   }

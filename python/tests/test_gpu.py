@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
@@ -89,13 +89,25 @@ def record(kind: str, client: ferry.Client, stream: torch.cuda.Stream) -> Any:
     return e
 
 
-def assert_ordered(transfer: ferry.Transfer, stream: torch.cuda.Stream) -> None:
-    """The copy was submitted while the slow kernel still ran (else the test shows nothing), and
-    had not completed while the kernel's stream was still busy after it."""
+def assert_ordered(transfer: ferry.Transfer, stream: torch.cuda.Stream) -> bool:
+    """Whether the copy was submitted while the slow kernel still ran (else this attempt shows
+    nothing and the caller tries again with a longer kernel); if it was, asserts that the copy had
+    not completed while the kernel's stream was still busy after it."""
     copied = transfer.done()
     busy = not stream.query()
-    assert busy, "the slow kernel finished before the copy was submitted: raise SLEEP_S"
-    assert not copied, "the copy completed while the kernel it was ordered after still ran"
+    if busy:
+        assert not copied, "the copy completed while the kernel it was ordered after still ran"
+    return busy
+
+
+def with_slow_kernels(attempt: Callable[[int], bool], sleep_cycles: int, tries: int = 3) -> None:
+    """Runs ``attempt(cycles)`` until the slow kernel outlasted the submission (it returns True),
+    doubling the kernel each time: a loaded host may take longer than SLEEP_S to submit."""
+    for k in range(tries):
+        if attempt(sleep_cycles << k):
+            return
+    pytest.fail(f"the slow kernel finished before the copy was submitted, {tries} times (last "
+                f"{SLEEP_S * 2 ** (tries - 1):.1f} s): the host took that long to submit one copy")
 
 
 @pytest.mark.parametrize("event_kind", ["ferry", "torch"])
@@ -103,22 +115,27 @@ def test_d2h_after_a_kernel(gpu: ferry.Client, gen: torch.Generator, sleep_cycle
     """A kernel writes the source after a long sleep; the copy after= its event sees the final bytes,
     not the ones before."""
     n = 16 * MiB + 3
-    src = caching_allocator(n)
-    old = fill_random(src, gen)
-    final = random_bytes(n, gen).cuda()
-    assert not torch.equal(old, final.cpu())
-    host = gpu.empty(n, torch.uint8)
-    poison(host)
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        torch.cuda._sleep(sleep_cycles)
-        src.copy_(final)
-    event = record(event_kind, gpu, stream)
-    transfer = gpu.copy_(host, src, after=event)
-    assert_ordered(transfer, stream)
-    transfer.wait(timeout=60)
-    assert_bytes(host, final.cpu(), "pool tensor copied after the kernel's write")
+
+    def attempt(cycles: int) -> bool:
+        src = caching_allocator(n)
+        old = fill_random(src, gen)
+        final = random_bytes(n, gen).cuda()
+        assert not torch.equal(old, final.cpu())
+        host = gpu.empty(n, torch.uint8)
+        poison(host)
+        torch.cuda.synchronize()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(cycles)
+            src.copy_(final)
+        event = record(event_kind, gpu, stream)
+        transfer = gpu.copy_(host, src, after=event)
+        ordered = assert_ordered(transfer, stream)
+        transfer.wait(timeout=60)
+        assert_bytes(host, final.cpu(), "pool tensor copied after the kernel's write")
+        return ordered
+
+    with_slow_kernels(attempt, sleep_cycles)
 
 
 @pytest.mark.parametrize("event_kind", ["ferry", "torch"])
@@ -126,20 +143,25 @@ def test_h2d_after_a_kernel(gpu: ferry.Client, gen: torch.Generator, sleep_cycle
     """A kernel poisons the destination after a long sleep; the copy after= its event lands after
     that write, so the destination ends with the copied bytes."""
     n = 16 * MiB + 3
-    host = gpu.empty(n, torch.uint8)
-    data = fill_random(host, gen)
-    dst = caching_allocator(n)
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        torch.cuda._sleep(sleep_cycles)
-        byte_view(dst).fill_(POISON)
-    event = record(event_kind, gpu, stream)
-    transfer = gpu.copy_(dst, host, after=event)
-    assert_ordered(transfer, stream)
-    transfer.wait(timeout=60)
-    torch.cuda.synchronize()
-    assert_bytes(dst, data, "device tensor written by a kernel, then by the copy")
+
+    def attempt(cycles: int) -> bool:
+        host = gpu.empty(n, torch.uint8)
+        data = fill_random(host, gen)
+        dst = caching_allocator(n)
+        torch.cuda.synchronize()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(cycles)
+            byte_view(dst).fill_(POISON)
+        event = record(event_kind, gpu, stream)
+        transfer = gpu.copy_(dst, host, after=event)
+        ordered = assert_ordered(transfer, stream)
+        transfer.wait(timeout=60)
+        torch.cuda.synchronize()
+        assert_bytes(dst, data, "device tensor written by a kernel, then by the copy")
+        return ordered
+
+    with_slow_kernels(attempt, sleep_cycles)
 
 
 def test_stream_orders_both_ways(gpu: ferry.Client, gen: torch.Generator, sleep_cycles: int) -> None:
@@ -157,7 +179,7 @@ def test_stream_orders_both_ways(gpu: ferry.Client, gen: torch.Generator, sleep_
         torch.cuda._sleep(sleep_cycles)
         byte_view(dst).fill_(POISON)
     transfer = gpu.copy_(dst, host, stream=stream)
-    assert_ordered(transfer, stream)
+    assert assert_ordered(transfer, stream), "the slow kernel finished before the copy was submitted"
     with torch.cuda.stream(stream):
         out.copy_(dst)  # the consumer: must run after the copy
     stream.synchronize()
