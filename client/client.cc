@@ -149,7 +149,7 @@ Result<DeviceRegion> Client::RegisterDeviceAllocation(const void* ptr, size_t by
                            std::to_string(a.size - (p - a.base)) + " bytes left in it)");
   }
   *offset = p - a.base;
-  std::vector<std::shared_ptr<detail::DeviceRegionState>> stale;  // unregistered (a round trip) after the unlock
+  std::vector<std::shared_ptr<detail::DeviceRegionState>> stale;  // entries this allocation replaces
   std::lock_guard<std::mutex> l(impl_->allocations_mu);
   auto it = impl_->allocations.find(a.base);
   if (it != impl_->allocations.end() && it->second.id == a.id && it->second.region->size == a.size) {
@@ -165,6 +165,7 @@ Result<DeviceRegion> Client::RegisterDeviceAllocation(const void* ptr, size_t by
   if (impl_->allocations.size() >= detail::ClientImpl::kMaxCachedAllocations) first = impl_->allocations.begin(), last = impl_->allocations.end();
   for (auto i = first; i != last; ++i) stale.push_back(std::move(i->second.region));
   impl_->allocations.erase(first, last);
+  stale.clear();  // unregistered before the registration below, which they would count against
   auto region = impl_->core->Register(reinterpret_cast<void*>(a.base), a.size);
   if (!region.ok() && region.status().code() == Code::kResourceExhausted && !impl_->allocations.empty()) {
     // ferryd's region limit: the cache may hold allocations freed since. Unregister them now (a

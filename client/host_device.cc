@@ -36,30 +36,22 @@ class HostClientDevice : public ClientDevice {
   Result<AllocationInfo> AllocationOf(const void* ptr) override {
     std::lock_guard<std::mutex> l(mu_);
     const auto p = reinterpret_cast<uintptr_t>(ptr);
-    auto it = live_.upper_bound(p);
-    if (it != live_.begin()) {
-      --it;
-      auto s = it->second.state.lock();
-      if (s && p - it->first < s->size) return AllocationInfo{it->first, s->size, it->second.id};
-    }
+    auto [it, s] = NearestLiveLocked(p);
+    if (s && p - it->first < s->size) return AllocationInfo{it->first, s->size, it->second.id};
     return InvalidArgument("on the host backend, device memory must come from Client::AllocateDevice");
   }
 
   Result<ExportedMemory> Export(void* ptr, size_t bytes) override {
     std::lock_guard<std::mutex> l(mu_);
     const auto p = reinterpret_cast<uintptr_t>(ptr);
-    auto it = live_.upper_bound(p);
-    if (it != live_.begin()) {
-      --it;
-      auto s = it->second.state.lock();
-      if (s && p - it->first <= s->size && bytes <= s->size - (p - it->first)) {
-        ExportedMemory e;
-        e.request.kind = static_cast<uint32_t>(wire::DeviceHandleKind::kHostMemfd);
-        e.request.size = s->size;
-        e.fd = s->fd.get();
-        e.offset_in_base = p - it->first;
-        return e;
-      }
+    auto [it, s] = NearestLiveLocked(p);
+    if (s && p - it->first <= s->size && bytes <= s->size - (p - it->first)) {
+      ExportedMemory e;
+      e.request.kind = static_cast<uint32_t>(wire::DeviceHandleKind::kHostMemfd);
+      e.request.size = s->size;
+      e.fd = s->fd.get();
+      e.offset_in_base = p - it->first;
+      return e;
     }
     return InvalidArgument("on the host backend, device memory must come from Client::AllocateDevice");
   }
@@ -85,11 +77,23 @@ class HostClientDevice : public ClientDevice {
   }
 
  private:
-  std::mutex mu_;
   struct Live {
     std::weak_ptr<DeviceAllocationState> state;
     uint64_t id = 0;
   };
+  // The nearest live allocation at or below p, erasing freed ones on the way down: a freed
+  // allocation's addresses are reused by the next mapping, so its entry may hide a live one.
+  std::pair<std::map<uintptr_t, Live>::iterator, std::shared_ptr<DeviceAllocationState>> NearestLiveLocked(uintptr_t p) {
+    auto it = live_.upper_bound(p);
+    while (it != live_.begin()) {
+      --it;
+      if (auto s = it->second.state.lock()) return {it, std::move(s)};
+      it = live_.erase(it);
+    }
+    return {live_.end(), nullptr};
+  }
+
+  std::mutex mu_;
   std::map<uintptr_t, Live> live_;
   uint64_t allocations_ = 0;
 };

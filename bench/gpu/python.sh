@@ -12,7 +12,7 @@ cp -r python/ferry/. "$pkg/ferry/"
 suffix=$($py -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 # shellcheck disable=SC2046
 g++ -O2 -std=c++20 -shared -fPIC -fvisibility=hidden $($py -m pybind11 --includes) -I. -Iinclude -I"$BUILD/generated" \
-  python/src/module.cc -L"$BUILD" -lferry -Wl,-rpath,"$ferry_root/$BUILD" -o "$pkg/ferry/_ferry$suffix" \
+  python/src/module.cc python/src/py_client.cc -L"$BUILD" -lferry -Wl,-rpath,"$ferry_root/$BUILD" -o "$pkg/ferry/_ferry$suffix" \
   >"$OUT/python-build.log" 2>&1 || { echo "python: extension build failed"; tail -20 "$OUT/python-build.log"; exit 1; }
 export PYTHONPATH=$ferry_root/$pkg FERRY_TEST_FERRYD=$ferry_root/$BUILD/ferryd
 $py -c 'import ferry, torch; print("ferry", ferry.__version__, "torch", torch.__version__, torch.cuda.get_device_name(0))'

@@ -38,6 +38,9 @@ class Event:
     Record it on the stream of the kernel that produces a tensor, then pass it as ``after=``: the
     copy starts on the GPU once the stream reaches the record, with no host round trip. A
     ``torch.cuda.Event`` works as ``after=`` too; a ferry event saves the relay that takes.
+
+    A copy waits for the event's latest record before the copy was submitted, counted by
+    number: record one event on one stream, from one thread at a time (use an event per stream).
     """
 
     __slots__ = ("_event", "_client")
@@ -108,6 +111,15 @@ def _describe(x: Any, what: str) -> tuple[int, bool, int, int]:
             raise InvalidArgument(f"{what} is not C-contiguous: use numpy.ascontiguousarray() first")
         return interface["data"][0], False, x.nbytes, -1
     raise InvalidArgument(f"{what} must be a torch.Tensor or a numpy.ndarray, not {type(x).__name__}")
+
+
+def _shape(shape: Union[int, Sequence[int]]) -> tuple[int, ...]:
+    """A shape as a tuple of sizes >= 0 (ferry.InvalidArgument otherwise)."""
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    for d in dims:
+        if not isinstance(d, int) or isinstance(d, bool) or d < 0:
+            raise InvalidArgument(f"shape {shape!r}: every size must be an int >= 0")
+    return dims
 
 
 def _block_indices(x: Any, what: str) -> "numpy.ndarray":
@@ -187,7 +199,7 @@ class Client:
         """
         torch = _torch()
         dtype = torch.float32 if dtype is None else dtype
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        shape = _shape(shape)
         nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         raw = torch.utils.dlpack.from_dlpack(self._c.allocate_host(nbytes).dlpack())
         return raw[:nbytes].view(dtype).view(shape)
@@ -200,7 +212,7 @@ class Client:
         """A numpy array over a buffer of ferryd's pinned pool (zero-copy)."""
         import numpy
 
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        shape = _shape(shape)
         dt = numpy.dtype(dtype)
         count = math.prod(shape)
         buf = self._c.allocate_host(count * dt.itemsize)
@@ -215,7 +227,7 @@ class Client:
         """
         torch = _torch()
         dtype = torch.float32 if dtype is None else dtype
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        shape = _shape(shape)
         nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         raw = torch.utils.dlpack.from_dlpack(self._c.allocate_device(nbytes).dlpack())
         return raw[:nbytes].view(dtype).view(shape)
