@@ -1,8 +1,11 @@
 #include "daemon/pinned_pool.hpp"
 
+#include <sched.h>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -10,6 +13,8 @@
 #include <fstream>
 #include <string>
 #include <system_error>
+#include <thread>
+#include <vector>
 
 #include "common/log.hpp"
 #include "common/status_macros.hpp"
@@ -37,6 +42,32 @@ void FaultIn(std::byte* p, uint64_t n) {
 }
 
 }  // namespace
+
+unsigned UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<unsigned>(std::max(1, CPU_COUNT(&set)));
+}
+
+unsigned FaultInParallel(std::byte* p, uint64_t n, uint64_t min_share) {
+  constexpr uint64_t kAlign = 2ull << 20;
+  const uint64_t want = std::clamp<uint64_t>(n / std::max<uint64_t>(min_share, kAlign), 1, UsableCpus());
+  const uint64_t share = (n / want + kAlign - 1) / kAlign * kAlign;
+  std::vector<std::thread> workers;
+  uint64_t off = share;  // this thread takes the first share
+  for (; off < n; off += share) {
+    try {
+      workers.emplace_back([p, off, len = std::min(share, n - off)] { FaultIn(p + off, len); });
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
+  FaultIn(p, std::min(share, n));
+  if (off < n) FaultIn(p + off, n - off);
+  for (std::thread& w : workers) w.join();
+  return static_cast<unsigned>(workers.size() + 1);
+}
 
 PinnedPool::PinnedPool(std::vector<UniqueFd> fds, Mapping m, uint64_t slab_bytes, SlabReclaimHooks hooks)
     : slab_fds_(std::move(fds)),
@@ -77,8 +108,9 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(uint64_t pool_bytes, uint
   // of 4 KiB ones. The kernel grants them to shared memory only when
   // /sys/kernel/mm/transparent_hugepage/shmem_enabled allows it (advise, within_size, always).
   ::madvise(m.data(), pool_bytes, MADV_HUGEPAGE);
-  FaultIn(m.data(), pool_bytes);
+  const unsigned fault_threads = FaultInParallel(m.data(), pool_bytes, 256ull << 20);
   auto pool = std::unique_ptr<PinnedPool>(new PinnedPool(std::move(fds), std::move(m), slab_bytes, std::move(hooks)));
+  pool->fault_threads_ = fault_threads;
   pool->huge_page_bytes_ = MappedHugePageBytes(pool->base(), pool->size());
   FERRY_ASSIGN_OR_RETURN(pool->zeroed_efd_, CreateEventFd());
   try {

@@ -35,6 +35,14 @@
 
 namespace ferry::daemon {
 
+// The CPUs this process may run on (its affinity mask).
+unsigned UsableCpus();
+// Maps every page of [p, p + n) now, by up to one thread per usable CPU, each a contiguous share
+// of at least min_share bytes: the kernel zeroes every page it hands out, on the faulting
+// thread's CPU, and one thread did 0.6 s a GiB (a 48 GiB pool in 28.8 s on the H200's host).
+// Returns the threads used; a thread that cannot start leaves its share to the caller's.
+unsigned FaultInParallel(std::byte* p, uint64_t n, uint64_t min_share);
+
 // Bytes of [base, base + size) that this process maps with huge (PMD) pages, from /proc/self/smaps.
 uint64_t MappedHugePageBytes(const std::byte* base, uint64_t size);
 // The kernel's transparent huge page setting for shared memory ("never", "advise", ...).
@@ -78,7 +86,8 @@ class PinnedPool {
   std::byte* base() const { return mapping_.data(); }
   uint64_t size() const { return mapping_.size(); }
   uint64_t slab_bytes() const { return slab_bytes_; }
-  uint64_t huge_page_bytes() const { return huge_page_bytes_; }  // of the pool, backed by 2 MiB pages at start
+  uint64_t huge_page_bytes() const { return huge_page_bytes_; }
+  unsigned fault_threads() const { return fault_threads_; }  // threads that faulted the pool in at start  // of the pool, backed by 2 MiB pages at start
   uint32_t slab_count() const { return static_cast<uint32_t>(slab_fds_.size()); }
   int slab_fd(uint32_t slab) const { return slab_fds_[slab].get(); }
   uint64_t free_bytes() const { return free_slabs_ * slab_bytes_; }
@@ -124,6 +133,7 @@ class PinnedPool {
   void ForgetUidSlab(uint32_t uid, bool quarantined);
 
   uint64_t huge_page_bytes_ = 0;
+  unsigned fault_threads_ = 1;
   std::vector<UniqueFd> slab_fds_;  // the descriptions memfd_create() returned: never sent
   Mapping mapping_;
   uint64_t slab_bytes_;

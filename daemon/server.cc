@@ -96,7 +96,7 @@ class Server::Impl {
     uint64_t t2 = MonotonicNanos();
     FERRY_LOG(kInfo) << "pool: " << (pool_->size() >> 20) << " MiB in " << pool_->slab_count() << " slabs of "
                      << (pool_->slab_bytes() >> 10) << " KiB; created in " << (t1 - t0) / 1000000
-                     << " ms, registered in " << (t2 - t1) / 1000000 << " ms; " << (pool_->huge_page_bytes() >> 20)
+                     << " ms (" << pool_->fault_threads() << " threads), registered in " << (t2 - t1) / 1000000 << " ms; " << (pool_->huge_page_bytes() >> 20)
                      << " MiB on huge pages (transparent_hugepage/shmem_enabled: " << ShmemHugePageSetting() << ")";
     UpdatePoolCounters(*pool_, counters_);
 

@@ -240,6 +240,24 @@ TEST(PoolZeroer, ASlabWhoseRenewalThrowsStaysOutOfThePool) {
 
 // Review of issue 19: the policy loader caught std::exception only; anything else thrown on its
 // worker ended ferryd. It is now the load's error.
+// The pool's pages are mapped at start by one thread per usable CPU (each a share of at least
+// min_share): every page of the range resident afterwards, whatever the split.
+TEST(PoolFaultIn, EveryPageIsResidentAfterAParallelFaultIn) {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  for (uint64_t n : {uint64_t{1} << 20, (uint64_t{24} << 20) + 3 * 4096, uint64_t{64} << 20}) {
+    void* m = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(m, MAP_FAILED);
+    auto* p = static_cast<std::byte*>(m);
+    const unsigned threads = daemon::FaultInParallel(p, n, 4ull << 20);
+    EXPECT_GE(threads, 1u);
+    EXPECT_LE(threads, std::max<uint64_t>(1, std::min<uint64_t>(daemon::UsableCpus(), n / (4ull << 20))));
+    std::vector<unsigned char> resident((n + page - 1) / page);
+    ASSERT_EQ(::mincore(m, n, resident.data()), 0);
+    for (size_t i = 0; i < resident.size(); ++i) ASSERT_TRUE(resident[i] & 1) << "page " << i << " of " << n << " bytes";
+    ::munmap(m, n);
+  }
+}
+
 TEST(PolicyLoaderThread, AThrowThatIsNotAStdExceptionBecomesTheLoadsError) {
   auto loader = daemon::PolicyLoader::Create([](const std::string&) { throw 42; });
   ASSERT_TRUE(loader.ok()) << loader.status().ToString();
