@@ -14,8 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Iterator
@@ -28,51 +26,20 @@ from ferry.bench._rig import Rig
 from ferry.bench._stats import summarize
 from ferry.bench._svg import Series, line_plot
 from ferry.bench.overlap import row_blocks
+from ferryd_process import Ferryd
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
 
-def _bench_ferryd_binary() -> str:
-    configured = os.environ.get("FERRY_TEST_FERRYD")
-    if configured:
-        return configured
-    beside = Path(ferry._ferry.__file__).resolve().parent.parent.parent / "ferryd"
-    if beside.is_file():
-        return str(beside)
-    found = shutil.which("ferryd")
-    if not found:
-        pytest.fail("no ferryd: set FERRY_TEST_FERRYD to the ferryd binary")
-    return found
-
-
 @pytest.fixture(scope="module")
-def bench_host_ferryd() -> Iterator[str]:
-    """A ferryd on the host backend in a private directory; yields its socket."""
-    d = Path(tempfile.mkdtemp(prefix="ferry-bench-test-"))
-    (d / "ferryd.yaml").write_text(f'runtime_dir: {d}/rt\nbackend: host\npool: {{size: 256MiB, slab: 1MiB}}\n'
-                                   'metrics: {address: ""}\n')
-    log = open(d / "ferryd.log", "wb")
-    proc = subprocess.Popen([_bench_ferryd_binary(), "--config", str(d / "ferryd.yaml")], stdout=log,
-                            stderr=subprocess.STDOUT)
-    sock = d / "rt" / "ferryd.sock"
-    deadline = time.monotonic() + 30
-    while not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if not sock.exists():
-        proc.kill()
-        proc.wait()
-        pytest.fail("ferryd did not start: " + (d / "ferryd.log").read_text())
+def bench_host_ferryd(ferryd_binary: str) -> Iterator[str]:
+    """A ferryd of this module's own on the host backend; yields its socket."""
+    d = Ferryd(ferryd_binary, "host")
     try:
-        yield str(sock)
+        d.start()
+        yield d.socket
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        shutil.rmtree(d, ignore_errors=True)
+        d.close()
 
 
 def _bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
