@@ -86,10 +86,15 @@ class PyEvent {
 class PyTransfer {
  public:
   PyTransfer(Transfer t, size_t nbytes) : t_(std::move(t)), nbytes_(nbytes) {}
-  // Waits in slices so that Ctrl-C reaches Python while the GIL is released.
-  void Wait(std::optional<double> timeout_s) {
+  // Waits in slices so that Ctrl-C reaches Python while the GIL is released. `spin`: polls
+  // without ever sleeping (see Transfer.wait).
+  void Wait(std::optional<double> timeout_s, bool spin) {
     const std::optional<Clock::duration> limit = TimeoutFromSeconds(timeout_s, "timeout");
     const Clock::time_point deadline = limit ? Clock::now() + *limit : Clock::time_point::max();
+    if (spin) {
+      SpinUntilDone(deadline, timeout_s);
+      return;
+    }
     for (;;) {
       const auto slice = std::min<Clock::duration>(deadline - Clock::now(), std::chrono::milliseconds(100));
       Status st;
@@ -99,6 +104,24 @@ class PyTransfer {
       }
       if (st.ok()) return;
       if (st.code() != Code::kTimeout) ThrowIfError(st);
+      if (Clock::now() >= deadline) {
+        ThrowIfError(Timeout("copy not done after " + std::to_string(*timeout_s) + " s (Transfer.wait's timeout)"));
+      }
+      if (PyErr_CheckSignals() != 0) throw pybind11::error_already_set();
+    }
+  }
+  void SpinUntilDone(Clock::time_point deadline, std::optional<double> timeout_s) {
+    for (;;) {
+      Result<bool> done = Status();
+      {
+        pybind11::gil_scoped_release nogil;
+        const Clock::time_point slice_end = std::min(deadline, Clock::now() + std::chrono::milliseconds(100));
+        do {
+          done = t_.Poll();
+        } while (done.ok() && !*done && Clock::now() < slice_end);
+      }
+      ThrowIfError(done.status());
+      if (*done) return;
       if (Clock::now() >= deadline) {
         ThrowIfError(Timeout("copy not done after " + std::to_string(*timeout_s) + " s (Transfer.wait's timeout)"));
       }

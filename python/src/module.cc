@@ -62,7 +62,8 @@ PYBIND11_MODULE(_ferry, m) {
            "Records the event once another CUDA event (a cudaEvent_t as int) has happened, GPU-side.");
 
   py::class_<PyTransfer>(m, "Transfer", "One submitted copy.")
-      .def("wait", &PyTransfer::Wait, py::arg("timeout") = py::none(), "Blocks until done (GIL released).")
+      .def("wait", &PyTransfer::Wait, py::arg("timeout") = py::none(), py::arg("spin") = false,
+           "Blocks until done (GIL released); spin: poll, never sleep.")
       .def("done", &PyTransfer::Done, "True once done; raises the copy's error if it failed.")
       .def("stream_wait", &PyTransfer::StreamWait, py::arg("stream"), "Makes a CUDA stream wait for the copy on the GPU.")
       .def_property_readonly("nbytes", &PyTransfer::nbytes)

@@ -12,6 +12,7 @@ import torch
 
 import ferry
 from bytecheck import assert_bytes, fill_random, poison
+from ferryd_process import FerrydFactory
 
 
 def test_a_buffer_at_a_freed_buffers_address_is_found_at_every_offset(client: ferry.Client,
@@ -104,3 +105,26 @@ def test_empty_tensors_are_nothing_to_copy(client: ferry.Client) -> None:
         client.copy_(dev, host)
     with pytest.raises(ferry.InvalidArgument, match="nothing to copy"):
         client.copy_staged_(dev, torch.empty(0, dtype=torch.uint8))
+
+
+def test_a_spinning_wait_sees_every_byte_and_keeps_its_timeout(make_ferryd: FerrydFactory,
+                                                              gen: torch.Generator) -> None:
+    """wait(spin=True) polls instead of sleeping: the bytes are there when it returns, and a copy
+    that cannot finish (ferryd stopped) still times out, with the timeout it was given."""
+    d = make_ferryd()
+    with d.client() as c:
+        host = c.empty((3 << 20) + 5, torch.uint8)
+        dev = c.empty_device((3 << 20) + 5, torch.uint8)
+        for _ in range(3):
+            data = fill_random(host, gen)
+            poison(dev)
+            c.copy_(dev, host).wait(timeout=30, spin=True)
+            assert_bytes(dev, data, "after a spinning wait")
+        d.pause()
+        try:
+            t = c.copy_(dev, host)
+            with pytest.raises(ferry.Timeout, match=r"copy not done after 0\.3"):
+                t.wait(timeout=0.3, spin=True)
+        finally:
+            d.resume()
+        t.wait(timeout=30, spin=True)

@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
                            "The PyTorch forum's 'fastest way to transfer tensors from CPU to GPU', done with warm-up, "
                            "repetitions and a byte check: shapes (24, 2, 1, seq, 4096) float16 (0.375 MiB per seq). "
                            "h2d: torch pageable .to('cuda'), pin_memory() then .to(non_blocking) (and pinning alone), "
-                           "pre-pinned .to(non_blocking), a ferry pool tensor copy_ + wait, ferry copy_staged_. d2h: "
+                           "pre-pinned .to(non_blocking), a ferry pool tensor copy_ + wait(spin=True), ferry copy_staged_. d2h: "
                            ".to('cpu'), copy_ into a reused pageable tensor, into a pre-pinned one, ferry pool, ferry "
                            "staged. Then 4 KiB round trips from Python against libferry's C++ loop. Prints tables, "
                            "ratio columns and a verdict per target. Exit status 1 if a byte check failed."),

@@ -20,8 +20,8 @@ import ferry
 HOST_BACKEND_WARNING = ("HOST BACKEND: ferryd simulates the GPU in host memory; these figures are memcpy "
                         "through ferryd, NOT GPU figures (run on a GPU with ferryd --backend cuda for those)")
 TIMING_NOTE = ("timing: host clock (time.perf_counter_ns) around each call; a sample ends once the copy "
-               "is complete (torch.cuda.synchronize() for torch paths, Transfer.wait() or the blocking "
-               "copy_staged_ for ferry paths)")
+               "is complete (torch.cuda.synchronize(), which spins, for torch paths; Transfer.wait(spin=True) "
+               "or the blocking copy_staged_ for ferry paths)")
 
 
 class Rig:

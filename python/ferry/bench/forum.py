@@ -6,7 +6,8 @@ host to device and back by each way a PyTorch user has:
 
 h2d: torch pageable ``.to('cuda')``; ``pin_memory()`` then ``.to('cuda', non_blocking=True)``
 (pinning timed on its own too); a pre-pinned tensor's ``.to('cuda', non_blocking=True)``; a ferry
-pool tensor (``client.empty``) ``copy_`` into a CUDA tensor and ``wait``; ferry ``copy_staged_``
+pool tensor (``client.empty``) ``copy_`` into a CUDA tensor and ``wait(spin=True)`` (torch's
+synchronize spins too); ferry ``copy_staged_``
 from the pageable tensor.
 d2h: ``.to('cpu')`` (a fresh pageable tensor each call), ``copy_`` into a reused pageable tensor,
 into a pre-pinned tensor (non_blocking), a ferry pool tensor, and ferry ``copy_staged_``.
@@ -65,12 +66,12 @@ PATHS = (
     Path("torch_pin_copy", "h2d", "torch pin_memory() + .to(non_blocking)", True, False),
     Path("torch_pin_alone", "h2d", "  pin_memory() alone (of the above)", True, False, derived=True),
     Path("torch_pinned", "h2d", "torch pre-pinned .to(non_blocking)", True, False),
-    Path("ferry_pool", "h2d", "ferry pool tensor copy_ + wait", False, True),
+    Path("ferry_pool", "h2d", "ferry pool tensor copy_ + wait(spin)", False, True),
     Path("ferry_staged", "h2d", "ferry copy_staged_ from pageable", False, True),
     Path("torch_pageable", "d2h", "torch .to('cpu') (fresh pageable)", True, False),
     Path("torch_pageable_reused", "d2h", "torch pageable copy_ (reused dst)", True, False),
     Path("torch_pinned", "d2h", "torch pre-pinned copy_(non_blocking)", True, False),
-    Path("ferry_pool", "d2h", "ferry pool tensor copy_ + wait", False, True),
+    Path("ferry_pool", "d2h", "ferry pool tensor copy_ + wait(spin)", False, True),
     Path("ferry_staged", "d2h", "ferry copy_staged_ to pageable", False, True),
 )
 
@@ -165,7 +166,7 @@ class _Case:
 
     def _h2d_ferry_pool(self) -> None:
         self.result = self._t(self.b.dev)
-        self.rig.client.copy_(self.result, self._t(self.b.pool), stream_waitable=self.rig.stream_waitable).wait()
+        self.rig.client.copy_(self.result, self._t(self.b.pool), stream_waitable=self.rig.stream_waitable).wait(spin=True)
 
     def _h2d_ferry_staged(self) -> None:
         self.result = self._t(self.b.dev)
@@ -188,7 +189,7 @@ class _Case:
 
     def _d2h_ferry_pool(self) -> None:
         self.result = self._t(self.b.pool)
-        self.rig.client.copy_(self.result, self._t(self.b.dev), stream_waitable=self.rig.stream_waitable).wait()
+        self.rig.client.copy_(self.result, self._t(self.b.dev), stream_waitable=self.rig.stream_waitable).wait(spin=True)
 
     def _d2h_ferry_staged(self) -> None:
         self.result = self._t(self.b.page)
