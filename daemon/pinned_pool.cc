@@ -1,16 +1,18 @@
 #include "daemon/pinned_pool.hpp"
 
-#include <sched.h>
-
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cinttypes>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -50,23 +52,50 @@ unsigned UsableCpus() {
   return static_cast<unsigned>(std::max(1, CPU_COUNT(&set)));
 }
 
-unsigned FaultInParallel(std::byte* p, uint64_t n, uint64_t min_share) {
-  constexpr uint64_t kAlign = 2ull << 20;
+unsigned FaultInParallel(std::byte* p, uint64_t n, uint64_t min_share, const FaultProgress& progress,
+                         std::chrono::milliseconds interval) {
+  constexpr uint64_t kAlign = 2ull << 20, kChunk = 64ull << 20;
   const uint64_t want = std::clamp<uint64_t>(n / std::max<uint64_t>(min_share, kAlign), 1, UsableCpus());
   const uint64_t share = (n / want + kAlign - 1) / kAlign * kAlign;
+  std::atomic<uint64_t> faulted{0};
+  auto fault = [&](uint64_t off, uint64_t len) {
+    for (uint64_t at = 0; at < len; at += kChunk) {
+      const uint64_t chunk = std::min(kChunk, len - at);
+      FaultIn(p + off + at, chunk);
+      faulted.fetch_add(chunk, std::memory_order_relaxed);
+    }
+  };
+  if (progress) progress(0, n);
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t finished = 0;  // guarded by mu
   std::vector<std::thread> workers;
-  uint64_t off = share;  // this thread takes the first share
+  uint64_t off = 0;
   for (; off < n; off += share) {
     try {
-      workers.emplace_back([p, off, len = std::min(share, n - off)] { FaultIn(p + off, len); });
+      workers.emplace_back([&, off, len = std::min(share, n - off)] {
+        fault(off, len);
+        std::lock_guard<std::mutex> l(mu);
+        ++finished;
+        cv.notify_one();
+      });
     } catch (const std::system_error&) {
       break;
     }
   }
-  FaultIn(p, std::min(share, n));
-  if (off < n) FaultIn(p + off, n - off);
+  if (off < n) fault(off, n - off);  // the shares no thread could start for
+  {
+    // This thread reports while the workers fault.
+    std::unique_lock<std::mutex> l(mu);
+    while (!cv.wait_for(l, interval, [&] { return finished == workers.size(); })) {
+      l.unlock();
+      if (progress) progress(faulted.load(std::memory_order_relaxed), n);
+      l.lock();
+    }
+  }
   for (std::thread& w : workers) w.join();
-  return static_cast<unsigned>(workers.size() + 1);
+  if (progress) progress(n, n);
+  return static_cast<unsigned>(std::max<size_t>(workers.size(), 1));
 }
 
 PinnedPool::PinnedPool(std::vector<UniqueFd> fds, Mapping m, uint64_t slab_bytes, SlabReclaimHooks hooks)
@@ -90,7 +119,7 @@ PinnedPool::~PinnedPool() {
 }
 
 Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(uint64_t pool_bytes, uint64_t slab_bytes,
-                                                       SlabReclaimHooks hooks) {
+                                                       SlabReclaimHooks hooks, const FaultProgress& progress) {
   if (slab_bytes == 0 || pool_bytes == 0 || pool_bytes % slab_bytes != 0) {
     return InvalidArgument("pool size must be a positive multiple of the slab size");
   }
@@ -108,7 +137,7 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(uint64_t pool_bytes, uint
   // of 4 KiB ones. The kernel grants them to shared memory only when
   // /sys/kernel/mm/transparent_hugepage/shmem_enabled allows it (advise, within_size, always).
   ::madvise(m.data(), pool_bytes, MADV_HUGEPAGE);
-  const unsigned fault_threads = FaultInParallel(m.data(), pool_bytes, 256ull << 20);
+  const unsigned fault_threads = FaultInParallel(m.data(), pool_bytes, 256ull << 20, progress);
   auto pool = std::unique_ptr<PinnedPool>(new PinnedPool(std::move(fds), std::move(m), slab_bytes, std::move(hooks)));
   pool->fault_threads_ = fault_threads;
   pool->huge_page_bytes_ = MappedHugePageBytes(pool->base(), pool->size());

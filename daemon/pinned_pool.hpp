@@ -18,6 +18,7 @@
 // touches only the memory of slabs handed to it and its own queues.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -37,11 +38,16 @@ namespace ferry::daemon {
 
 // The CPUs this process may run on (its affinity mask).
 unsigned UsableCpus();
+// Told how far a pool's fault-in got: bytes faulted of total. Called on the creating thread: at
+// the start (0), every interval while the workers fault, and at the end (total).
+using FaultProgress = std::function<void(uint64_t faulted, uint64_t total)>;
 // Maps every page of [p, p + n) now, by up to one thread per usable CPU, each a contiguous share
 // of at least min_share bytes: the kernel zeroes every page it hands out, on the faulting
 // thread's CPU, and one thread did 0.6 s a GiB (a 48 GiB pool in 28.8 s on the H200's host).
-// Returns the threads used; a thread that cannot start leaves its share to the caller's.
-unsigned FaultInParallel(std::byte* p, uint64_t n, uint64_t min_share);
+// Returns the threads used; the caller's thread reports progress, and faults the shares of
+// threads that could not start.
+unsigned FaultInParallel(std::byte* p, uint64_t n, uint64_t min_share, const FaultProgress& progress = {},
+                         std::chrono::milliseconds interval = std::chrono::seconds(1));
 
 // Bytes of [base, base + size) that this process maps with huge (PMD) pages, from /proc/self/smaps.
 uint64_t MappedHugePageBytes(const std::byte* base, uint64_t size);
@@ -78,7 +84,7 @@ class PinnedPool {
  public:
   // The hooks must stay callable until the pool is destroyed.
   static Result<std::unique_ptr<PinnedPool>> Create(uint64_t pool_bytes, uint64_t slab_bytes,
-                                                    SlabReclaimHooks hooks = {});
+                                                    SlabReclaimHooks hooks = {}, const FaultProgress& progress = {});
   ~PinnedPool();  // joins the zeroer (after it finishes the slab it is renewing)
   PinnedPool(const PinnedPool&) = delete;
   PinnedPool& operator=(const PinnedPool&) = delete;

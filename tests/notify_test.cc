@@ -1,4 +1,5 @@
-// ferryd under systemd: READY=1 once serving, WATCHDOG=1 only while copies make progress.
+// ferryd under systemd: the pool's build reported (STATUS, EXTEND_TIMEOUT_USEC), READY=1 once
+// serving, WATCHDOG=1 only while copies make progress.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -64,6 +65,18 @@ TEST(Systemd, ReadyThenWatchdogOnlyWhileCopiesProgress) {
   testing::DaemonHarness d(testing::DaemonHarness::SmallConfig(), std::move(backend));
   auto first = systemd.Collect(300);
   ASSERT_GE(FakeSystemd::Count(first, "READY=1"), 1);
+  // Before READY: the pool's build and registration, each extending the start timeout.
+  ASSERT_GE(first.size(), 3u);
+  EXPECT_NE(first[0].find("EXTEND_TIMEOUT_USEC="), std::string::npos) << first[0];
+  EXPECT_NE(first[0].find("STATUS=building the pool: 0 of 64 MiB"), std::string::npos) << first[0];
+  int ready_at = -1, built_at = -1, registering_at = -1;
+  for (size_t i = 0; i < first.size(); ++i) {
+    if (built_at < 0 && first[i].find("STATUS=building the pool: 64 of 64 MiB") != std::string::npos) built_at = int(i);
+    if (registering_at < 0 && first[i].find("STATUS=registering the pool") != std::string::npos) registering_at = int(i);
+    if (ready_at < 0 && first[i].find("READY=1") != std::string::npos) ready_at = int(i);
+  }
+  EXPECT_TRUE(built_at >= 0 && built_at < registering_at && registering_at < ready_at)
+      << "built at " << built_at << ", registering at " << registering_at << ", ready at " << ready_at;
   EXPECT_GE(FakeSystemd::Count(first, "WATCHDOG=1"), 3) << "idle: fed every 50 ms";
 
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());

@@ -241,14 +241,25 @@ TEST(PoolZeroer, ASlabWhoseRenewalThrowsStaysOutOfThePool) {
 // Review of issue 19: the policy loader caught std::exception only; anything else thrown on its
 // worker ended ferryd. It is now the load's error.
 // The pool's pages are mapped at start by one thread per usable CPU (each a share of at least
-// min_share): every page of the range resident afterwards, whatever the split.
+// min_share): every page of the range resident afterwards, whatever the split, and its progress
+// reported from nothing to all of it.
 TEST(PoolFaultIn, EveryPageIsResidentAfterAParallelFaultIn) {
   const long page = ::sysconf(_SC_PAGESIZE);
   for (uint64_t n : {uint64_t{1} << 20, (uint64_t{24} << 20) + 3 * 4096, uint64_t{64} << 20}) {
     void* m = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     ASSERT_NE(m, MAP_FAILED);
     auto* p = static_cast<std::byte*>(m);
-    const unsigned threads = daemon::FaultInParallel(p, n, 4ull << 20);
+    std::vector<std::pair<uint64_t, uint64_t>> reports;
+    const unsigned threads = daemon::FaultInParallel(
+        p, n, 4ull << 20, [&](uint64_t faulted, uint64_t total) { reports.emplace_back(faulted, total); },
+        std::chrono::milliseconds(1));
+    ASSERT_GE(reports.size(), 2u);
+    EXPECT_EQ(reports.front(), std::make_pair(uint64_t{0}, n)) << "a report at the start";
+    EXPECT_EQ(reports.back(), std::make_pair(n, n)) << "and one at the end";
+    for (size_t i = 1; i < reports.size(); ++i) {
+      EXPECT_LE(reports[i - 1].first, reports[i].first) << "progress only grows";
+      EXPECT_EQ(reports[i].second, n);
+    }
     EXPECT_GE(threads, 1u);
     EXPECT_LE(threads, std::max<uint64_t>(1, std::min<uint64_t>(daemon::UsableCpus(), n / (4ull << 20))));
     std::vector<unsigned char> resident((n + page - 1) / page);
