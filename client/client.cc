@@ -2,9 +2,9 @@
 #include "ferry/client.hpp"
 
 #include <array>
-#include <map>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -149,28 +149,29 @@ Result<DeviceRegion> Client::RegisterDeviceAllocation(const void* ptr, size_t by
                            std::to_string(a.size - (p - a.base)) + " bytes left in it)");
   }
   *offset = p - a.base;
-  std::vector<std::shared_ptr<detail::DeviceRegionState>> stale;  // entries this allocation replaces
   std::lock_guard<std::mutex> l(impl_->allocations_mu);
   auto it = impl_->allocations.find(a.base);
   if (it != impl_->allocations.end() && it->second.id == a.id && it->second.region->size == a.size) {
     return DeviceRegion(it->second.region);
   }
-  // A stale entry (freed, its address reused) or a new allocation; drop entries it overlaps.
+  // A stale entry (freed, its address reused) or a new allocation: the entries it overlaps are
+  // dropped, and so unregistered (a round trip each) before the registration below counts
+  // against ferryd's region limit.
   auto first = impl_->allocations.lower_bound(a.base);
   if (first != impl_->allocations.begin()) {
     auto before = std::prev(first);
     if (before->first + before->second.region->size > a.base) first = before;
   }
   auto last = impl_->allocations.lower_bound(a.base + a.size);
-  if (impl_->allocations.size() >= detail::ClientImpl::kMaxCachedAllocations) first = impl_->allocations.begin(), last = impl_->allocations.end();
-  for (auto i = first; i != last; ++i) stale.push_back(std::move(i->second.region));
+  if (impl_->allocations.size() >= detail::ClientImpl::kMaxCachedAllocations) {
+    first = impl_->allocations.begin();
+    last = impl_->allocations.end();
+  }
   impl_->allocations.erase(first, last);
-  stale.clear();  // unregistered before the registration below, which they would count against
   auto region = impl_->core->Register(reinterpret_cast<void*>(a.base), a.size);
   if (!region.ok() && region.status().code() == Code::kResourceExhausted && !impl_->allocations.empty()) {
-    // ferryd's region limit: the cache may hold allocations freed since. Unregister them now (a
-    // round trip each, under the lock; regions a copy or caller still holds stay) and retry.
-    stale.clear();
+    // ferryd's region limit: the cache may hold allocations freed since. Unregister them now
+    // (regions a copy or caller still holds stay) and retry.
     impl_->allocations.clear();
     region = impl_->core->Register(reinterpret_cast<void*>(a.base), a.size);
   }

@@ -97,13 +97,7 @@ class CudaClientDevice : public ClientDevice {
   Status MapFlags(void* flags, size_t bytes) override {
     std::lock_guard<std::mutex> l(flags_mu_);
     if (write_value_ == nullptr) {
-      void* fn = nullptr;
-      cudaDriverEntryPointQueryResult found{};
-      FERRY_CUDA_RETURN_IF_ERROR(
-          cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault, &found));
-      if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
-        return NotSupported("the CUDA driver has no cuStreamWriteValue32");
-      }
+      FERRY_ASSIGN_OR_RETURN(void* fn, DriverFunction("cuStreamWriteValue32"));
       write_value_ = reinterpret_cast<WriteValue32>(fn);
     }
     FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));

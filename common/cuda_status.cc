@@ -31,26 +31,21 @@ Status CudaStatus(cudaError_t err, std::string_view what) {
   }
 }
 
-namespace {
-
-// A driver-API function by name, or nullptr where the driver lacks it.
-template <typename Fn>
-Fn DriverFunction(const char* name) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult q{};
-  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-      q != cudaDriverEntryPointSuccess) {
-    return nullptr;
+Result<void*> DriverFunction(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  FERRY_CUDA_RETURN_IF_ERROR(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found));
+  if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
+    return NotSupported(std::string("the CUDA driver has no ") + name);
   }
-  return reinterpret_cast<Fn>(p);
+  return fn;
 }
-
-}  // namespace
 
 Status CudaBufferId(const void* ptr, uint64_t* id) {
   using Fn = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
-  static const Fn fn = DriverFunction<Fn>("cuPointerGetAttribute");
-  if (fn == nullptr) return Unavailable("cuPointerGetAttribute is not available from the driver");
+  static const Result<void*> found = DriverFunction("cuPointerGetAttribute");
+  if (!found.ok()) return Unavailable("cuPointerGetAttribute is not available from the driver");
+  const auto fn = reinterpret_cast<Fn>(*found);
   unsigned long long v = 0;
   CUresult r = fn(&v, CU_POINTER_ATTRIBUTE_BUFFER_ID, reinterpret_cast<CUdeviceptr>(ptr));
   if (r != CUDA_SUCCESS) {
@@ -63,8 +58,9 @@ Status CudaBufferId(const void* ptr, uint64_t* id) {
 
 Status CudaAllocationRange(const void* ptr, uintptr_t* base, size_t* size) {
   using Fn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-  static const Fn fn = DriverFunction<Fn>("cuMemGetAddressRange");
-  if (fn == nullptr) return Unavailable("cuMemGetAddressRange is not available from the driver");
+  static const Result<void*> found = DriverFunction("cuMemGetAddressRange");
+  if (!found.ok()) return Unavailable("cuMemGetAddressRange is not available from the driver");
+  const auto fn = reinterpret_cast<Fn>(*found);
   CUdeviceptr b = 0;
   CUresult r = fn(&b, size, reinterpret_cast<CUdeviceptr>(ptr));
   if (r != CUDA_SUCCESS) {

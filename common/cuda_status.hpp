@@ -14,6 +14,9 @@
 namespace ferry {
 
 Status CudaStatus(cudaError_t err, std::string_view what);
+// A driver-API function by name, through the runtime's entry points: the query's error, or
+// NotSupported where the driver lacks the function.
+Result<void*> DriverFunction(const char* name);
 // The allocation that contains `ptr`: its base and size (cuMemGetAddressRange).
 Status CudaAllocationRange(const void* ptr, uintptr_t* base, size_t* size);
 // The allocation's buffer id (CU_POINTER_ATTRIBUTE_BUFFER_ID): unique for the process's life.

@@ -116,12 +116,10 @@ class CudaBackend : public Backend {
     if (!can_register) return NotSupported("the device cannot register host memory");
     FERRY_CUDA_RETURN_IF_ERROR(
         cudaDeviceGetAttribute(&same_address, cudaDevAttrCanUseHostPointerForRegisteredMem, device_));
-    for (auto [name, fn] : {std::pair<const char*, void**>{"cuStreamWaitValue32", reinterpret_cast<void**>(&wait_value_)},
-                            {"cuStreamWriteValue32", reinterpret_cast<void**>(&write_value_)}}) {
-      cudaDriverEntryPointQueryResult found{};
-      FERRY_CUDA_RETURN_IF_ERROR(cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &found));
-      if (found != cudaDriverEntryPointSuccess || *fn == nullptr) return NotSupported(std::string("no ") + name);
-    }
+    FERRY_ASSIGN_OR_RETURN(void* wait_value, DriverFunction("cuStreamWaitValue32"));
+    FERRY_ASSIGN_OR_RETURN(void* write_value, DriverFunction("cuStreamWriteValue32"));
+    wait_value_ = reinterpret_cast<decltype(wait_value_)>(wait_value);
+    write_value_ = reinterpret_cast<decltype(write_value_)>(write_value);
     constexpr size_t kPage = 4096;
     std::unique_ptr<uint32_t, decltype(&std::free)> page(static_cast<uint32_t*>(std::aligned_alloc(kPage, kPage)),
                                                          &std::free);
