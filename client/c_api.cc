@@ -120,6 +120,10 @@ ferry_status ferry_connect(const ferry_connect_options* options, ferry_client** 
     if (in.socket_path) o.socket_path = in.socket_path;
     if (in.name) o.name = in.name;
     if (in.timeout_ms) o.timeout = std::chrono::milliseconds(in.timeout_ms);
+    if (in.use_device) {
+      if (in.device < 0) return Fail(ferry::InvalidArgument("ferry_connect_options.device is negative"));
+      o.device = in.device;
+    }
   }
   auto c = ferry::Client::Connect(o);
   if (!c.ok()) return Fail(c.status());

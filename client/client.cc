@@ -113,6 +113,8 @@ Result<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& options) {
 
 BackendKind Client::backend() const { return impl_->core->backend(); }
 int Client::device_ordinal() const { return impl_->core->device_ordinal(); }
+const std::string& Client::gpu_uuid() const { return impl_->core->gpu_uuid(); }
+int Client::numa_node() const { return impl_->core->numa_node(); }
 uint64_t Client::session_id() const { return impl_->core->session_id(); }
 
 Status Client::StreamWait(std::span<Transfer> transfers, void* cuda_stream) {

@@ -69,13 +69,27 @@ Status ClientCore::Connect(const ConnectOptions& o) {
   done_words_ = reinterpret_cast<std::atomic<uint32_t>*>(wire::DoneWords(ring_.data(), sq_entries_, cq_entries_));
   session_id_ = r.session_id;
   slab_bytes_ = r.slab_bytes;
-  device_ordinal_ = r.device_ordinal;
   backend_ = r.backend == static_cast<uint32_t>(wire::BackendKind::kCuda) ? BackendKind::kCuda : BackendKind::kHost;
+  if (o.device < -1) return InvalidArgument("ConnectOptions::device is " + std::to_string(o.device));
   if (backend_ == BackendKind::kCuda) {
+    if (o.device >= 0) {
+      device_ordinal_ = o.device;
+    } else {
+      FERRY_ASSIGN_OR_RETURN(device_ordinal_, CurrentCudaDevice());
+    }
     FERRY_ASSIGN_OR_RETURN(device_, MakeCudaClientDevice(device_ordinal_));
   } else {
-    device_ = MakeHostClientDevice();
+    device_ordinal_ = std::max(o.device, 0);
+    device_ = MakeHostClientDevice(device_ordinal_);
   }
+  // Name the GPU before anything else: ferryd takes this session's pool memory from its NUMA
+  // node and checks its device memory against it.
+  FERRY_ASSIGN_OR_RETURN(wire::UseGpuRequest use, device_->Identify());
+  FERRY_ASSIGN_OR_RETURN(ReceivedMessage g, Call(wire::MsgType::kUseGpu, use, wire::MsgType::kUseGpuReply));
+  auto gr = g.As<wire::UseGpuReply>();
+  FERRY_RETURN_IF_ERROR(FromWire(gr.status).WithContext("ferryd does not serve this client's GPU"));
+  gpu_uuid_ = ReadCString(gr.uuid);
+  numa_node_ = gr.numa_node;
   if (const char* s = std::getenv("FERRY_SPIN_US")) spin_ns_ = std::strtoull(s, nullptr, 10) * 1000;
   // FERRY_DONE_WORDS=0: wait for latency copies' completions alone (to measure what the done
   // words save).

@@ -158,6 +158,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
 
   BackendKind backend() const { return backend_; }
   int device_ordinal() const { return device_ordinal_; }
+  const std::string& gpu_uuid() const { return gpu_uuid_; }
+  int numa_node() const { return numa_node_; }
   uint32_t sq_entries() const { return sq_entries_; }
   uint64_t session_id() const { return session_id_; }
   ClientDevice& device() { return *device_; }
@@ -240,6 +242,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   uint64_t session_id_ = 0;
   uint64_t slab_bytes_ = 0;
   int device_ordinal_ = 0;
+  std::string gpu_uuid_;
+  int numa_node_ = -1;
   BackendKind backend_ = BackendKind::kHost;
   std::unique_ptr<ClientDevice> device_;
 };

@@ -19,6 +19,16 @@ class CudaClientDevice : public ClientDevice {
  public:
   explicit CudaClientDevice(int ordinal) : ordinal_(ordinal) {}
 
+  Result<wire::UseGpuRequest> Identify() override {
+    cudaDeviceProp prop{};
+    FERRY_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal_));
+    wire::UseGpuRequest r{};
+    r.ordinal = ordinal_;
+    static_assert(sizeof prop.uuid.bytes == wire::kGpuUuidBytes);
+    std::memcpy(r.uuid, prop.uuid.bytes, sizeof r.uuid);
+    return r;
+  }
+
   Result<std::shared_ptr<DeviceAllocationState>> Allocate(size_t bytes) override {
     FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     void* p = nullptr;
@@ -40,8 +50,8 @@ class CudaClientDevice : public ClientDevice {
     FERRY_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, ptr));
     if (attr.type != cudaMemoryTypeDevice) return InvalidArgument("not device memory (cudaMalloc it)");
     if (attr.device != ordinal_) {
-      return InvalidArgument("memory is on device " + std::to_string(attr.device) + "; ferryd drives device " +
-                             std::to_string(ordinal_));
+      return InvalidArgument("memory is on CUDA device " + std::to_string(attr.device) + "; this client copies to device " +
+                             std::to_string(ordinal_) + " (connect a client per GPU: ConnectOptions::device)");
     }
     cudaIpcMemHandle_t h;
     FERRY_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base)));
@@ -143,6 +153,12 @@ class CudaClientDevice : public ClientDevice {
 };
 
 }  // namespace
+
+Result<int> CurrentCudaDevice() {
+  int d = 0;
+  FERRY_CUDA_RETURN_IF_ERROR(cudaGetDevice(&d));
+  return d;
+}
 
 Result<std::unique_ptr<ClientDevice>> MakeCudaClientDevice(int ordinal) {
   int count = 0;

@@ -47,6 +47,8 @@ class ClientDevice {
  public:
   virtual ~ClientDevice() = default;
   virtual Result<std::shared_ptr<DeviceAllocationState>> Allocate(size_t bytes) = 0;
+  // What tells ferryd which GPU this is (kUseGpu): the UUID on cuda, the ordinal on the host backend.
+  virtual Result<wire::UseGpuRequest> Identify() = 0;
   virtual Result<ExportedMemory> Export(void* ptr, size_t bytes) = 0;
   virtual Result<AllocationInfo> AllocationOf(const void* ptr) = 0;
   virtual Result<DeviceEvent> CreateEvent() = 0;
@@ -73,8 +75,11 @@ class ClientDevice {
   }
 };
 
-std::unique_ptr<ClientDevice> MakeHostClientDevice();
+// The host backend's stand-in for simulated GPU `ordinal`.
+std::unique_ptr<ClientDevice> MakeHostClientDevice(int ordinal = 0);
 // NotSupported when built without CUDA.
 Result<std::unique_ptr<ClientDevice>> MakeCudaClientDevice(int device_ordinal);
+// The calling thread's current CUDA device (cudaGetDevice); NotSupported without CUDA.
+Result<int> CurrentCudaDevice();
 
 }  // namespace ferry::detail

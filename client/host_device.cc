@@ -18,9 +18,19 @@ namespace {
 
 class HostClientDevice : public ClientDevice {
  public:
+  explicit HostClientDevice(int ordinal) : ordinal_(ordinal) {}
+
+  Result<wire::UseGpuRequest> Identify() override {
+    wire::UseGpuRequest r{};
+    r.ordinal = ordinal_;
+    return r;
+  }
+
   Result<std::shared_ptr<DeviceAllocationState>> Allocate(size_t bytes) override {
     if (bytes == 0) return InvalidArgument("device allocation of 0 bytes");
-    FERRY_ASSIGN_OR_RETURN(UniqueFd fd, CreateSealedMemfd("ferry-sim-device", bytes));
+    // The name says which simulated GPU the memory is on: ferryd's host backend reads it as the
+    // driver's answer to "where is this memory".
+    FERRY_ASSIGN_OR_RETURN(UniqueFd fd, CreateSealedMemfd("ferry-sim-gpu" + std::to_string(ordinal_), bytes));
     FERRY_ASSIGN_OR_RETURN(Mapping m, MapShared(fd.get(), bytes));
     auto s = std::make_shared<DeviceAllocationState>();
     s->ptr = m.data();
@@ -77,6 +87,7 @@ class HostClientDevice : public ClientDevice {
   }
 
  private:
+  int ordinal_;
   struct Live {
     std::weak_ptr<DeviceAllocationState> state;
     uint64_t id = 0;
@@ -100,6 +111,6 @@ class HostClientDevice : public ClientDevice {
 
 }  // namespace
 
-std::unique_ptr<ClientDevice> MakeHostClientDevice() { return std::make_unique<HostClientDevice>(); }
+std::unique_ptr<ClientDevice> MakeHostClientDevice(int ordinal) { return std::make_unique<HostClientDevice>(ordinal); }
 
 }  // namespace ferry::detail

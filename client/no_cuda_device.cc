@@ -7,4 +7,6 @@ Result<std::unique_ptr<ClientDevice>> MakeCudaClientDevice(int) {
   return NotSupported("ferryd runs the cuda backend, but this libferry was built without CUDA");
 }
 
+Result<int> CurrentCudaDevice() { return NotSupported("ferryd runs the cuda backend, but this libferry was built without CUDA"); }
+
 }  // namespace ferry::detail

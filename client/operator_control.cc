@@ -31,6 +31,14 @@ Result<wire::StatsReply> Control::Stats() {
   return r;
 }
 
+Result<wire::GpuStatsReply> Control::GpuStats(uint32_t gpu) {
+  FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kGpuStats, wire::GpuStatsRequest{gpu, 0}));
+  if (m.type() != wire::MsgType::kGpuStatsReply) return ProtocolError("unexpected reply to GPU stats");
+  const auto r = m.As<wire::GpuStatsReply>();
+  FERRY_RETURN_IF_ERROR(FromWire(r.status));
+  return r;
+}
+
 Result<std::string> Control::RunningPolicyText(bool as_yaml) {
   wire::GetPolicyRequest req{};
   req.format = as_yaml ? wire::kPolicyFormatYaml : wire::kPolicyFormatCanonical;

@@ -37,6 +37,8 @@ class Control {
   Result<PolicyInfo> ApplyPolicyFd(int fd, const std::string& source, bool dry_run = false);
   // What ferryd is doing (ferryctl status).
   Result<wire::StatsReply> Stats();
+  // One GPU's share (0 .. StatsReply::reserved - 1).
+  Result<wire::GpuStatsReply> GpuStats(uint32_t gpu);
 
  private:
   UniqueFd sock_;

@@ -42,6 +42,10 @@ size_t wire::PayloadLength(MsgType type) {
     case MsgType::kApplyPolicy: return sizeof(PayloadOf<MsgType::kApplyPolicy>::type);
     case MsgType::kPolicyReply: return sizeof(PayloadOf<MsgType::kPolicyReply>::type);
     case MsgType::kGetPolicy: return sizeof(PayloadOf<MsgType::kGetPolicy>::type);
+    case MsgType::kUseGpu: return sizeof(PayloadOf<MsgType::kUseGpu>::type);
+    case MsgType::kUseGpuReply: return sizeof(PayloadOf<MsgType::kUseGpuReply>::type);
+    case MsgType::kGpuStats: return sizeof(PayloadOf<MsgType::kGpuStats>::type);
+    case MsgType::kGpuStatsReply: return sizeof(PayloadOf<MsgType::kGpuStatsReply>::type);
   }
   return 0;
 }

@@ -24,10 +24,12 @@ inline constexpr uint32_t kMagic = 0x59525246;  // "FRRY" little-endian
 // 4: block-list copies (kBlocksHostToDevice, kBlocksDeviceToHost: BlockListEntry); an event's
 // flag in the ring segment (RegisterEventReply::flag_index, SubmissionEntry::wait_value) that the
 // client's stream writes and ferryd's copy streams wait on, on the GPU.
+// 5: one ferryd serves several GPUs: a session names its GPU (kUseGpu) before it uses the pool
+// or registers anything; kGpuStats answers per GPU.
 // Frozen in every version, so that two versions can tell each other apart: MsgHeader, the
 // kHello payload (HelloRequest) and the ReplyStatus that starts every reply. ferryd answers a
 // hello of any version, naming both.
-inline constexpr uint16_t kVersion = 4;
+inline constexpr uint16_t kVersion = 5;
 inline constexpr size_t kMaxFdsPerMessage = 200;  // below the kernel's SCM_MAX_FD (253)
 inline constexpr size_t kNameBytes = 32;
 inline constexpr size_t kMessageBytes = 160;
@@ -51,6 +53,10 @@ enum class MsgType : uint16_t {
   kPolicyReply = 18,
   kGetPolicy = 19,    // reply carries one fd: a memfd with the running policy, canonical form
   // 20, 21: kGetStaging, kStagingReply in version 2 (the ring segment carries staging since 3)
+  kUseGpu = 22,
+  kUseGpuReply = 23,
+  kGpuStats = 24,
+  kGpuStatsReply = 25,
 };
 
 struct MsgHeader {
@@ -92,6 +98,26 @@ struct HelloReply {
   uint64_t session_quota_bytes;
 };
 static_assert(sizeof(HelloReply) == 224);
+
+// The GPU a session copies to, named right after the hello, before the session takes pool
+// memory or registers device memory or events (its buffers come from the pool of the GPU's NUMA
+// node; its device memory must be on that GPU, which ferryd checks from the memory itself).
+// A session that names none copies to ferryd's first GPU.
+inline constexpr size_t kGpuUuidBytes = 16;
+inline constexpr size_t kGpuTextBytes = 48;
+struct UseGpuRequest {
+  int32_t ordinal;   // host backend: the simulated GPU; cuda: the client's ordinal (for messages only)
+  uint32_t reserved;
+  uint8_t uuid[kGpuUuidBytes];  // cuda: the GPU's UUID (cudaDeviceProp::uuid); host backend: zeros
+};
+static_assert(sizeof(UseGpuRequest) == 24);
+struct UseGpuReply {
+  ReplyStatus status;
+  uint32_t gpu;        // ferryd's index of the GPU (0 .. gpu_count - 1)
+  int32_t numa_node;   // where the session's pool memory lives; -1: not known
+  char uuid[kGpuTextBytes];  // "GPU-..."; NUL-terminated
+};
+static_assert(sizeof(UseGpuReply) == 224);
 
 struct AllocBufferRequest {
   uint64_t size;
@@ -180,7 +206,27 @@ struct StatsReply {
   uint32_t backend;
   uint32_t reserved;
 };
-static_assert(sizeof(StatsReply) == 240);
+static_assert(sizeof(StatsReply) == 240);  // reserved: the GPUs ferryd serves (kGpuStats)
+
+struct GpuStatsRequest {
+  uint32_t gpu;  // 0 .. the count StatsReply::reserved gives
+  uint32_t reserved;
+};
+static_assert(sizeof(GpuStatsRequest) == 8);
+struct GpuStatsReply {
+  ReplyStatus status;
+  int32_t ordinal;    // ferryd's CUDA ordinal (host backend: the simulated GPU)
+  int32_t numa_node;  // -1: not known
+  char uuid[kGpuTextBytes];
+  char name[kGpuTextBytes];
+  uint64_t sessions;  // sessions copying to it
+  uint64_t copies_completed;
+  uint64_t bytes_h2d;
+  uint64_t bytes_d2h;
+  uint64_t pool_bytes;       // of the pool on its NUMA node (shared with the node's other GPUs)
+  uint64_t pool_free_bytes;
+};
+static_assert(sizeof(GpuStatsReply) == 320);
 
 struct ApplyPolicyRequest {
   char source[96];   // the file's name, for error messages and the daemon's log
@@ -221,6 +267,10 @@ template <> struct PayloadOf<MsgType::kStatsReply> { using type = StatsReply; };
 template <> struct PayloadOf<MsgType::kApplyPolicy> { using type = ApplyPolicyRequest; };
 template <> struct PayloadOf<MsgType::kGetPolicy> { using type = GetPolicyRequest; };
 template <> struct PayloadOf<MsgType::kPolicyReply> { using type = PolicyReply; };
+template <> struct PayloadOf<MsgType::kUseGpu> { using type = UseGpuRequest; };
+template <> struct PayloadOf<MsgType::kUseGpuReply> { using type = UseGpuReply; };
+template <> struct PayloadOf<MsgType::kGpuStats> { using type = GpuStatsRequest; };
+template <> struct PayloadOf<MsgType::kGpuStatsReply> { using type = GpuStatsReply; };
 
 // Expected payload length for a type; 0 for an unknown type.
 size_t PayloadLength(MsgType type);

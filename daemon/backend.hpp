@@ -75,7 +75,11 @@ inline uint64_t LaneKey(uint64_t session_id, Direction direction) {
 // Whether a flag holding `flag` satisfies a wait for `value` (the GPU's cyclic comparison).
 inline bool FlagReached(uint32_t flag, uint32_t value) { return static_cast<int32_t>(flag - value) >= 0; }
 
+// The most GPUs one ferryd drives.
+inline constexpr uint32_t kMaxGpus = 16;
+
 struct CopyPlan {
+  uint32_t gpu = 0;  // which of ferryd's GPUs runs it (DeviceSet); a single backend ignores it
   Direction direction = Direction::kHostToDevice;
   SharedEvent* signal = nullptr;  // optional: recorded once every piece is done
   FlagWait wait;                  // optional: on the session's lane, after this flag
@@ -102,12 +106,14 @@ struct DeviceInfo {
   std::string uuid;     // "GPU-..."; empty on the host backend
   std::string driver, runtime;  // CUDA versions, e.g. "13000"
   std::string cublas;           // the cuBLAS next to the runtime ("none" without CUDA)
+  int numa_node = -1;           // the NUMA node nearest the GPU; -1: not known (one node, or a VM)
+  std::string pci_bus_id;       // "0000:19:00.0"; empty on the host backend
 };
 
 class Backend {
  public:
   virtual ~Backend() = default;
-  virtual DeviceInfo device_info() const { return {"host", device_ordinal(), "host", "", "", "", "none"}; }
+  virtual DeviceInfo device_info() const { return {"host", device_ordinal(), "host", "", "", "", "none", -1, ""}; }
 
   virtual wire::BackendKind kind() const = 0;
   virtual std::string Describe() const = 0;  // one line for logs and `ferryctl status`
@@ -177,6 +183,10 @@ class Backend {
 
 struct HostBackendOptions {
   uint32_t streams_per_direction = 3;
+  // The simulated GPU this backend stands for (config host.gpus): device memory registered with
+  // it must have been made for it (libferry names the memfd), and its NUMA node (-1: none).
+  int ordinal = 0;
+  int numa_node = -1;
   // Tests: called just before a copy worker thread starts; it may throw std::system_error, as
   // std::thread does when the process is out of threads or memory.
   std::function<void()> before_worker_start = nullptr;
@@ -187,8 +197,12 @@ Result<std::unique_ptr<Backend>> CreateHostBackend(const HostBackendOptions& opt
 // events a stream and a log line per group).
 Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, uint32_t streams_per_direction,
                                                    bool trace_engine = false);
+// The CUDA ordinals that `devices` names (empty: every GPU), each once; ordinals that are not
+// there and UUIDs no GPU has are errors naming what is. Unavailable when no GPU answers.
+Result<std::vector<int>> ResolveCudaDevices(const std::vector<std::string>& devices);
 // Picks per config.backend; `auto` takes cuda when a GPU answers, else host (and says why).
-Result<std::unique_ptr<Backend>> CreateBackend(const DaemonConfig& config, std::string* why);
+// One backend per GPU that config.devices names (the host backend: per simulated GPU).
+Result<std::vector<std::unique_ptr<Backend>>> CreateBackends(const DaemonConfig& config, std::string* why);
 
 // Makes chosen calls fail, for tests of the daemon's error paths.
 class FaultInjectingBackend : public Backend {

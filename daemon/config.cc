@@ -1,5 +1,7 @@
 #include "daemon/config.hpp"
 
+#include <algorithm>
+
 #include "common/backend_name.hpp"
 #include "common/status_macros.hpp"
 #include "common/yaml_util.hpp"
@@ -12,7 +14,7 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
   if (root.IsNull()) return c;
   FERRY_RETURN_IF_ERROR(yamlutil::CheckKeys(
       file, root,
-      {"runtime_dir", "socket", "allowed_group", "backend", "device", "pool", "session_quota", "max_sessions",
+      {"runtime_dir", "socket", "allowed_group", "backend", "device", "devices", "host", "pool", "session_quota", "max_sessions",
        "ring_entries", "spin_us", "spin_max_us", "cpu", "policy", "metrics", "snapshots", "limits", "handoff"}));
   using namespace yamlutil;
   if (auto n = root["runtime_dir"]) { FERRY_ASSIGN_OR_RETURN(c.runtime_dir, GetString(file, n)); }
@@ -24,7 +26,39 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
     if (!choice.ok()) return ErrorAt(file, n, choice.status().message());
     c.backend = *choice;
   }
-  if (auto n = root["device"]) { FERRY_ASSIGN_OR_RETURN(c.device, GetInt(file, n, 0, 63)); }
+  if (auto n = root["device"]) {  // before devices: one GPU, by ordinal
+    if (root["devices"]) return ErrorAt(file, n, "device and devices both set: keep devices (a list of GPUs)");
+    FERRY_ASSIGN_OR_RETURN(int ordinal, GetInt(file, n, 0, 63));
+    c.devices = {std::to_string(ordinal)};
+  }
+  if (auto n = root["devices"]) {
+    if (n.IsScalar()) {
+      FERRY_ASSIGN_OR_RETURN(std::string text, GetString(file, n));
+      auto list = ParseDeviceList(text);
+      if (!list.ok()) return ErrorAt(file, n, list.status().message());
+      c.devices = *list;
+    } else if (n.IsSequence()) {
+      for (const auto& item : n) {
+        FERRY_ASSIGN_OR_RETURN(std::string text, GetString(file, item));
+        auto one = ParseDeviceList(text);
+        if (!one.ok() || one->size() != 1) {
+          return ErrorAt(file, item, "'" + text + "' is not a GPU (a CUDA ordinal like 0, or a UUID like GPU-...)");
+        }
+        if (std::find(c.devices.begin(), c.devices.end(), one->front()) != c.devices.end()) {
+          return ErrorAt(file, item, "GPU " + text + " named twice");
+        }
+        c.devices.push_back(one->front());
+      }
+      if (c.devices.empty()) return ErrorAt(file, n, "devices is an empty list (all: every GPU ferryd sees)");
+    } else {
+      return ErrorAt(file, n, "devices takes all or a list of CUDA ordinals and GPU UUIDs");
+    }
+  }
+  if (auto h = root["host"]) {
+    FERRY_RETURN_IF_ERROR(CheckKeys(file, h, {"gpus", "numa_nodes"}));
+    if (auto n = h["gpus"]) { FERRY_ASSIGN_OR_RETURN(c.host_gpus, GetInt(file, n, 1, 16)); }
+    if (auto n = h["numa_nodes"]) { FERRY_ASSIGN_OR_RETURN(c.host_numa_nodes, GetInt(file, n, 1, 8)); }
+  }
   if (auto pool = root["pool"]) {
     FERRY_RETURN_IF_ERROR(CheckKeys(file, pool, {"size", "slab", "register"}));
     if (auto n = pool["register"]) {
@@ -119,6 +153,37 @@ Status ValidateConfig(const DaemonConfig& c) {
                            std::to_string(c.spin_us) + ")");
   }
   return Status::Ok();
+}
+
+Result<std::vector<std::string>> ParseDeviceList(std::string_view text) {
+  std::vector<std::string> out;
+  if (text.empty() || text == "all") return out;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    size_t end = text.find(',', begin);
+    if (end == std::string_view::npos) end = text.size();
+    std::string item(text.substr(begin, end - begin));
+    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    const bool ordinal = !item.empty() && item.size() <= 2 && item.find_first_not_of("0123456789") == std::string::npos;
+    const bool uuid = item.size() > 4 && item.compare(0, 4, "GPU-") == 0 &&
+                      item.find_first_not_of("0123456789abcdefABCDEF-", 4) == std::string::npos;
+    if (!ordinal && !uuid) {
+      return InvalidArgument("'" + item + "' is not a GPU: devices are all, or CUDA ordinals (0, 1) and UUIDs (GPU-...)");
+    }
+    if (std::find(out.begin(), out.end(), item) != out.end()) return InvalidArgument("GPU " + item + " named twice");
+    out.push_back(item);
+    begin = end + 1;
+  }
+  if (out.size() > 16) return InvalidArgument("at most 16 GPUs");
+  return out;
+}
+
+std::string DeviceListText(const std::vector<std::string>& devices) {
+  if (devices.empty()) return "all";
+  std::string s;
+  for (const auto& d : devices) s += (s.empty() ? "" : ",") + d;
+  return s;
 }
 
 Result<DaemonConfig> ParseConfig(const std::string& text, const std::string& name) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ferry/status.hpp"
 
@@ -38,7 +39,12 @@ struct DaemonConfig {
   std::string socket_name = "ferryd.sock";
   std::string allowed_group;  // empty: only the daemon's own uid (and root) may connect
   BackendChoice backend = BackendChoice::kAuto;
-  int device = 0;
+  // The GPUs ferryd serves: CUDA ordinals ("0") and UUIDs ("GPU-..."); empty: all it sees.
+  std::vector<std::string> devices;
+  // The host backend's stand-in for a node (config key host): this many simulated GPUs, spread
+  // over this many simulated NUMA nodes (GPU i on node i % host_numa_nodes).
+  uint32_t host_gpus = 1;
+  uint32_t host_numa_nodes = 1;
   uint64_t pool_bytes = 1ull << 30;
   uint64_t slab_bytes = 8ull << 20;
   PoolRegistration pool_registration = PoolRegistration::kAuto;
@@ -70,6 +76,10 @@ std::string_view BackendChoiceName(BackendChoice b);
 // "auto", "cuda" or "host".
 Result<BackendChoice> ParseBackendChoice(std::string_view text);
 Result<PoolRegistration> ParsePoolRegistration(std::string_view text);
+// "all" (or "") or a comma-separated list of ordinals and UUIDs, as --devices takes it.
+Result<std::vector<std::string>> ParseDeviceList(std::string_view text);
+// "all", or the list as written.
+std::string DeviceListText(const std::vector<std::string>& devices);
 // What kAuto means for this config: slab by slab when other users may connect.
 bool RegistersSlabBySlab(const DaemonConfig& c);
 

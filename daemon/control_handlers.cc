@@ -86,7 +86,9 @@ void Sessions::HandleRegisterDevice(Session& s, uint32_t seq, const wire::Regist
                                     " device regions over all its sessions (limits.regions_per_uid): unregister "
                                     "some first"));
   }
-  auto region = svc_.backend.OpenDeviceRegion(req, std::move(fd));
+  // Opened by the session's GPU, whose backend checks that the memory is on it (asked of the
+  // driver, not of the client).
+  auto region = svc_.backend.OpenDeviceRegionOn(s.gpu, req, std::move(fd));
   if (!region.ok()) {
     if (region.status().code() == Code::kResourceExhausted) {
       FERRY_LOG(kWarning) << "session " << s.id << " '" << s.name << "' (uid " << s.peer.uid
@@ -128,7 +130,7 @@ void Sessions::HandleRegisterEvent(Session& s, uint32_t seq, const wire::Registe
     svc_.rejections.Count(RejectReason::kProtocol);
     return Reply(s, wire::MsgType::kRegisterEventReply, seq, r);
   }
-  auto ev = svc_.backend.OpenEvent(req);
+  auto ev = svc_.backend.OpenEventOn(s.gpu, req);
   if (!ev.ok()) {
     r.status = ToWire(ev.status());
     return Reply(s, wire::MsgType::kRegisterEventReply, seq, r);
@@ -168,7 +170,60 @@ void Sessions::HandleStats(Session& s, uint32_t seq) {
   r.evictions = c.evictions;
   r.rejected = c.rejected;
   r.backend = static_cast<uint32_t>(svc_.backend.kind());
+  r.reserved = svc_.backend.gpu_count();
   Reply(s, wire::MsgType::kStatsReply, seq, r);
+}
+
+// Before the session uses the pool or registers anything: its buffers are then all near its GPU,
+// and everything it registered is on it.
+void Sessions::HandleUseGpu(Session& s, uint32_t seq, const wire::UseGpuRequest& req) {
+  wire::UseGpuReply r{};
+  auto refuse = [&](const Status& st) {
+    r.status = ToWire(st);
+    svc_.rejections.Count(st);
+    Reply(s, wire::MsgType::kUseGpuReply, seq, r);
+  };
+  if ((s.arena && s.arena->buffer_count() != 0) || !s.regions.empty() || !s.events.empty()) {
+    return refuse(InvalidArgument("a session names its GPU before it allocates or registers anything"));
+  }
+  auto gpu = svc_.backend.Find(req);
+  if (!gpu.ok()) return refuse(gpu.status());
+  svc_.counters.gpu[s.gpu].sessions--;
+  s.gpu = *gpu;
+  svc_.counters.gpu[s.gpu].sessions++;
+  svc_.scheduler.SetGpu(s.id, s.gpu);
+  const DeviceInfo& info = svc_.backend.info(s.gpu);
+  r.status = ToWire(Status::Ok());
+  r.gpu = s.gpu;
+  r.numa_node = info.numa_node;
+  CopyCString(r.uuid, info.uuid);
+  if (svc_.backend.gpu_count() > 1) {
+    FERRY_LOG(kInfo) << "session " << s.id << " '" << s.name << "' copies to GPU " << s.gpu << " (" << info.uuid << ")";
+  }
+  Reply(s, wire::MsgType::kUseGpuReply, seq, r);
+}
+
+void Sessions::HandleGpuStats(Session& s, uint32_t seq, const wire::GpuStatsRequest& req) {
+  wire::GpuStatsReply r{};
+  if (req.gpu >= svc_.backend.gpu_count()) {
+    r.status = ToWire(NotFound("no GPU " + std::to_string(req.gpu) + " (ferryd serves " +
+                               std::to_string(svc_.backend.gpu_count()) + ")"));
+    return Reply(s, wire::MsgType::kGpuStatsReply, seq, r);
+  }
+  const DeviceInfo& info = svc_.backend.info(req.gpu);
+  const GpuCounters& c = svc_.counters.gpu[req.gpu];
+  r.status = ToWire(Status::Ok());
+  r.ordinal = info.ordinal;
+  r.numa_node = info.numa_node;
+  CopyCString(r.uuid, info.uuid);
+  CopyCString(r.name, info.name);
+  r.sessions = c.sessions;
+  r.copies_completed = c.copies_completed;
+  r.bytes_h2d = c.bytes_h2d;
+  r.bytes_d2h = c.bytes_d2h;
+  r.pool_bytes = svc_.pool.size();
+  r.pool_free_bytes = svc_.pool.free_bytes();
+  Reply(s, wire::MsgType::kGpuStatsReply, seq, r);
 }
 
 // Policies change how every client is served: only ferryd's own user (or root) may apply one.

@@ -29,7 +29,9 @@
 #include "common/fd.hpp"
 #include "common/log.hpp"
 #include "common/status_macros.hpp"
+#include "common/gpu_uuid.hpp"
 #include "daemon/backend.hpp"
+#include "daemon/numa.hpp"
 
 namespace ferry::daemon {
 namespace {
@@ -73,20 +75,32 @@ class CudaBackend : public Backend {
  public:
   CudaBackend(int device, uint32_t streams, bool trace) : device_(device), streams_per_dir_(streams), trace_(trace) {}
 
+  // ferryd drives all its GPUs from the same threads: every call that enqueues, opens or
+  // registers something makes this backend's device current first. Remembered per thread, so a
+  // switch happens only when another GPU's backend ran on this thread since.
+  cudaError_t MakeCurrent() const {
+    thread_local int current = -1;
+    if (current == device_) return cudaSuccess;
+    const cudaError_t e = cudaSetDevice(device_);
+    current = e == cudaSuccess ? device_ : -1;
+    return e;
+  }
+
   Status Init() {
-    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    FERRY_CUDA_RETURN_IF_ERROR(MakeCurrent());
     cudaDeviceProp prop{};
     FERRY_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device_));
     int driver = 0, runtime = 0;
     cudaDriverGetVersion(&driver);
     cudaRuntimeGetVersion(&runtime);
-    char uuid[64];
-    const unsigned char* u = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
-    std::snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
-                  u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
-    info_ = DeviceInfo{"cuda", device_, prop.name, uuid, std::to_string(driver), std::to_string(runtime), ""};
+    const std::string uuid = FormatGpuUuid(reinterpret_cast<const uint8_t*>(prop.uuid.bytes));
+    char bus_id[32] = {};
+    if (cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device_) != cudaSuccess) cudaGetLastError();
+    info_ = DeviceInfo{"cuda", device_, prop.name, uuid, std::to_string(driver), std::to_string(runtime), "",
+                       NumaNodeOfPciDevice(bus_id), bus_id};
     describe_ = std::string("cuda: ") + prop.name + " (sm_" + std::to_string(prop.major) +
-                std::to_string(prop.minor) + ", " + uuid + "), " + std::to_string(prop.asyncEngineCount) +
+                std::to_string(prop.minor) + ", " + uuid + ", NUMA node " + std::to_string(info_.numa_node) +
+                "), " + std::to_string(prop.asyncEngineCount) +
                 " copy engines, driver " + std::to_string(driver) + ", runtime " + std::to_string(runtime);
     int lo = 0, hi = 0;
     FERRY_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&lo, &hi));
@@ -181,7 +195,7 @@ class CudaBackend : public Backend {
   }
 
   ~CudaBackend() override {
-    cudaSetDevice(device_);
+    MakeCurrent();
     cudaDeviceSynchronize();
     for (auto& g : pending_) {
       for (cudaEvent_t e : g.events) free_events_.push_back(e);
@@ -230,7 +244,7 @@ class CudaBackend : public Backend {
   // slab boundaries (pieces_stay_in_one_slab). Whole: one registration, reclaimed slabs are
   // zeroed in place; should the driver refuse the range as a whole, slab by slab after all.
   Status RegisterPool(std::byte* base, size_t length, size_t slab_bytes, bool slab_by_slab) override {
-    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    FERRY_CUDA_RETURN_IF_ERROR(MakeCurrent());
     if (!slab_by_slab) {
       const cudaError_t e = cudaHostRegister(base, length, cudaHostRegisterPortable);
       if (e == cudaSuccess) {
@@ -254,7 +268,7 @@ class CudaBackend : public Backend {
   // device is per thread.
   Status UnpinSlab(std::byte* slab, size_t bytes) override {
     (void)bytes;
-    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    FERRY_CUDA_RETURN_IF_ERROR(MakeCurrent());
     std::lock_guard<std::mutex> l(registered_mu_);
     if (registered_.count(slab) == 0) return Status::Ok();  // not pinned (a failed PinSlab)
     const cudaError_t e = cudaHostUnregister(slab);
@@ -266,7 +280,7 @@ class CudaBackend : public Backend {
     return Status::Ok();
   }
   Status PinSlab(std::byte* slab, size_t bytes) override {
-    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    FERRY_CUDA_RETURN_IF_ERROR(MakeCurrent());
     std::lock_guard<std::mutex> l(registered_mu_);
     const cudaError_t e = cudaHostRegister(slab, bytes, cudaHostRegisterPortable);
     if (e != cudaSuccess) {
@@ -282,11 +296,10 @@ class CudaBackend : public Backend {
     if (req.kind != static_cast<uint32_t>(wire::DeviceHandleKind::kCudaIpc)) {
       return InvalidArgument("the cuda backend takes CUDA IPC memory handles only");
     }
-    if (req.device_ordinal != device_) {
-      return InvalidArgument("memory on device " + std::to_string(req.device_ordinal) + "; this daemon drives device " +
-                             std::to_string(device_));
-    }
+    // The client's ordinal (req.device_ordinal) is its own numbering (CUDA_VISIBLE_DEVICES may
+    // differ): which GPU the memory is on is asked of the driver, once it is mapped here.
     if (req.size == 0) return InvalidArgument("device region of 0 bytes");
+    FERRY_CUDA_RETURN_IF_ERROR(MakeCurrent());
     HandleKey key(reinterpret_cast<const char*>(req.handle), wire::kCudaIpcHandleBytes);
     auto it = opened_.find(key);
     if (it == opened_.end()) {
@@ -295,6 +308,14 @@ class CudaBackend : public Backend {
       std::memcpy(&h, req.handle, sizeof h);
       void* ptr = nullptr;
       FERRY_CUDA_RETURN_IF_ERROR(cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess));
+      cudaPointerAttributes attr{};
+      if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess || attr.device != device_) {
+        cudaGetLastError();
+        cudaIpcCloseMemHandle(ptr);
+        return InvalidArgument("the memory is on CUDA device " + std::to_string(attr.device) + " of ferryd, not on " +
+                               info_.uuid + " (device " + std::to_string(device_) +
+                               "), the GPU this session named: connect one session per GPU");
+      }
       // Never trust the claimed size: ask the driver how large the allocation really is.
       uintptr_t base = 0;
       size_t size = 0;
@@ -322,7 +343,7 @@ class CudaBackend : public Backend {
     auto it = opened_.find(key);
     if (it == opened_.end()) return;
     if (--it->second.refs == 0) {
-      cudaSetDevice(device_);
+      MakeCurrent();
       cudaIpcCloseMemHandle(it->second.ptr);
       opened_.erase(it);
     }
@@ -335,6 +356,7 @@ class CudaBackend : public Backend {
     cudaIpcEventHandle_t h;
     static_assert(sizeof h == wire::kCudaIpcHandleBytes);
     std::memcpy(&h, req.handle, sizeof h);
+    FERRY_CUDA_RETURN_IF_ERROR(MakeCurrent());
     cudaEvent_t e;
     FERRY_CUDA_RETURN_IF_ERROR(cudaIpcOpenEventHandle(&e, h));
     return std::unique_ptr<SharedEvent>(std::make_unique<CudaEvent>(e));
@@ -352,7 +374,7 @@ class CudaBackend : public Backend {
 
   Status RegisterFlags(std::byte* flags, size_t bytes) override {
     if (!flag_waits_) return NotSupported("stream memory operations unusable on this device");
-    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    FERRY_CUDA_RETURN_IF_ERROR(MakeCurrent());
     FERRY_CUDA_RETURN_IF_ERROR(cudaHostRegister(flags, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
     void* dev = nullptr;
     if (Status st = CudaStatus(cudaHostGetDevicePointer(&dev, flags, 0), "cudaHostGetDevicePointer"); !st.ok()) {
@@ -366,6 +388,7 @@ class CudaBackend : public Backend {
     if (flag_pages_.erase(flags) != 0) cudaHostUnregister(flags);
   }
   void CloseLanes(uint64_t session_id) override {
+    MakeCurrent();
     for (int d = 0; d < 2; ++d) {
       auto it = lanes_.find(LaneKey(session_id, static_cast<Direction>(d)));
       if (it == lanes_.end()) continue;
@@ -442,6 +465,7 @@ class CudaBackend : public Backend {
   // a small urgent copy never waits for a bulk batch to be reported done.
   Result<FenceId> Submit(const CopyPlan& plan) override {
     if (plan.pieces.empty()) return InvalidArgument("empty copy plan");
+    FERRY_CUDA_RETURN_IF_ERROR(MakeCurrent());
     for (const CopyPiece& p : plan.pieces) {
       if (p.stream >= streams_per_dir_) return Internal("stream index out of range");
     }
@@ -506,6 +530,7 @@ class CudaBackend : public Backend {
     const uint64_t now = MonotonicNanos();
     for (Group& staging : groups_) {
       if (staging.fences.empty()) continue;
+      MakeCurrent();
       const bool bulk = &staging == &groups_[1];
       if (!force && bulk && staging.all_batchable && staging.pieces < kFullBatch && pending_bulk_bytes_ > kBusyBytes &&
           now - staging.staged_ns < kHoldNs) {
@@ -764,6 +789,50 @@ class CudaBackend : public Backend {
 CudaRegion::~CudaRegion() { owner_->ReleaseRegion(key_); }
 
 }  // namespace
+
+Result<std::vector<int>> ResolveCudaDevices(const std::vector<std::string>& devices) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return Unavailable(std::string("no CUDA GPU answers: ") + (e == cudaSuccess ? "0 devices" : cudaGetErrorString(e)));
+  }
+  std::vector<int> out;
+  if (devices.empty()) {
+    for (int i = 0; i < count && i < static_cast<int>(kMaxGpus); ++i) out.push_back(i);
+    return out;
+  }
+  std::vector<std::string> uuids(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, i) == cudaSuccess) {
+      uuids[static_cast<size_t>(i)] = FormatGpuUuid(reinterpret_cast<const uint8_t*>(prop.uuid.bytes));
+    }
+  }
+  cudaGetLastError();
+  auto lower = [](std::string t) {
+    for (char& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return t;
+  };
+  for (const std::string& d : devices) {
+    int ordinal = -1;
+    if (d.compare(0, 4, "GPU-") == 0) {
+      for (int i = 0; i < count; ++i) {
+        if (lower(uuids[static_cast<size_t>(i)]) == lower(d)) ordinal = i;
+      }
+      if (ordinal < 0) return Unavailable("no GPU here has the UUID " + d + " (nvidia-smi -L lists them)");
+    } else {
+      ordinal = std::stoi(d);
+      if (ordinal >= count) {
+        return Unavailable("GPU " + d + " asked, " + std::to_string(count) + " present (ordinals 0 to " +
+                           std::to_string(count - 1) + ")");
+      }
+    }
+    if (std::find(out.begin(), out.end(), ordinal) != out.end()) return InvalidArgument("GPU " + d + " named twice");
+    out.push_back(ordinal);
+  }
+  return out;
+}
 
 Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, uint32_t streams_per_direction, bool trace_engine) {
   int count = 0;

@@ -21,6 +21,7 @@
 
 #include "common/log.hpp"
 #include "common/status_macros.hpp"
+#include "common/gpu_uuid.hpp"
 #include "daemon/backend.hpp"
 
 namespace ferry::daemon {
@@ -38,11 +39,32 @@ class HostRegion : public DeviceRegion {
 
 class HostEvent : public SharedEvent {};
 
+// The simulated GPU a device memfd was made for: libferry names it "ferry-sim-gpu<N>"; -1 for
+// any other name.
+int SimulatedGpuOfMemfd(int fd) {
+  char link[256];
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  const ssize_t n = ::readlink(path.c_str(), link, sizeof link - 1);
+  if (n <= 0) return -1;
+  const std::string_view name(link, static_cast<size_t>(n));
+  constexpr std::string_view kPrefix = "/memfd:ferry-sim-gpu";
+  if (name.substr(0, kPrefix.size()) != kPrefix) return -1;
+  int ordinal = 0;
+  size_t i = kPrefix.size();
+  if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && ordinal < 1000; ++i) ordinal = ordinal * 10 + (name[i] - '0');
+  return i < name.size() && name[i] != ' ' ? -1 : ordinal;
+}
+
 
 class HostBackend : public Backend {
  public:
   explicit HostBackend(const HostBackendOptions& o, UniqueFd efd)
-      : streams_(o.streams_per_direction), before_worker_start_(o.before_worker_start), efd_(std::move(efd)) {
+      : streams_(o.streams_per_direction),
+        ordinal_(o.ordinal),
+        numa_node_(o.numa_node),
+        before_worker_start_(o.before_worker_start),
+        efd_(std::move(efd)) {
     for (uint32_t i = 0; i < 2 * streams_; ++i) workers_.emplace_back(std::make_unique<Worker>());
   }
   ~HostBackend() override {
@@ -60,9 +82,14 @@ class HostBackend : public Backend {
 
   wire::BackendKind kind() const override { return wire::BackendKind::kHost; }
   std::string Describe() const override {
-    return "host (simulated device in host memory, " + std::to_string(streams_) + " streams per direction; no GPU)";
+    return "host: simulated GPU " + std::to_string(ordinal_) + " in host memory (" + SimulatedGpuName(ordinal_) +
+           ", NUMA node " + std::to_string(numa_node_) + "), " + std::to_string(streams_) +
+           " streams per direction; no GPU";
   }
-  int device_ordinal() const override { return 0; }
+  DeviceInfo device_info() const override {
+    return {"host", ordinal_, "host", SimulatedGpuName(ordinal_), "", "", "none", numa_node_, ""};
+  }
+  int device_ordinal() const override { return ordinal_; }
   uint32_t streams_per_direction() const override { return streams_; }
   Status RegisterPool(std::byte*, size_t, size_t, bool) override { return Status::Ok(); }
 
@@ -73,6 +100,15 @@ class HostBackend : public Backend {
     if (!fd.valid()) return InvalidArgument("a host-memfd registration must carry its memfd");
     if (req.size == 0) return InvalidArgument("device region of 0 bytes");
     FERRY_RETURN_IF_ERROR(CheckSealedMemfd(fd.get(), req.size));
+    // Which simulated GPU the memory is on, the host backend's stand-in for asking the driver:
+    // the name libferry gave the memfd when it made the memory for that GPU, not the request's
+    // claim.
+    const int on = SimulatedGpuOfMemfd(fd.get());
+    if (on != ordinal_) {
+      return InvalidArgument("the memory is on " + (on < 0 ? std::string("no simulated GPU") : SimulatedGpuName(on)) +
+                             ", not on " + SimulatedGpuName(ordinal_) +
+                             ", the GPU this session named: connect one session per GPU");
+    }
     FERRY_ASSIGN_OR_RETURN(Mapping m, MapShared(fd.get(), req.size));
     return std::unique_ptr<DeviceRegion>(std::make_unique<HostRegion>(std::move(m)));
   }
@@ -306,6 +342,8 @@ class HostBackend : public Backend {
   }
 
   uint32_t streams_;
+  int ordinal_;
+  int numa_node_;
   std::function<void()> before_worker_start_;
   UniqueFd efd_;
   FenceId next_fence_ = 1;

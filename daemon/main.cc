@@ -50,6 +50,8 @@ options:
   --config PATH        YAML config (default: /etc/ferry/ferryd.yaml if it exists, else built-in defaults)
   --runtime-dir DIR    override runtime_dir (where the control socket lives)
   --backend NAME       override backend: auto | cuda | host
+  --devices LIST       override devices: the GPUs to serve, "all" or CUDA ordinals and UUIDs
+                       separated by commas (e.g. 0,1 or GPU-5f3e...)
   --pool-size SIZE     override pool.size, e.g. 256MiB
   --slab-size SIZE     override pool.slab, e.g. 8MiB
   --pool-register MODE override pool.register: auto, whole or per_slab (how the GPU pins the pool)
@@ -74,6 +76,7 @@ int main(int argc, char** argv) {
   using namespace ferry;
   std::string config_path;
   std::string runtime_dir, backend, pool_size, slab_size, policy, pool_register, handoff;
+  std::optional<std::string> devices;
   std::optional<std::string> metrics_address;
   bool check_only = false, trace_engine = false;
   // A bad command line exits 2, like a bad configuration.
@@ -97,6 +100,11 @@ int main(int argc, char** argv) {
     } else if (a.Is("--config")) ok = value(config_path);
     else if (a.Is("--runtime-dir")) ok = value(runtime_dir);
     else if (a.Is("--backend")) ok = value(backend);
+    else if (a.Is("--devices")) {
+      std::string list;
+      ok = value(list);
+      devices = list;
+    }
     else if (a.Is("--pool-size")) ok = value(pool_size);
     else if (a.Is("--slab-size")) ok = value(slab_size);
     else if (a.Is("--pool-register")) ok = value(pool_register);
@@ -133,6 +141,11 @@ int main(int argc, char** argv) {
   config.trace_engine = config.trace_engine || trace_engine;
   if (!policy.empty()) config.policy_path = policy;
   if (metrics_address) config.metrics_address = *metrics_address;
+  if (devices) {
+    auto list = daemon::ParseDeviceList(*devices);
+    if (!list.ok()) return usage_error("--devices: " + list.status().message());
+    config.devices = *list;
+  }
   if (!backend.empty()) {
     auto choice = daemon::ParseBackendChoice(backend);
     if (!choice.ok()) return usage_error("--backend: " + choice.status().message());
@@ -167,9 +180,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (check_only) {
-    std::printf("socket %s\nbackend %s\npool %llu bytes in slabs of %llu\nring_entries %u\npolicy %s (%s)\n",
+    std::printf("socket %s\nbackend %s\ndevices %s\npool %llu bytes in slabs of %llu\nring_entries %u\npolicy %s (%s)\n",
                 config.SocketPath().c_str(), std::string(daemon::BackendChoiceName(config.backend)).c_str(),
-                static_cast<unsigned long long>(config.pool_bytes), static_cast<unsigned long long>(config.slab_bytes),
+                daemon::DeviceListText(config.devices).c_str(), static_cast<unsigned long long>(config.pool_bytes), static_cast<unsigned long long>(config.slab_bytes),
                 config.ring_entries, config.policy_path.empty() ? "built-in default" : config.policy_path.c_str(),
                 checked->policy->Hash().c_str());
     if (config.spin_max_us == 0) {
@@ -191,21 +204,28 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   std::string why;
-  auto be = daemon::CreateBackend(config, &why);
+  auto be = daemon::CreateBackends(config, &why);
   if (!be.ok()) {
     std::fprintf(stderr, "ferryd: %s\n", be.status().ToString().c_str());
     return 1;
   }
-  FERRY_LOG(kInfo) << "ferryd " << kVersionString << ": " << why;
-  FERRY_LOG(kInfo) << (*be)->Describe();
+  FERRY_LOG(kInfo) << "ferryd " << kVersionString << ": " << why << "; devices: " << daemon::DeviceListText(config.devices)
+                   << " (" << be->size() << (be->size() == 1 ? " GPU)" : " GPUs)");
+  std::vector<daemon::DeviceInfo> gpus;
+  bool waits_on_flags = true;
+  for (const auto& b : *be) {
+    FERRY_LOG(kInfo) << b->Describe();
+    gpus.push_back(b->device_info());
+    waits_on_flags = waits_on_flags && b->waits_on_flags();
+  }
   FERRY_LOG(kInfo) << "copies ordered after a client's event: "
-                   << ((*be)->waits_on_flags() && config.handoff_on_gpu
+                   << (waits_on_flags && config.handoff_on_gpu
                            ? "handed off on the GPU (a lane per client waits on the event's flag)"
                            : std::string("handed off on the host (ferryd polls the event") +
                                  (config.handoff_on_gpu ? ")" : ", as handoff: host asks)"));
   std::unique_ptr<daemon::MetricsExporter> metrics;
   if (!config.metrics_address.empty()) {
-    auto m = daemon::MetricsExporter::Create(config.metrics_address, {kVersionString, (*be)->device_info()});
+    auto m = daemon::MetricsExporter::Create(config.metrics_address, {kVersionString, gpus.front(), gpus});
     if (!m.ok()) {
       std::fprintf(stderr, "ferryd: %s\n", m.status().ToString().c_str());
       return 1;
@@ -221,7 +241,7 @@ int main(int argc, char** argv) {
     so.key_path = config.snapshot_key;
     so.interval = std::chrono::milliseconds(config.snapshot_interval_ms);
     so.version = kVersionString;
-    so.device = (*be)->device_info();
+    so.device = gpus.front();
     if (daemon::MetricsExporter* m = metrics.get()) {
       so.on_written = [m](uint64_t seq, const std::string& id, const std::string& chain) { m->OnSnapshotWritten(seq, id, chain); };
       so.on_failure = [m](std::string_view reason) { m->OnSnapshotFailed(reason); };

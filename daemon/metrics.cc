@@ -121,9 +121,31 @@ MetricFamily CounterFamily(std::string name, std::string help, double value) {
   return f;
 }
 
+// One sample per GPU and label set: value(gpu index) for each.
+template <typename Value>
+MetricFamily PerGpuFamily(std::string name, std::string help, MetricType type, const std::vector<DeviceInfo>& gpus,
+                          const std::vector<ClientMetric::Label>& extra, Value value) {
+  MetricFamily f;
+  f.name = std::move(name);
+  f.help = std::move(help);
+  f.type = type;
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    for (size_t k = 0; k < std::max<size_t>(extra.size(), 1); ++k) {
+      ClientMetric m;
+      m.label.push_back({"gpu_uuid", gpus[i].uuid});
+      if (!extra.empty()) m.label.push_back(extra[k]);
+      const double v = value(static_cast<uint32_t>(i), k);
+      (type == MetricType::Counter ? m.counter.value : m.gauge.value) = v;
+      f.metric.push_back(std::move(m));
+    }
+  }
+  return f;
+}
+
 // Reads the server's live counters at scrape time, so gauges are never stale.
 class LiveGauges : public prometheus::Collectable {
  public:
+  explicit LiveGauges(std::vector<DeviceInfo> gpus) : gpus_(std::move(gpus)) {}
   void Attach(const Server* s) {
     std::lock_guard<std::mutex> l(mu_);
     server_ = s;
@@ -173,10 +195,22 @@ class LiveGauges : public prometheus::Collectable {
                                 "Times ferryd's event loop went to sleep; the request that wakes it waits for the "
                                 "wake-up.",
                                 double(c.sleeps.load())));
+    const size_t n = std::min<size_t>(gpus_.size(), kMaxGpus);
+    const std::vector<DeviceInfo> gpus(gpus_.begin(), gpus_.begin() + static_cast<std::ptrdiff_t>(n));
+    out.push_back(PerGpuFamily("ferry_gpu_clients", "Clients copying to each GPU now.", MetricType::Gauge, gpus, {},
+                               [&](uint32_t g, size_t) { return double(c.gpu[g].sessions.load()); }));
+    out.push_back(PerGpuFamily("ferry_gpu_copies_total", "Copies finished on each GPU.", MetricType::Counter, gpus, {},
+                               [&](uint32_t g, size_t) { return double(c.gpu[g].copies_completed.load()); }));
+    out.push_back(PerGpuFamily("ferry_gpu_copied_bytes_total", "Bytes copied, by GPU and direction.",
+                               MetricType::Counter, gpus, {{"direction", "h2d"}, {"direction", "d2h"}},
+                               [&](uint32_t g, size_t k) {
+                                 return double(k == 0 ? c.gpu[g].bytes_h2d.load() : c.gpu[g].bytes_d2h.load());
+                               }));
     return out;
   }
 
  private:
+  const std::vector<DeviceInfo> gpus_;
   mutable std::mutex mu_;
   const Server* server_ = nullptr;  // guarded by mu_
   std::atomic<double> bw_h2d_{0}, bw_d2h_{0};
@@ -223,7 +257,8 @@ class EventRing {
 
 class MetricsExporter::Impl {
  public:
-  Impl() : registry(std::make_shared<prometheus::Registry>()), live(std::make_shared<LiveGauges>()) {}
+  explicit Impl(std::vector<DeviceInfo> gpus)
+      : registry(std::make_shared<prometheus::Registry>()), live(std::make_shared<LiveGauges>(std::move(gpus))) {}
 
   EventRing events;
   std::atomic<uint64_t> dropped{0};
@@ -341,7 +376,7 @@ MetricsExporter::~MetricsExporter() {
 }
 
 Result<std::unique_ptr<MetricsExporter>> MetricsExporter::Create(const std::string& address, const MetricsInfo& info) {
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<Impl>(info.gpus);
   // civetweb reports a thread it could not start only as a null context (the first worker) or
   // not at all (the others, the listener): find out first, and say why.
   if (Status threads = CivetwebThreadsCanStart(); !threads.ok()) {
@@ -368,12 +403,17 @@ Result<std::unique_ptr<MetricsExporter>> MetricsExporter::Create(const std::stri
       .Add({{"version", info.version}, {"backend", info.device.backend}, {"cuda_driver", info.device.driver},
             {"cuda_runtime", info.device.runtime}})
       .Set(1);
-  if (!info.device.uuid.empty()) {
-    prometheus::BuildGauge()
-        .Name("ferry_gpu_info")
-        .Help("The GPU this ferryd drives; always 1.")
-        .Register(r)
-        .Add({{"gpu_uuid", info.device.uuid}, {"name", info.device.name}, {"ordinal", std::to_string(info.device.ordinal)}})
+  auto& gpu_info = prometheus::BuildGauge()
+                       .Name("ferry_gpu_info")
+                       .Help("The GPUs this ferryd drives (on the host backend, simulated ones); always 1.")
+                       .Register(r);
+  for (const DeviceInfo& g : info.gpus) {
+    gpu_info
+        .Add({{"gpu_uuid", g.uuid},
+              {"name", g.name},
+              {"ordinal", std::to_string(g.ordinal)},
+              {"numa_node", std::to_string(g.numa_node)},
+              {"pci_bus_id", g.pci_bus_id}})
         .Set(1);
   }
   impl->copies = &prometheus::BuildCounter()

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "daemon/server.hpp"
 #include "ferry/status.hpp"
@@ -16,7 +17,8 @@ namespace ferry::daemon {
 
 struct MetricsInfo {
   std::string version;
-  DeviceInfo device;  // ferry_gpu_info only where it has a uuid (not on the host backend)
+  DeviceInfo device;             // the first GPU's: its backend and CUDA versions
+  std::vector<DeviceInfo> gpus;  // every GPU's: ferry_gpu_info and the per-GPU counters
 };
 
 class MetricsExporter : public ServerObserver {

@@ -7,4 +7,8 @@ Result<std::unique_ptr<Backend>> CreateCudaBackend(int, uint32_t, bool) {
   return NotSupported("this ferryd was built without the CUDA toolkit (host backend only)");
 }
 
+Result<std::vector<int>> ResolveCudaDevices(const std::vector<std::string>&) {
+  return NotSupported("this ferryd was built without the CUDA toolkit (host backend only)");
+}
+
 }  // namespace ferry::daemon

@@ -323,6 +323,7 @@ void Rings::Accept(Session& s, CopyTarget& t, Scheduler& scheduler) {
   CopyRequest& r = t.request;
   r.id = next_copy_id_++;
   r.session_id = s.id;
+  r.gpu = s.gpu;
   r.accepted_ns = MonotonicNanos();
   if (Session::EventFlag* f = t.wait_flag; f != nullptr) {
     r.wait_flag = s.flags + f->index;
@@ -366,7 +367,8 @@ void Rings::OnCopyFinished(const FinishedCopy& c) {
     rc->second.done_ns = c.done_ns;
   }
   if (observer_ != nullptr) {
-    CopyRecord r{c.direction,
+    CopyRecord r{c.gpu,
+                 c.direction,
                  c.latency,
                  s.klass.name,
                  c.policy,

@@ -27,8 +27,17 @@ uint64_t Scheduler::Copy::NextDispatchBytes() const {
 }
 
 Scheduler::Scheduler(Backend& backend, PoolGeometry pool, const RunningPolicy& policy, ServerCounters& counters,
-                     Listener& listener)
-    : backend_(backend), pool_(pool), policy_(policy), counters_(counters), listener_(listener) {}
+                     Listener& listener, uint32_t gpus)
+    : backend_(backend),
+      pool_(pool),
+      policy_(policy),
+      counters_(counters),
+      listener_(listener),
+      gpus_(std::clamp<uint32_t>(gpus, 1, kMaxGpus)) {}
+
+void Scheduler::SetGpu(uint64_t session_id, uint32_t gpu) {
+  if (SessionQueues* q = QueuesOf(session_id)) q->gpu = gpu;
+}
 
 void Scheduler::AddSession(uint64_t session_id, uint32_t weight) { sessions_[session_id].weight = weight; }
 
@@ -48,6 +57,7 @@ void Scheduler::Submit(CopyRequest r) {
   c->id = r.id;
   c->session_id = r.session_id;
   c->user_tag = r.user_tag;
+  c->gpu = r.gpu;
   c->bytes = r.bytes;
   c->accepted_ns = r.accepted_ns;
   c->buffer_offset = r.buffer_offset;
@@ -183,6 +193,7 @@ uint32_t Scheduler::BulkStream(const Copy& c) {
 // Hands the next piece of `c` (or all of it, when it goes whole) to the backend.
 void Scheduler::DispatchNext(SessionQueues* q, Copy& c) {
   CopyPlan plan;
+  plan.gpu = c.gpu;
   plan.direction = c.direction;
   plan.accepted_ns = c.accepted_ns;
   const bool whole = c.WholeAtOnce();
@@ -221,7 +232,7 @@ void Scheduler::DispatchNext(SessionQueues* q, Copy& c) {
   fences_[*fence] = FenceRef{c.id, bytes, c.Bulk()};
   if (c.Bulk()) {
     if (q != nullptr) q->bulk_out_bytes[static_cast<int>(c.direction)] += bytes;
-    bulk_out_bytes_[static_cast<int>(c.direction)] += bytes;
+    bulk_out_bytes_[c.EngineSet()] += bytes;
   }
   counters_.in_flight_bytes += bytes;
   if (last && c.signal != nullptr) listener_.OnCopyEnqueued(c.session_id, c.user_tag, c.bytes);
@@ -232,43 +243,51 @@ void Scheduler::DispatchNext(SessionQueues* q, Copy& c) {
 // dispatches while its next piece fits in the deficit. A visit cut short by full engines stays
 // open, so the session resumes first when they drain: shares follow the weights even when
 // every completion frees room for one piece only.
-bool Scheduler::Dispatch() { return DispatchBulk(0) | DispatchBulk(1); }
-
-bool Scheduler::Blocked(int d, const Copy& c) const {
-  const Policy& pol = *policy_;
-  return c.first_dispatch_ns == 0 && pol.max_copies_in_flight != 0 && copies_started_[d] >= pol.max_copies_in_flight;
+bool Scheduler::Dispatch() {
+  bool any = false;
+  for (uint32_t e = 0; e < 2 * gpus_; ++e) any |= DispatchBulk(static_cast<int>(e));
+  return any;
 }
 
-bool Scheduler::DispatchBulk(int d) {
+bool Scheduler::Blocked(int e, const Copy& c) const {
+  const Policy& pol = *policy_;
+  return c.first_dispatch_ns == 0 && pol.max_copies_in_flight != 0 && copies_started_[e] >= pol.max_copies_in_flight;
+}
+
+// One engine set's bulk work: the sessions of its GPU, in its direction (sessions of other GPUs
+// count as having nothing queued).
+bool Scheduler::DispatchBulk(int e) {
   const Policy& pol = *policy_;
   const uint64_t client_limit = pol.client_in_flight_bytes ? pol.client_in_flight_bytes : pol.in_flight_bytes;
-  auto engines_full = [&] { return bulk_out_bytes_[d] >= pol.in_flight_bytes; };
+  const int d = e % 2;
+  const uint32_t gpu = static_cast<uint32_t>(e / 2);
+  auto engines_full = [&] { return bulk_out_bytes_[e] >= pol.in_flight_bytes; };
   bool any = false;
   size_t idle_visits = 0;  // visits in a row that dispatched nothing
   while (!engines_full() && !sessions_.empty() && idle_visits <= 2 * sessions_.size() + kMaxDispatchRounds) {
-    auto it = visit_open_[d] ? sessions_.lower_bound(rr_cursor_[d]) : sessions_.upper_bound(rr_cursor_[d]);
+    auto it = visit_open_[e] ? sessions_.lower_bound(rr_cursor_[e]) : sessions_.upper_bound(rr_cursor_[e]);
     if (it == sessions_.end()) it = sessions_.begin();
-    if (visit_open_[d] && it->first != rr_cursor_[d]) visit_open_[d] = false;  // that session is gone
-    rr_cursor_[d] = it->first;
+    if (visit_open_[e] && it->first != rr_cursor_[e]) visit_open_[e] = false;  // that session is gone
+    rr_cursor_[e] = it->first;
     SessionQueues& s = it->second;
-    if (s.queue[d].empty() || s.bulk_out_bytes[d] >= client_limit || Blocked(d, *copies_.at(s.queue[d].front()))) {
-      visit_open_[d] = false;
+    if (s.gpu != gpu || s.queue[d].empty() || s.bulk_out_bytes[d] >= client_limit || Blocked(e, *copies_.at(s.queue[d].front()))) {
+      visit_open_[e] = false;
       ++idle_visits;
-      if (idle_visits > sessions_.size() && !AnyDispatchable(d, client_limit)) break;
+      if (idle_visits > sessions_.size() && !AnyDispatchable(e, client_limit)) break;
       continue;
     }
-    if (!visit_open_[d]) {
+    if (!visit_open_[e]) {
       s.deficit[d] = std::min<uint64_t>(s.deficit[d] + kQuantumBytes * s.weight, kMaxDeficitBytes);
-      visit_open_[d] = true;
+      visit_open_[e] = true;
     }
     bool sent = false;
     while (!s.queue[d].empty() && !engines_full() && s.bulk_out_bytes[d] < client_limit) {
       Copy& c = *copies_.at(s.queue[d].front());
-      if (Blocked(d, c)) break;
+      if (Blocked(e, c)) break;
       const uint64_t need = c.NextDispatchBytes();
       if (need > s.deficit[d] && s.deficit[d] < kMaxDeficitBytes) break;
       s.deficit[d] -= std::min(need, s.deficit[d]);
-      if (c.first_dispatch_ns == 0) copies_started_[d]++;
+      if (c.first_dispatch_ns == 0) copies_started_[e]++;
       DispatchNext(&s, c);
       sent = any = true;
       if (c.next == c.pieces.size()) {
@@ -279,15 +298,17 @@ bool Scheduler::DispatchBulk(int d) {
     }
     if (s.queue[d].empty()) s.deficit[d] = 0;
     if (engines_full() && !s.queue[d].empty()) return any;  // the visit stays open
-    visit_open_[d] = false;
+    visit_open_[e] = false;
     idle_visits = sent ? 0 : idle_visits + 1;
   }
   return any;
 }
 
-bool Scheduler::AnyDispatchable(int d, uint64_t client_limit) const {
+bool Scheduler::AnyDispatchable(int e, uint64_t client_limit) const {
+  const int d = e % 2;
   for (const auto& [id, s] : sessions_) {
-    if (!s.queue[d].empty() && s.bulk_out_bytes[d] < client_limit && !Blocked(d, *copies_.at(s.queue[d].front()))) {
+    if (s.gpu == static_cast<uint32_t>(e / 2) && !s.queue[d].empty() && s.bulk_out_bytes[d] < client_limit &&
+        !Blocked(e, *copies_.at(s.queue[d].front()))) {
       return true;
     }
   }
@@ -299,15 +320,18 @@ bool Scheduler::AnyDispatchable(int d, uint64_t client_limit) const {
 void Scheduler::MaybeFinish(Copy& c) {
   if (c.out != 0 || c.next != c.pieces.size()) return;
   const uint64_t now = MonotonicNanos();
-  if (c.Bulk() && c.first_dispatch_ns != 0) copies_started_[static_cast<int>(c.direction)]--;
+  if (c.Bulk() && c.first_dispatch_ns != 0) copies_started_[c.EngineSet()]--;
   counters_.in_flight--;
   if (c.status.ok()) {
     counters_.copies_completed++;
     (c.direction == Direction::kHostToDevice ? counters_.bytes_h2d : counters_.bytes_d2h) += c.bytes;
+    GpuCounters& g = counters_.gpu[c.gpu];
+    g.copies_completed++;
+    (c.direction == Direction::kHostToDevice ? g.bytes_h2d : g.bytes_d2h) += c.bytes;
   } else {
     counters_.copies_failed++;
   }
-  listener_.OnCopyFinished({c.id, c.session_id, c.user_tag, c.direction, c.latency, c.bytes, c.status, c.policy->name,
+  listener_.OnCopyFinished({c.id, c.session_id, c.user_tag, c.gpu, c.direction, c.latency, c.bytes, c.status, c.policy->name,
                             c.accepted_ns, c.first_dispatch_ns, now, c.buffer_offset, c.region_id, c.blocks});
   copies_.erase(c.id);
 }
@@ -328,9 +352,8 @@ bool Scheduler::PollBackend() {
     if (!r.status.ok() && c.status.ok()) c.status = r.status;
     SessionQueues* q = QueuesOf(c.session_id);
     if (f.bulk) {
-      const int d = static_cast<int>(c.direction);
-      bulk_out_bytes_[d] -= f.bytes;
-      if (q != nullptr) q->bulk_out_bytes[d] -= f.bytes;
+      bulk_out_bytes_[c.EngineSet()] -= f.bytes;
+      if (q != nullptr) q->bulk_out_bytes[static_cast<int>(c.direction)] -= f.bytes;
     }
     // A piece failed: the rest of the copy does not go out.
     if (!c.status.ok() && c.next < c.pieces.size() && q != nullptr) DropQueued(*q, c);

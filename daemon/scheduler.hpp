@@ -37,6 +37,7 @@ struct CopyRequest {
   uint64_t id = 0;  // unique among the copies not finished
   uint64_t session_id = 0;
   uint64_t user_tag = 0;
+  uint32_t gpu = 0;             // its session's GPU, which its device memory is on
   Direction direction = Direction::kHostToDevice;
   uint64_t pool_offset = 0;     // the host side, in the pool
   std::byte* device = nullptr;  // the device side
@@ -66,6 +67,7 @@ struct FinishedCopy {
   uint64_t id = 0;
   uint64_t session_id = 0;
   uint64_t user_tag = 0;
+  uint32_t gpu = 0;
   Direction direction = Direction::kHostToDevice;
   bool latency = false;
   uint64_t bytes = 0;
@@ -95,15 +97,19 @@ class Scheduler {
   };
 
   // All must outlive the scheduler. `counters`: in_flight, in_flight_bytes, queued_bytes,
-  // copies_completed, copies_failed and bytes_* are kept here.
+  // copies_completed, copies_failed and bytes_* are kept here (and per GPU). `gpus`: how many
+  // GPUs the backend drives (a DeviceSet's), each with its own copy engines: the policy's
+  // in-flight limits and the round robin apply per GPU and direction, an "engine set".
   Scheduler(Backend& backend, PoolGeometry pool, const RunningPolicy& policy, ServerCounters& counters,
-            Listener& listener);
+            Listener& listener, uint32_t gpus = 1);
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
   // A session that may submit copies, with its class's weight.
   void AddSession(uint64_t session_id, uint32_t weight);
   void SetWeight(uint64_t session_id, uint32_t weight);
+  // The GPU the session's copies go to (before it submits any).
+  void SetGpu(uint64_t session_id, uint32_t gpu);
   // Once it has no copy left (its copies finish first).
   void RemoveSession(uint64_t session_id);
 
@@ -134,6 +140,7 @@ class Scheduler {
     uint64_t id = 0;
     uint64_t session_id = 0;
     uint64_t user_tag = 0;
+    uint32_t gpu = 0;
     uint64_t bytes = 0;
     uint64_t accepted_ns = 0, first_dispatch_ns = 0;
     uint64_t buffer_offset = 0;
@@ -160,6 +167,7 @@ class Scheduler {
     bool OnLane() const { return wait_flag != nullptr; }
     bool Bulk() const { return !latency && !OnLane(); }  // counted in the bulk in-flight windows
     uint64_t NextDispatchBytes() const;
+    int EngineSet() const { return static_cast<int>(gpu * 2 + static_cast<uint32_t>(direction)); }
   };
   struct FenceRef {
     uint64_t copy_id;
@@ -167,9 +175,10 @@ class Scheduler {
     bool bulk;
   };
   // A session's bulk work. Each direction has its own copy engines, so its own queue, deficit
-  // and in-flight bytes.
+  // and in-flight bytes; all on the session's GPU.
   struct SessionQueues {
     uint32_t weight = 1;
+    uint32_t gpu = 0;
     std::deque<uint64_t> queue[2];  // copy ids, in order
     uint64_t deficit[2] = {0, 0};
     uint64_t bulk_out_bytes[2] = {0, 0};
@@ -180,9 +189,10 @@ class Scheduler {
   uint32_t BulkStream(const Copy& c);
   void Schedule(Copy& c);
   void DispatchNext(SessionQueues* q, Copy& c);
-  bool DispatchBulk(int d);
-  bool AnyDispatchable(int d, uint64_t client_limit) const;
-  bool Blocked(int d, const Copy& c) const;
+  // e: an engine set, gpu * 2 + direction.
+  bool DispatchBulk(int e);
+  bool AnyDispatchable(int e, uint64_t client_limit) const;
+  bool Blocked(int e, const Copy& c) const;
   void DropQueued(SessionQueues& q, Copy& c);
   void MaybeFinish(Copy& c);
   SessionQueues* QueuesOf(uint64_t session_id);
@@ -199,11 +209,13 @@ class Scheduler {
   std::vector<uint64_t> held_;  // copies waiting for their "after" event, in arrival order
   std::vector<FenceResult> done_;
   std::vector<uint64_t> lengths_;
+  const uint32_t gpus_;
   uint64_t bulk_cursor_ = 0;
-  uint64_t bulk_out_bytes_[2] = {0, 0};  // per direction: bulk bytes on the engines, all sessions
-  uint32_t copies_started_[2] = {0, 0};  // per direction: bulk copies with pieces out, not finished
-  uint64_t rr_cursor_[2] = {0, 0};       // deficit round robin: the session visited last (or now)
-  bool visit_open_[2] = {false, false};  // ... and its visit continues when the engines drain
+  // Per engine set (gpu * 2 + direction):
+  uint64_t bulk_out_bytes_[2 * kMaxGpus] = {};  // bulk bytes on the engines, all sessions
+  uint32_t copies_started_[2 * kMaxGpus] = {};  // bulk copies with pieces out, not finished
+  uint64_t rr_cursor_[2 * kMaxGpus] = {};       // deficit round robin: the session visited last (or now)
+  bool visit_open_[2 * kMaxGpus] = {};          // ... and its visit continues when the engines drain
 };
 
 }  // namespace ferry::daemon

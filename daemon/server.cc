@@ -21,6 +21,7 @@
 #include "common/log.hpp"
 #include "common/notify.hpp"
 #include "common/status_macros.hpp"
+#include "daemon/device_set.hpp"
 #include "daemon/fd_usage.hpp"
 #include "daemon/pinned_pool.hpp"
 #include "daemon/poll_window.hpp"
@@ -63,7 +64,7 @@ Status MakeRuntimeDir(const std::string& dir) {
 
 class Server::Impl {
  public:
-  Impl(CheckedConfig checked, std::unique_ptr<Backend> backend, std::shared_ptr<const Policy> policy,
+  Impl(CheckedConfig checked, std::unique_ptr<DeviceSet> backend, std::shared_ptr<const Policy> policy,
        const std::string& policy_source, ServerOptions options)
       : config_(std::move(checked.config)),
         allowed_gid_(checked.allowed_gid),
@@ -144,7 +145,7 @@ class Server::Impl {
     rings_ = std::make_unique<Rings>(session_map_, counters_, observer_, rejections_, policy_,
                                      PoolGeometry{pool_->base(), pool_->slab_bytes()});
     scheduler_ = std::make_unique<Scheduler>(*backend_, PoolGeometry{pool_->base(), pool_->slab_bytes()}, policy_,
-                                             counters_, *rings_);
+                                             counters_, *rings_, backend_->gpu_count());
     sessions_ = std::make_unique<Sessions>(config_, allowed_gid_,
                                            Sessions::Services{session_map_, *backend_, *pool_, poller_, *rings_,
                                                               *scheduler_, policy_, *policy_loader_, counters_,
@@ -183,7 +184,7 @@ class Server::Impl {
   std::shared_ptr<const Policy> policy() const { return policy_.Snapshot(); }
   const DaemonConfig& config() const { return config_; }
   const ServerCounters& counters() const { return counters_; }
-  Backend& backend() { return *backend_; }
+  DeviceSet& backend() { return *backend_; }
   uint64_t pool_bytes() const { return pool_->size(); }
 
  private:
@@ -505,6 +506,7 @@ class Server::Impl {
         const uint64_t id = s.id;
         const uint32_t uid = s.peer.uid;
         const bool counted = s.hello_done;
+        const uint32_t gpu = s.gpu;
         const std::string name = s.name;
         const size_t regions = s.regions.size(), events = s.events.size();
         const std::vector<uint32_t> slabs = s.arena ? s.arena->owned_slabs() : std::vector<uint32_t>{};
@@ -517,6 +519,7 @@ class Server::Impl {
         for (uint32_t slab : slabs) held += pool_->quarantined(slab) ? pool_->slab_bytes() : 0;
         if (counted) {
           counters_.sessions--;
+          counters_.gpu[gpu].sessions--;
           FERRY_LOG(kInfo) << "session " << id << " '" << name << "' reclaimed: " << regions << " device regions closed, "
                            << events << " events closed, " << ((slabs.size() * pool_->slab_bytes()) >> 20)
                            << " MiB of slabs out of the session, "
@@ -595,7 +598,7 @@ class Server::Impl {
   // member is declared after it.
   const DaemonConfig config_;
   const std::optional<gid_t> allowed_gid_;
-  std::unique_ptr<Backend> backend_;  // outlives pool_, whose zeroer thread calls it
+  std::unique_ptr<DeviceSet> backend_;  // outlives pool_, whose zeroer thread calls it
   ServerCounters counters_;
   ServerObserver* const observer_;  // may be null; outlives the server
   std::function<void(std::byte*, uint64_t)> before_slab_renewal_;  // handed to the pool at Init
@@ -633,8 +636,9 @@ class Server::Impl {
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Server::~Server() = default;
 
-Result<std::unique_ptr<Server>> Server::Create(CheckedConfig checked, std::unique_ptr<Backend> backend,
+Result<std::unique_ptr<Server>> Server::Create(CheckedConfig checked, std::vector<std::unique_ptr<Backend>> gpus,
                                                ServerOptions options) {
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<DeviceSet> backend, DeviceSet::Create(std::move(gpus)));
   std::shared_ptr<const Policy> policy = std::move(checked.policy);
   std::string source = std::move(checked.policy_source);
   if (options.policy) {
@@ -651,10 +655,28 @@ Result<std::unique_ptr<Server>> Server::Create(CheckedConfig checked, std::uniqu
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
-Result<std::unique_ptr<Server>> Server::Create(const DaemonConfig& config, std::unique_ptr<Backend> backend,
+namespace {
+std::vector<std::unique_ptr<Backend>> OneGpu(std::unique_ptr<Backend> backend) {
+  std::vector<std::unique_ptr<Backend>> gpus;
+  gpus.push_back(std::move(backend));
+  return gpus;
+}
+}  // namespace
+
+Result<std::unique_ptr<Server>> Server::Create(CheckedConfig checked, std::unique_ptr<Backend> backend,
+                                               ServerOptions options) {
+  return Create(std::move(checked), OneGpu(std::move(backend)), std::move(options));
+}
+
+Result<std::unique_ptr<Server>> Server::Create(const DaemonConfig& config, std::vector<std::unique_ptr<Backend>> gpus,
                                                ServerOptions options) {
   FERRY_ASSIGN_OR_RETURN(CheckedConfig checked, Preflight(config));
-  return Create(std::move(checked), std::move(backend), std::move(options));
+  return Create(std::move(checked), std::move(gpus), std::move(options));
+}
+
+Result<std::unique_ptr<Server>> Server::Create(const DaemonConfig& config, std::unique_ptr<Backend> backend,
+                                               ServerOptions options) {
+  return Create(config, OneGpu(std::move(backend)), std::move(options));
 }
 
 Status Server::Run() { return impl_->Run(); }

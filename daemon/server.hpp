@@ -4,6 +4,7 @@
 // messages), rings.hpp (the shared-memory rings), scheduler.hpp (pieces, fair dispatch, finishing).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +20,14 @@
 #include "ferry/status.hpp"
 
 namespace ferry::daemon {
+
+// One GPU's share of the counters below.
+struct GpuCounters {
+  std::atomic<uint64_t> sessions{0};  // sessions copying to it
+  std::atomic<uint64_t> copies_completed{0};
+  std::atomic<uint64_t> bytes_h2d{0};
+  std::atomic<uint64_t> bytes_d2h{0};
+};
 
 struct ServerCounters {
   std::atomic<uint64_t> sessions{0};
@@ -43,10 +52,12 @@ struct ServerCounters {
   std::atomic<uint64_t> policy_failures{0};
   std::atomic<uint64_t> sleeps{0};          // times the event loop went to sleep (each wake-up delays a request)
   std::atomic<uint64_t> poll_window_ns{0};  // it polls this long after its last activity (PollWindow)
+  std::array<GpuCounters, kMaxGpus> gpu;    // by ferryd's index of the GPU (DeviceSet)
 };
 
 // What a finished copy looked like, for metrics. Called on the event-loop thread.
 struct CopyRecord {
+  uint32_t gpu;  // ferryd's index of the GPU (DeviceSet)
   Direction direction;
   bool latency;
   std::string_view client_class;
@@ -98,9 +109,15 @@ class Server {
  public:
   // Builds the server from what Preflight passed: creates the pool, registers it with the
   // backend, and listens on config.SocketPath().
+  // `gpus`: a backend per GPU it serves (CreateBackends), at least one.
+  static Result<std::unique_ptr<Server>> Create(CheckedConfig checked, std::vector<std::unique_ptr<Backend>> gpus,
+                                                ServerOptions options = {});
+  // One GPU.
   static Result<std::unique_ptr<Server>> Create(CheckedConfig checked, std::unique_ptr<Backend> backend,
                                                 ServerOptions options = {});
   // The same, after Preflight(config).
+  static Result<std::unique_ptr<Server>> Create(const DaemonConfig& config, std::vector<std::unique_ptr<Backend>> gpus,
+                                                ServerOptions options = {});
   static Result<std::unique_ptr<Server>> Create(const DaemonConfig& config, std::unique_ptr<Backend> backend,
                                                 ServerOptions options = {});
   ~Server();

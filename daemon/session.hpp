@@ -82,6 +82,9 @@ struct Session {
   std::unique_ptr<SessionArena> arena;
   std::map<uint32_t, RegionState> regions;
   uint32_t next_region_id = 1;
+  // The GPU its copies go to (kUseGpu; ferryd's index), which its device memory and events are
+  // on, and its pool buffers near. Named before it uses any: until then the first GPU.
+  uint32_t gpu = 0;
   std::map<uint32_t, std::unique_ptr<SharedEvent>> events;
   uint32_t next_event_id = 1;
   // GPU-side "after" (RegisterEventReply::flag_index): the events that have a flag word in the

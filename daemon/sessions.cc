@@ -203,6 +203,8 @@ void Sessions::Dispatch(Session& s, ReceivedMessage& msg) {
     case wire::MsgType::kUnregisterDevice: return HandleUnregister(s, seq, msg.As<wire::UnregisterDeviceRequest>());
     case wire::MsgType::kRegisterEvent: return HandleRegisterEvent(s, seq, msg.As<wire::RegisterEventRequest>());
     case wire::MsgType::kStats: return HandleStats(s, seq);
+    case wire::MsgType::kUseGpu: return HandleUseGpu(s, seq, msg.As<wire::UseGpuRequest>());
+    case wire::MsgType::kGpuStats: return HandleGpuStats(s, seq, msg.As<wire::GpuStatsRequest>());
     case wire::MsgType::kApplyPolicy: {
       UniqueFd fd = msg.fds.empty() ? UniqueFd() : std::move(msg.fds[0]);
       return HandleApplyPolicy(s, seq, msg.As<wire::ApplyPolicyRequest>(), std::move(fd));
@@ -278,6 +280,7 @@ void Sessions::HandleHello(Session& s, uint32_t seq, uint16_t version, const wir
   s.sq_seen_empty_ns = MonotonicNanos();
   svc_.scheduler.AddSession(s.id, s.klass.weight);
   svc_.counters.sessions++;
+  svc_.counters.gpu[s.gpu].sessions++;
   svc_.counters.sessions_total++;
   r.status = ToWire(Status::Ok());
   r.session_id = s.id;

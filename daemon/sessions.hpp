@@ -16,6 +16,7 @@
 
 #include "common/channel.hpp"
 #include "daemon/config.hpp"
+#include "daemon/device_set.hpp"
 #include "daemon/pinned_pool.hpp"
 #include "daemon/policy_loader.hpp"
 #include "daemon/poller.hpp"
@@ -40,7 +41,7 @@ class Sessions {
   // What a session needs from the rest of ferryd; all must outlive it.
   struct Services {
     SessionMap& map;
-    Backend& backend;
+    DeviceSet& backend;
     PinnedPool& pool;
     Poller& poller;
     Rings& rings;
@@ -108,6 +109,8 @@ class Sessions {
   void HandleApplyPolicy(Session& s, uint32_t seq, const wire::ApplyPolicyRequest& req, UniqueFd fd);
   void HandleGetPolicy(Session& s, uint32_t seq, const wire::GetPolicyRequest& req);
   void HandleStats(Session& s, uint32_t seq);
+  void HandleUseGpu(Session& s, uint32_t seq, const wire::UseGpuRequest& req);
+  void HandleGpuStats(Session& s, uint32_t seq, const wire::GpuStatsRequest& req);
 
   const DaemonConfig& config_;
   const std::optional<gid_t> allowed_gid_;

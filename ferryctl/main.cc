@@ -19,6 +19,7 @@
 #include "common/channel.hpp"
 #include "common/cli.hpp"
 #include "common/fd.hpp"
+#include "common/json.hpp"
 #include "common/signing.hpp"
 #include "common/status_macros.hpp"
 #include "common/yaml_util.hpp"
@@ -150,22 +151,46 @@ int Status_(const std::vector<std::string>& args, const std::string& socket) {
   std::string policy_line;
   if (auto r = c.RunningPolicy(); r.ok()) policy_line = r->name + " (" + r->hash + ")";
   const std::string backend(BackendName(c.backend()));
+  std::vector<wire::GpuStatsReply> gpus;
+  for (uint32_t g = 0; g < st->reserved; ++g) {
+    auto r = c.GpuStats(g);
+    if (!r.ok()) return Fail(r.status().ToString());
+    gpus.push_back(*r);
+  }
+  auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
   if (json) {
     std::printf("{\"backend\":\"%s\",\"sessions\":%llu,\"copies_completed\":%llu,\"bytes_h2d\":%llu,\"bytes_d2h\":%llu,"
-                "\"pool_bytes\":%llu,\"pool_free_bytes\":%llu,\"evictions\":%llu,\"rejected\":%llu,\"policy\":\"%s\"}\n",
-                backend.c_str(), (unsigned long long)st->sessions, (unsigned long long)st->copies_completed,
-                (unsigned long long)st->bytes_h2d, (unsigned long long)st->bytes_d2h, (unsigned long long)st->pool_bytes,
-                (unsigned long long)st->pool_free_bytes, (unsigned long long)st->evictions,
-                (unsigned long long)st->rejected, policy_line.c_str());
+                "\"pool_bytes\":%llu,\"pool_free_bytes\":%llu,\"evictions\":%llu,\"rejected\":%llu,\"policy\":%s,"
+                "\"gpus\":[",
+                backend.c_str(), u(st->sessions), u(st->copies_completed), u(st->bytes_h2d), u(st->bytes_d2h),
+                u(st->pool_bytes), u(st->pool_free_bytes), u(st->evictions), u(st->rejected),
+                json::String(policy_line).c_str());
+    for (size_t i = 0; i < gpus.size(); ++i) {
+      const auto& g = gpus[i];
+      std::printf("%s{\"index\":%zu,\"uuid\":%s,\"name\":%s,\"ordinal\":%d,\"numa_node\":%d,\"clients\":%llu,"
+                  "\"copies_completed\":%llu,\"bytes_h2d\":%llu,\"bytes_d2h\":%llu,\"pool_bytes\":%llu,"
+                  "\"pool_free_bytes\":%llu}",
+                  i ? "," : "", i, json::String(ReadCString(g.uuid)).c_str(), json::String(ReadCString(g.name)).c_str(),
+                  g.ordinal, g.numa_node, u(g.sessions), u(g.copies_completed), u(g.bytes_h2d), u(g.bytes_d2h),
+                  u(g.pool_bytes), u(g.pool_free_bytes));
+    }
+    std::printf("]}\n");
     return 0;
   }
   std::printf("backend          %s\nclients          %llu (this one included)\ncopies done      %llu\n"
               "bytes h2d / d2h  %llu / %llu\npool             %llu MiB free of %llu MiB\nevictions        %llu\n"
               "rejected         %llu\npolicy           %s\n",
-              backend.c_str(), (unsigned long long)st->sessions, (unsigned long long)st->copies_completed,
-              (unsigned long long)st->bytes_h2d, (unsigned long long)st->bytes_d2h,
-              (unsigned long long)(st->pool_free_bytes >> 20), (unsigned long long)(st->pool_bytes >> 20),
-              (unsigned long long)st->evictions, (unsigned long long)st->rejected, policy_line.c_str());
+              backend.c_str(), u(st->sessions), u(st->copies_completed), u(st->bytes_h2d), u(st->bytes_d2h),
+              u(st->pool_free_bytes >> 20), u(st->pool_bytes >> 20), u(st->evictions), u(st->rejected),
+              policy_line.c_str());
+  std::printf("gpus             %zu\n", gpus.size());
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    const auto& g = gpus[i];
+    std::printf("  [%zu] %s  %s  ordinal %d  NUMA node %d: %llu clients, %llu copies, h2d / d2h %llu / %llu bytes; "
+                "pool %llu MiB free of %llu MiB\n",
+                i, ReadCString(g.uuid).c_str(), ReadCString(g.name).c_str(), g.ordinal, g.numa_node, u(g.sessions),
+                u(g.copies_completed), u(g.bytes_h2d), u(g.bytes_d2h), u(g.pool_free_bytes >> 20), u(g.pool_bytes >> 20));
+  }
   return 0;
 }
 

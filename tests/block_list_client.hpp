@@ -54,7 +54,7 @@ class RawClient : public RawConnection {
   }
   // Host backend: a sealed memfd as the device memory, mapped here too.
   Result<Region> RegisterRegion(uint64_t size) {
-    FERRY_ASSIGN_OR_RETURN(UniqueFd mem, CreateSealedMemfd("raw-device", size));
+    FERRY_ASSIGN_OR_RETURN(UniqueFd mem, CreateSealedMemfd("ferry-sim-gpu0", size));
     Region region;
     FERRY_ASSIGN_OR_RETURN(region.mapping, MapShared(mem.get(), size));
     wire::RegisterDeviceRequest req{};

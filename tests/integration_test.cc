@@ -376,7 +376,7 @@ class RawSession : public testing::RawConnection {
     return m.As<wire::AllocBufferReply>().pool_offset;
   }
   Result<uint32_t> RegisterRegion(uint64_t size) {
-    FERRY_ASSIGN_OR_RETURN(UniqueFd mem, CreateSealedMemfd("raw-device", size));
+    FERRY_ASSIGN_OR_RETURN(UniqueFd mem, CreateSealedMemfd("ferry-sim-gpu0", size));
     wire::RegisterDeviceRequest req{};
     req.kind = static_cast<uint32_t>(wire::DeviceHandleKind::kHostMemfd);
     req.size = size;
@@ -400,7 +400,7 @@ class RawSession : public testing::RawConnection {
   std::byte* BufferBytes(uint64_t pool_offset) { return mapped_.back().data() + pool_offset % reply_.slab_bytes; }
   // A device region whose memfd stays mapped here: (region id, its bytes).
   Result<std::pair<uint32_t, Mapping>> RegisterMappedRegion(uint64_t size) {
-    FERRY_ASSIGN_OR_RETURN(UniqueFd mem, CreateSealedMemfd("raw-device", size));
+    FERRY_ASSIGN_OR_RETURN(UniqueFd mem, CreateSealedMemfd("ferry-sim-gpu0", size));
     FERRY_ASSIGN_OR_RETURN(Mapping bytes, MapShared(mem.get(), size));
     wire::RegisterDeviceRequest req{};
     req.kind = static_cast<uint32_t>(wire::DeviceHandleKind::kHostMemfd);

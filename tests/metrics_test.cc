@@ -63,10 +63,10 @@ TEST(Metrics, CountsBlockListsAndTheirBlocks) {
   auto m = daemon::MetricsExporter::Create("127.0.0.1:0", Info());
   ASSERT_TRUE(m.ok());
   using daemon::Direction;
-  (*m)->OnCopyDone({Direction::kHostToDevice, false, "default", "p", 10 * 4096, 10, 0, 0.001, true});
-  (*m)->OnCopyDone({Direction::kHostToDevice, false, "default", "p", 20 * 4096, 20, 0, 0.001, true});
-  (*m)->OnCopyDone({Direction::kDeviceToHost, false, "default", "p", 0, 5, 0, 0.001, false});
-  (*m)->OnCopyDone({Direction::kDeviceToHost, false, "default", "p", 4096, 0, 0, 0.001, true});
+  (*m)->OnCopyDone({0, Direction::kHostToDevice, false, "default", "p", 10 * 4096, 10, 0, 0.001, true});
+  (*m)->OnCopyDone({0, Direction::kHostToDevice, false, "default", "p", 20 * 4096, 20, 0, 0.001, true});
+  (*m)->OnCopyDone({0, Direction::kDeviceToHost, false, "default", "p", 0, 5, 0, 0.001, false});
+  (*m)->OnCopyDone({0, Direction::kDeviceToHost, false, "default", "p", 4096, 0, 0, 0.001, true});
   std::string s;
   ASSERT_TRUE(testing::DaemonHarness::Eventually([&] {
     s = Scrape((*m)->port());

@@ -93,10 +93,10 @@ std::shared_ptr<const Policy> Chunked(uint64_t chunk, uint64_t in_flight = 1024 
 // device + offset, so a plan's pieces say which copy and which part of it they are.
 class SchedulerTest : public ::testing::Test {
  protected:
-  void Start(std::shared_ptr<const Policy> policy) {
+  void Start(std::shared_ptr<const Policy> policy, uint32_t gpus = 1) {
     policy_ = std::make_unique<RunningPolicy>(std::move(policy));
-    scheduler_ =
-        std::make_unique<Scheduler>(backend_, PoolGeometry{pool_.data(), kSlab}, *policy_, counters_, listener_);
+    scheduler_ = std::make_unique<Scheduler>(backend_, PoolGeometry{pool_.data(), kSlab}, *policy_, counters_,
+                                             listener_, gpus);
   }
   CopyRequest Copy(uint64_t id, uint64_t session, uint64_t pool_offset, uint64_t bytes, bool latency = false) {
     CopyRequest r;
@@ -141,6 +141,43 @@ class SchedulerTest : public ::testing::Test {
   std::unique_ptr<RunningPolicy> policy_;
   std::unique_ptr<Scheduler> scheduler_;
 };
+
+// Each GPU has its own copy engines: one GPU's full in-flight window holds back nothing of
+// another's, and each copy's plans name its session's GPU.
+TEST_F(SchedulerTest, EachGpuHasItsOwnInFlightWindow) {
+  Start(Chunked(1 * kMiB, 4 * kMiB), 2);
+  scheduler_->AddSession(1, 1);
+  scheduler_->AddSession(2, 1);
+  scheduler_->SetGpu(2, 1);
+  CopyRequest a = Copy(1, 1, 1 * kSessionSpan, 16 * kMiB);
+  scheduler_->Submit(a);
+  scheduler_->Dispatch();
+  ASSERT_EQ(backend_.submitted.size(), 4u);  // GPU 0's window is full
+  CopyRequest b = Copy(2, 2, 2 * kSessionSpan, 3 * kMiB);
+  b.gpu = 1;
+  scheduler_->Submit(b);
+  scheduler_->Dispatch();
+  ASSERT_EQ(backend_.submitted.size(), 7u) << "GPU 1's copy waited for GPU 0's engines";
+  for (size_t i = 0; i < backend_.submitted.size(); ++i) {
+    EXPECT_EQ(backend_.submitted[i].plan.gpu, i < 4 ? 0u : 1u) << "plan " << i;
+    EXPECT_EQ(SessionOf(backend_.submitted[i]), i < 4 ? 1u : 2u) << "plan " << i;
+  }
+  backend_.FinishAll();
+  scheduler_->PollBackend();
+  scheduler_->Dispatch();
+  backend_.FinishAll();
+  scheduler_->PollBackend();
+  scheduler_->Dispatch();
+  backend_.FinishAll();
+  scheduler_->PollBackend();
+  scheduler_->Dispatch();
+  backend_.FinishAll();
+  scheduler_->PollBackend();
+  EXPECT_TRUE(scheduler_->idle());
+  EXPECT_EQ(counters_.gpu[0].bytes_h2d.load(), 16 * kMiB);
+  EXPECT_EQ(counters_.gpu[1].bytes_h2d.load(), 3 * kMiB);
+  EXPECT_EQ(counters_.gpu[0].copies_completed.load() + counters_.gpu[1].copies_completed.load(), 2u);
+}
 
 TEST_F(SchedulerTest, ChunkedCopiesAreCutIntoChunksAndTheRemainder) {
   Start(Chunked(kMiB));

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <string_view>
 
 #include "ferry/client.hpp"
 
@@ -31,14 +32,19 @@ void Fill(std::byte* p, size_t n, uint64_t seed) {
 int Run(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (argc < 4 || (mode != "roundtrip" && mode != "hold" && mode != "mixed") || (mode != "hold" && argc < 5)) {
-    std::fprintf(stderr, "usage: %s roundtrip|mixed SOCKET BYTES REPS | hold SOCKET BYTES\n", argv[0]);
+    std::fprintf(stderr, "usage: %s roundtrip|mixed SOCKET BYTES REPS [--device N] | hold SOCKET BYTES [--device N]\n",
+                 argv[0]);
     return 64;
   }
   const bool hold = mode == "hold";
   const bool mixed = mode == "mixed";
   const size_t n = std::stoull(argv[3]);
   const int reps = hold ? 1 : std::stoi(argv[4]);
-  auto client = ferry::Client::Connect({.socket_path = argv[2], .name = mode});
+  int device = -1;  // --device N: the GPU (on the host backend, the simulated GPU) to copy to
+  for (int i = hold ? 4 : 5; i + 1 < argc; ++i) {
+    if (std::string_view(argv[i]) == "--device") device = std::stoi(argv[i + 1]);
+  }
+  auto client = ferry::Client::Connect({.socket_path = argv[2], .name = mode, .device = device});
   if (!client.ok()) return Fail("connect", client.status());
   auto& c = **client;
   auto src = c.AllocateHost(n);

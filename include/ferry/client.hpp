@@ -45,6 +45,12 @@ struct ConnectOptions {
   std::string socket_path;  // empty: DefaultSocketPath()
   std::string name;         // shows in the daemon's logs; empty: the program's name
   std::chrono::milliseconds timeout{5000};
+  // The GPU this client copies to: a CUDA ordinal of this process (its own numbering, as
+  // CUDA_VISIBLE_DEVICES makes it); -1: the calling thread's current device. ferryd serves every
+  // GPU of the node; a client copies to one (its device memory must be on it, and its pool
+  // buffers come from that GPU's NUMA node): connect once per GPU. On the host backend: the
+  // simulated GPU.
+  int device = -1;
 };
 
 // A buffer in ferryd's pinned pool, mapped into this process: write into data() and copy from
@@ -177,7 +183,11 @@ class FERRY_EXPORT Client {
   Client& operator=(const Client&) = delete;
 
   BackendKind backend() const;
-  int device_ordinal() const;
+  int device_ordinal() const;  // the GPU it copies to, in this process's numbering
+  // ... as ferryd names it: its UUID ("GPU-..."; on the host backend "host-gpu-N"), and its
+  // NUMA node (-1: not known), where this client's pool buffers live.
+  const std::string& gpu_uuid() const;
+  int numa_node() const;
   uint64_t session_id() const;
 
   Result<HostBuffer> AllocateHost(size_t bytes);

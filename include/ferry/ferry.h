@@ -49,6 +49,11 @@ typedef struct ferry_connect_options {
   const char* socket_path;  /* NULL: $FERRY_SOCKET or /run/ferry/ferryd.sock */
   const char* name;         /* NULL: the program's name */
   uint32_t timeout_ms;      /* 0: 5000 */
+  /* The GPU this client copies to (ferry 0.3): with use_device non-zero, the CUDA ordinal
+     `device` of this process; else this thread's current device. One ferryd serves every GPU of
+     a node; a client copies to one, and connects once per GPU it uses. */
+  uint32_t use_device;
+  int32_t device;
 } ferry_connect_options;
 
 typedef struct ferry_copy_options {

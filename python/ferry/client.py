@@ -143,12 +143,37 @@ def _block_indices(x: Any, what: str) -> "numpy.ndarray":
     return numpy.ascontiguousarray(a, dtype=numpy.uint32)
 
 
+def _device_index(device: Union[None, int, str, "torch.device"]) -> Optional[int]:
+    """The ordinal ``device`` names: an int, ``"cuda:N"``/``"cuda"`` or a ``torch.device``; None: current."""
+    if device is None:
+        return None
+    if isinstance(device, bool):
+        raise InvalidArgument(f"device must be a GPU ordinal or a CUDA device, not {device!r}")
+    if isinstance(device, int):
+        return device
+    kind = getattr(device, "type", None)
+    index = getattr(device, "index", None)
+    if kind is None and isinstance(device, str):
+        kind, _, rest = device.partition(":")
+        index = int(rest) if rest.isdigit() else None
+        if rest and index is None:
+            raise InvalidArgument(f"device {device!r} is not cuda or cuda:N")
+    if kind != "cuda":
+        raise InvalidArgument(f"device must be a CUDA device (cuda:N), not {device!r}")
+    return index
+
+
 class Client:
     """A session with ferryd; also a context manager that closes it.
 
     ``socket``: ferryd's control socket (default ``$FERRY_SOCKET``, else /run/ferry/ferryd.sock);
-    ``name``: how ferryd's logs and metrics call this client (default: the program's name).
-    Raises :class:`ferry.Unavailable` when no ferryd answers there.
+    ``name``: how ferryd's logs and metrics call this client (default: the program's name);
+    ``device``: the GPU this client copies to, an ordinal, ``"cuda:N"`` or a ``torch.device``
+    (default: the current CUDA device). One ferryd serves every GPU of a node; a client copies to
+    one, its pool tensors come from that GPU's NUMA node, and its CUDA tensors must be on it:
+    open one client per GPU. On the host backend, ``device`` picks a simulated GPU.
+    Raises :class:`ferry.Unavailable` when no ferryd answers there, :class:`ferry.NotFound` when
+    ferryd does not serve that GPU.
 
     Tensors made by :meth:`empty` stay valid after the client is closed (and even if ferryd
     exits): their memory is a mapping this process holds until the last tensor over it is freed,
@@ -156,8 +181,9 @@ class Client:
     raise :class:`ferry.Aborted`.
     """
 
-    def __init__(self, socket: Optional[str] = None, name: Optional[str] = None, *, timeout: float = 5.0) -> None:
-        self._c = _ferry.Client(socket, name, timeout)
+    def __init__(self, socket: Optional[str] = None, name: Optional[str] = None, *, timeout: float = 5.0,
+                 device: Union[None, int, str, "torch.device"] = None) -> None:
+        self._c = _ferry.Client(socket, name, timeout, _device_index(device))
 
     # --- the session ---------------------------------------------------------------------------
 
@@ -183,13 +209,23 @@ class Client:
 
     @property
     def device(self) -> int:
-        """The CUDA device ordinal ferryd drives."""
+        """The CUDA device ordinal (this process's numbering) this client copies to."""
         return self._c.device
+
+    @property
+    def gpu_uuid(self) -> str:
+        """The GPU's UUID as ferryd names it (``"GPU-..."``; ``"host-gpu-N"`` on the host backend)."""
+        return self._c.gpu_uuid
+
+    @property
+    def numa_node(self) -> int:
+        """The NUMA node of this client's pool memory, near its GPU (-1: not known)."""
+        return self._c.numa_node
 
     def status(self) -> dict[str, Any]:
         """The session and ferryd's counters: backend, device, session id, pool bytes, copies."""
-        s = {"backend": self._c.backend, "device": self._c.device, "session_id": self._c.session_id,
-             "socket": self._c.socket}
+        s = {"backend": self._c.backend, "device": self._c.device, "gpu_uuid": self._c.gpu_uuid,
+             "numa_node": self._c.numa_node, "session_id": self._c.session_id, "socket": self._c.socket}
         s.update(self._c.stats())
         return s
 
@@ -380,8 +416,8 @@ class Client:
 
     def _check_device(self, device_index: int, what: str) -> None:
         if device_index >= 0 and device_index != self._c.device:
-            raise InvalidArgument(f"{what} is on cuda:{device_index}, but this ferryd drives cuda:{self._c.device}: "
-                                  "connect to that GPU's ferryd, or move the tensor")
+            raise InvalidArgument(f"{what} is on cuda:{device_index}, but this client copies to cuda:{self._c.device}: "
+                                  f"open a ferry.Client(device={device_index}) for that GPU, or move the tensor")
 
     # --- measurement ---------------------------------------------------------------------------
 

@@ -70,12 +70,15 @@ PYBIND11_MODULE(_ferry, m) {
       .def_property_readonly("latency_ns", &PyTransfer::latency_ns);
 
   py::class_<PyClient>(m, "Client", "A session with ferryd.")
-      .def(py::init<std::optional<std::string>, std::optional<std::string>, std::optional<double>>(),
-           py::arg("socket") = py::none(), py::arg("name") = py::none(), py::arg("timeout") = 5.0)
+      .def(py::init<std::optional<std::string>, std::optional<std::string>, std::optional<double>, std::optional<int>>(),
+           py::arg("socket") = py::none(), py::arg("name") = py::none(), py::arg("timeout") = 5.0,
+           py::arg("device") = py::none())
       .def("close", &PyClient::Close)
       .def_property_readonly("closed", &PyClient::closed)
       .def_property_readonly("backend", &PyClient::backend)
       .def_property_readonly("device", &PyClient::device)
+      .def_property_readonly("gpu_uuid", &PyClient::gpu_uuid)
+      .def_property_readonly("numa_node", &PyClient::numa_node)
       .def_property_readonly("session_id", &PyClient::session_id)
       .def_property_readonly("socket", &PyClient::socket)
       .def("stats", &PyClient::Stats)

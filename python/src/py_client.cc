@@ -30,8 +30,12 @@ void Prune(Map& m) {
 }  // namespace
 
 PyClient::PyClient(std::optional<std::string> socket, std::optional<std::string> name,
-                   std::optional<double> timeout_s) {
+                   std::optional<double> timeout_s, std::optional<int> device) {
   ConnectOptions o;
+  if (device) {
+    if (*device < 0) ThrowIfError(InvalidArgument("device must be a GPU ordinal (0 or more), not " + std::to_string(*device)));
+    o.device = *device;
+  }
   if (socket) o.socket_path = *socket;
   if (name) o.name = *name;
   const std::optional<Clock::duration> limit = TimeoutFromSeconds(timeout_s, "timeout");
@@ -76,6 +80,8 @@ std::shared_ptr<Client> PyClient::Get() {
 
 std::string PyClient::backend() { return Get()->backend() == BackendKind::kCuda ? "cuda" : "host"; }
 int PyClient::device() { return Get()->device_ordinal(); }
+std::string PyClient::gpu_uuid() { return Get()->gpu_uuid(); }
+int PyClient::numa_node() { return Get()->numa_node(); }
 uint64_t PyClient::session_id() { return Get()->session_id(); }
 
 py::dict PyClient::Stats() {

@@ -21,13 +21,18 @@ namespace ferry::python {
 
 class PyClient {
  public:
-  PyClient(std::optional<std::string> socket, std::optional<std::string> name, std::optional<double> timeout_s);
+  // device: the GPU (a CUDA ordinal of this process; on the host backend the simulated GPU);
+  // none: the calling thread's current device.
+  PyClient(std::optional<std::string> socket, std::optional<std::string> name, std::optional<double> timeout_s,
+           std::optional<int> device);
   ~PyClient();
 
   void Close();
   bool closed();
   std::string backend();
   int device();
+  std::string gpu_uuid();
+  int numa_node();
   uint64_t session_id();
   const std::string& socket() const { return socket_; }
   pybind11::dict Stats();

@@ -42,7 +42,7 @@ class Ferryd:
     """
 
     def __init__(self, binary: str, backend: str = "host", *, pool_size: str = "256MiB",
-                 slab_size: str = "1MiB") -> None:
+                 slab_size: str = "1MiB", config: str = "") -> None:
         self.binary = binary
         self.backend = backend
         self.pool_bytes = parse_size(pool_size)
@@ -51,7 +51,7 @@ class Ferryd:
         self.socket = str(self.dir / "ferryd.sock")
         self.log_path = self.dir / "ferryd.log"
         self.config_path = self.dir / "ferryd.yaml"
-        self.config_path.write_text('metrics:\n  address: ""\n')
+        self.config_path.write_text('metrics:\n  address: ""\n' + config)  # config: more YAML keys
         self.args = [binary, "--config", str(self.config_path), "--runtime-dir", str(self.dir), "--backend", backend,
                      "--pool-size", pool_size, "--slab-size", slab_size]
         self.proc: Optional[subprocess.Popen[bytes]] = None

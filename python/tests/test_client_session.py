@@ -32,7 +32,7 @@ def wait_for_counters(c: ferry.Client, at_least: dict[str, int], timeout: float 
 
 def test_status_fields(ferryd: Ferryd, client: ferry.Client, backend: str, gen: torch.Generator) -> None:
     s = client.status()
-    assert set(s) == {"backend", "device", "session_id", "socket", "sessions", "copies_completed", "bytes_h2d",
+    assert set(s) == {"backend", "device", "gpu_uuid", "numa_node", "session_id", "socket", "sessions", "copies_completed", "bytes_h2d",
                       "bytes_d2h", "pool_bytes", "pool_free_bytes", "evictions", "rejected"}
     assert s["backend"] == backend == client.backend
     assert s["device"] == client.device and isinstance(s["device"], int) and s["device"] >= 0

@@ -1,0 +1,225 @@
+// One ferryd serving several GPUs, on the host backend's simulated GPUs and NUMA nodes: sessions
+// name their GPU, copies run on that GPU's streams, device memory is checked against it (from
+// the memory, not the client's word), and every figure is counted per GPU.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+
+#include "daemon/backend.hpp"
+#include "daemon/server.hpp"
+#include "ferry/client.hpp"
+#include "tests/raw_connection.hpp"
+#include "tests/test_util.hpp"
+
+namespace ferry::testing {
+namespace {
+
+constexpr size_t kMiB = 1 << 20;
+
+// A ferryd on `gpus` simulated GPUs over two simulated NUMA nodes, serving `devices` of them.
+class MultiGpuDaemon {
+ public:
+  explicit MultiGpuDaemon(uint32_t gpus, std::vector<std::string> devices = {}) {
+    dir_ = MakeTempDir("rt");
+    daemon::DaemonConfig c = DaemonHarness::SmallConfig();
+    c.runtime_dir = dir_;
+    c.host_gpus = gpus;
+    c.host_numa_nodes = 2;
+    c.devices = std::move(devices);
+    std::string why;
+    auto backends = daemon::CreateBackends(c, &why);
+    EXPECT_TRUE(backends.ok()) << backends.status().ToString();
+    if (!backends.ok()) return;
+    auto s = daemon::Server::Create(c, std::move(*backends),
+                                    {.policy = DaemonHarness::SmallChunks(), .policy_source = "the test"});
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) return;
+    server_ = std::move(*s);
+    thread_ = std::thread([this] { run_ = server_->Run(); });
+  }
+  ~MultiGpuDaemon() {
+    if (thread_.joinable()) {
+      server_->Stop();
+      thread_.join();
+      EXPECT_TRUE(run_.ok()) << run_.ToString();
+    }
+    std::filesystem::remove_all(dir_);
+  }
+  std::string socket() const { return server_->config().SocketPath(); }
+  const daemon::ServerCounters& counters() const { return server_->counters(); }
+  Result<std::unique_ptr<Client>> Connect(int device) {
+    ConnectOptions o;
+    o.socket_path = socket();
+    o.name = "gpu" + std::to_string(device);
+    o.device = device;
+    return Client::Connect(o);
+  }
+
+ private:
+  std::string dir_;
+  std::unique_ptr<daemon::Server> server_;
+  std::thread thread_;
+  Status run_;
+};
+
+// Round trips through the pool to the client's GPU and back, random data each time, the
+// destinations poisoned first, every byte checked. Returns the bytes it copied each way.
+void RoundTrips(Client& c, size_t bytes, int rounds, uint32_t seed, uint64_t* copied) {
+  auto host = c.AllocateHost(bytes);
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  auto dev = c.AllocateDevice(bytes);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  auto region = c.RegisterDevice(dev->data(), bytes);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  std::mt19937 rng(seed);
+  std::vector<std::byte> want(bytes);
+  for (int r = 0; r < rounds; ++r) {
+    for (auto& b : want) b = static_cast<std::byte>(rng());
+    std::memcpy(host->data(), want.data(), bytes);
+    std::memset(dev->data(), 0xA5, bytes);
+    auto up = c.Copy(Direction::kHostToDevice, *host, 0, *region, 0, bytes);
+    ASSERT_TRUE(up.ok()) << up.status().ToString();
+    ASSERT_OK(up->Wait(std::chrono::seconds(10)));
+    ASSERT_EQ(std::memcmp(dev->data(), want.data(), bytes), 0) << "round " << r << " to the device";
+    std::memset(host->data(), 0x5A, bytes);
+    auto down = c.Copy(Direction::kDeviceToHost, *host, 0, *region, 0, bytes);
+    ASSERT_TRUE(down.ok()) << down.status().ToString();
+    ASSERT_OK(down->Wait(std::chrono::seconds(10)));
+    ASSERT_EQ(std::memcmp(host->data(), want.data(), bytes), 0) << "round " << r << " back to the host";
+    *copied += bytes;
+  }
+}
+
+TEST(MultiGpu, ClientsOfTwoGpusCopyAtOnceEachOnItsOwnGpu) {
+  MultiGpuDaemon d(2);
+  auto c0 = d.Connect(0);
+  auto c1 = d.Connect(1);
+  ASSERT_TRUE(c0.ok()) << c0.status().ToString();
+  ASSERT_TRUE(c1.ok()) << c1.status().ToString();
+  EXPECT_EQ((*c0)->gpu_uuid(), "host-gpu-0");
+  EXPECT_EQ((*c1)->gpu_uuid(), "host-gpu-1");
+  EXPECT_EQ((*c0)->numa_node(), 0);
+  EXPECT_EQ((*c1)->numa_node(), 1);
+  EXPECT_EQ(d.counters().gpu[0].sessions.load(), 1u);
+  EXPECT_EQ(d.counters().gpu[1].sessions.load(), 1u);
+  uint64_t copied0 = 0, copied1 = 0;
+  std::thread t0([&] { RoundTrips(**c0, 3 * kMiB + 4096 + 17, 6, 1, &copied0); });
+  std::thread t1([&] { RoundTrips(**c1, 2 * kMiB + 999, 8, 2, &copied1); });
+  t0.join();
+  t1.join();
+  ASSERT_GT(copied0, 0u);
+  ASSERT_GT(copied1, 0u);
+  EXPECT_EQ(d.counters().gpu[0].bytes_h2d.load(), copied0);
+  EXPECT_EQ(d.counters().gpu[0].bytes_d2h.load(), copied0);
+  EXPECT_EQ(d.counters().gpu[1].bytes_h2d.load(), copied1);
+  EXPECT_EQ(d.counters().gpu[1].bytes_d2h.load(), copied1);
+  EXPECT_EQ(d.counters().gpu[0].copies_completed.load(), 12u);
+  EXPECT_EQ(d.counters().gpu[1].copies_completed.load(), 16u);
+}
+
+// A raw session: names its GPU by hand and registers a memfd made "for" another simulated GPU.
+class RawGpuSession : public RawConnection {
+ public:
+  Result<wire::UseGpuReply> UseGpu(int ordinal) {
+    wire::UseGpuRequest req{};
+    req.ordinal = ordinal;
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kUseGpu, req));
+    if (m.type() != wire::MsgType::kUseGpuReply) return Internal("bad reply");
+    return m.As<wire::UseGpuReply>();
+  }
+  Status RegisterMemoryOf(int ordinal, int32_t claimed_ordinal) {
+    FERRY_ASSIGN_OR_RETURN(UniqueFd mem, CreateSealedMemfd("ferry-sim-gpu" + std::to_string(ordinal), 1 << 20));
+    wire::RegisterDeviceRequest req{};
+    req.kind = static_cast<uint32_t>(wire::DeviceHandleKind::kHostMemfd);
+    req.device_ordinal = claimed_ordinal;
+    req.size = 1 << 20;
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kRegisterDevice, req, mem.get()));
+    return FromWire(m.As<wire::RegisterDeviceReply>().status);
+  }
+  Status Alloc() {
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kAllocBuffer, wire::AllocBufferRequest{4096}));
+    return FromWire(m.As<wire::AllocBufferReply>().status);
+  }
+};
+
+TEST(MultiGpu, MemoryOfAnotherGpuIsRefusedWhateverTheClientClaims) {
+  MultiGpuDaemon d(2);
+  RawGpuSession s;
+  ASSERT_OK(s.Open(d.socket()));
+  auto use = s.UseGpu(0);
+  ASSERT_TRUE(use.ok()) << use.status().ToString();
+  ASSERT_OK(FromWire(use->status));
+  // The request claims GPU 0; the memory was made for GPU 1.
+  Status st = s.RegisterMemoryOf(1, 0);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("host-gpu-1"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("host-gpu-0"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("one session per GPU"), std::string::npos) << st.ToString();
+  // Its own GPU's memory is taken, whatever ordinal the request claims.
+  ASSERT_OK(s.RegisterMemoryOf(0, 7));
+  // The refusal cost the session nothing: it still copies.
+  auto c = d.Connect(1);
+  ASSERT_TRUE(c.ok());
+  uint64_t copied = 0;
+  RoundTrips(**c, 64 << 10, 2, 3, &copied);
+  EXPECT_EQ(copied, 2u * (64 << 10));
+}
+
+TEST(MultiGpu, AGpuIsNamedBeforeTheSessionUsesAnything) {
+  MultiGpuDaemon d(2);
+  RawGpuSession s;
+  ASSERT_OK(s.Open(d.socket()));
+  ASSERT_OK(s.Alloc());
+  auto use = s.UseGpu(1);
+  ASSERT_TRUE(use.ok());
+  EXPECT_EQ(FromWire(use->status).code(), Code::kInvalidArgument);
+  EXPECT_NE(FromWire(use->status).message().find("before it allocates"), std::string::npos);
+}
+
+TEST(MultiGpu, OnlyTheConfiguredGpusAreServed) {
+  MultiGpuDaemon d(3, {"2", "0"});
+  auto c1 = d.Connect(1);
+  ASSERT_FALSE(c1.ok());
+  EXPECT_EQ(c1.status().code(), Code::kNotFound);
+  EXPECT_NE(c1.status().message().find("host-gpu-1 is not one this ferryd serves"), std::string::npos)
+      << c1.status().ToString();
+  EXPECT_NE(c1.status().message().find("host-gpu-2, host-gpu-0"), std::string::npos) << c1.status().ToString();
+  auto c2 = d.Connect(2);
+  ASSERT_TRUE(c2.ok()) << c2.status().ToString();
+  EXPECT_EQ((*c2)->gpu_uuid(), "host-gpu-2");
+  uint64_t copied = 0;
+  RoundTrips(**c2, 1 * kMiB, 2, 4, &copied);
+  // ferryd's GPU index 0 is host-gpu-2 (the order devices lists them).
+  EXPECT_EQ(d.counters().gpu[0].bytes_h2d.load(), copied);
+  EXPECT_EQ(d.counters().gpu[1].bytes_h2d.load(), 0u);
+}
+
+TEST(MultiGpu, TheDevicesKeyParses) {
+  auto all = daemon::ParseConfig("devices: all\n", "t.yaml");
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_TRUE(all->devices.empty());
+  auto list = daemon::ParseConfig("devices: [0, GPU-5f3e0c1a-aaaa-bbbb-cccc-0123456789ab]\n", "t.yaml");
+  ASSERT_TRUE(list.ok()) << list.status().ToString();
+  EXPECT_EQ(list->devices, (std::vector<std::string>{"0", "GPU-5f3e0c1a-aaaa-bbbb-cccc-0123456789ab"}));
+  auto legacy = daemon::ParseConfig("device: 3\n", "t.yaml");
+  ASSERT_TRUE(legacy.ok());
+  EXPECT_EQ(legacy->devices, std::vector<std::string>{"3"});
+  auto host = daemon::ParseConfig("host:\n  gpus: 4\n  numa_nodes: 2\n", "t.yaml");
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ(host->host_gpus, 4u);
+  EXPECT_EQ(host->host_numa_nodes, 2u);
+  for (const char* bad : {"devices: [0, 0]\n", "devices: [gpu0]\n", "devices: []\n", "device: 0\ndevices: [1]\n",
+                          "devices: {a: 1}\n", "host:\n  gpus: 0\n", "host:\n  cpus: 2\n"}) {
+    auto c = daemon::ParseConfig(bad, "t.yaml");
+    EXPECT_FALSE(c.ok()) << bad;
+    if (!c.ok()) EXPECT_NE(c.status().message().find("t.yaml:"), std::string::npos) << c.status().ToString();
+  }
+  auto flag = daemon::ParseDeviceList("0, 2,GPU-ab");
+  ASSERT_TRUE(flag.ok());
+  EXPECT_EQ(*flag, (std::vector<std::string>{"0", "2", "GPU-ab"}));
+  EXPECT_FALSE(daemon::ParseDeviceList("0,,1").ok());
+}
+
+}  // namespace
+}  // namespace ferry::testing
