@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <thread>
 
 #include "client/spin_wait.hpp"
 #include "common/status_macros.hpp"
@@ -34,21 +36,33 @@ ClientCore::~ClientCore() {
 Status ClientCore::Connect(const ConnectOptions& o) {
   timeout_ms_ = static_cast<int>(o.timeout.count());
   const std::string path = o.socket_path.empty() ? DefaultSocketPath() : o.socket_path;
-  FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(path, timeout_ms_));
-  wire::HelloRequest h{};
-  h.client_version = wire::kVersion;
-  std::string name = o.name;
-  if (name.empty()) name = program_invocation_short_name;
-  CopyCString(h.name, name);
-  auto hello = Call(wire::MsgType::kHello, h, wire::MsgType::kHelloReply);
-  if (!hello.ok() && hello.status().code() == Code::kUnavailable) {
-    return Unavailable("ferryd at " + path + " closed the connection before answering hello: it may be at its " +
-                       "limit of connections that have not said hello yet (limits.pending_connections*) or out " +
-                       "of file descriptors (its log says why), or it is a ferryd older than protocol " +
-                       std::to_string(wire::kVersion) + " that hangs up on a client of another version");
+  // A ferryd still building its pool answers "starting": wait for it, up to the timeout.
+  const auto deadline = std::chrono::steady_clock::now() + o.timeout;
+  ReceivedMessage m;
+  wire::HelloReply r{};
+  for (;;) {
+    FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(path, timeout_ms_));
+    wire::HelloRequest h{};
+    h.client_version = wire::kVersion;
+    std::string name = o.name;
+    if (name.empty()) name = program_invocation_short_name;
+    CopyCString(h.name, name);
+    auto hello = Call(wire::MsgType::kHello, h, wire::MsgType::kHelloReply);
+    if (!hello.ok() && hello.status().code() == Code::kUnavailable) {
+      return Unavailable("ferryd at " + path + " closed the connection before answering hello: it may be at its " +
+                         "limit of connections that have not said hello yet (limits.pending_connections*) or out " +
+                         "of file descriptors (its log says why), or it is a ferryd older than protocol " +
+                         std::to_string(wire::kVersion) + " that hangs up on a client of another version");
+    }
+    FERRY_ASSIGN_OR_RETURN(m, std::move(hello));
+    r = m.As<wire::HelloReply>();
+    if ((r.status.flags & wire::kReplyStarting) != 0 && std::chrono::steady_clock::now() < deadline) {
+      sock_.reset();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    break;
   }
-  FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, std::move(hello));
-  auto r = m.As<wire::HelloReply>();
   FERRY_RETURN_IF_ERROR(FromWire(r.status).WithContext("ferryd refused the connection"));
   if (m.fds.size() != 3)
     return ProtocolError("hello reply carries " + std::to_string(m.fds.size()) + " fds, 3 expected");

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <thread>
 
 #include "common/status_macros.hpp"
 #include "common/yaml_util.hpp"
@@ -10,14 +11,21 @@
 
 namespace ferry::ctl {
 
-Status Control::Open(const std::string& socket) {
-  FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(socket.empty() ? DefaultFerrydSocket() : socket, 10000));
-  wire::HelloRequest h{};
-  h.client_version = wire::kVersion;
-  CopyCString(h.name, "ferryctl");
-  FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kHello, h));
-  if (m.type() != wire::MsgType::kHelloReply) return ProtocolError("unexpected reply to hello");
-  const auto reply = m.As<wire::HelloReply>();
+Status Control::Open(const std::string& socket, std::chrono::milliseconds wait_for_start) {
+  const auto deadline = std::chrono::steady_clock::now() + wait_for_start;
+  wire::HelloReply reply{};
+  for (;;) {
+    FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(socket.empty() ? DefaultFerrydSocket() : socket, 10000));
+    wire::HelloRequest h{};
+    h.client_version = wire::kVersion;
+    CopyCString(h.name, "ferryctl");
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kHello, h));
+    if (m.type() != wire::MsgType::kHelloReply) return ProtocolError("unexpected reply to hello");
+    reply = m.As<wire::HelloReply>();
+    if ((reply.status.flags & wire::kReplyStarting) == 0 || std::chrono::steady_clock::now() >= deadline) break;
+    sock_.reset();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   FERRY_RETURN_IF_ERROR(FromWire(reply.status));
   backend_ = static_cast<wire::BackendKind>(reply.backend);
   return Status::Ok();

@@ -2,6 +2,7 @@
 // policy, and applying a new one. Used by ferryctl and by the benchmarks that switch policies.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 #include "common/channel.hpp"
@@ -19,7 +20,9 @@ class Control {
  public:
   // Connects and says hello as an operator: a session with no device of its own, so
   // neither this library nor its users need the CUDA runtime. Empty: the default socket.
-  Status Open(const std::string& socket);
+  // wait_for_start: how long to wait for a ferryd that is still starting (building its pool)
+  // before giving up with its progress (kUnavailable); 0: at once (ferryctl status says how far it got).
+  Status Open(const std::string& socket, std::chrono::milliseconds wait_for_start = std::chrono::seconds(30));
   wire::BackendKind backend() const { return backend_; }  // after Open
   template <typename T>
   Result<ReceivedMessage> Call(wire::MsgType type, const T& req, int fd = -1) {

@@ -69,9 +69,12 @@ struct MsgHeader {
 static_assert(sizeof(MsgHeader) == 16);
 
 // Every reply starts with this.
+// ReplyStatus::flags of a hello's refusal: ferryd is still starting (building its pool) and will
+// take the hello once it is ready; message says how far it got.
+inline constexpr uint32_t kReplyStarting = 1;
 struct ReplyStatus {
   int32_t code;  // ferry::Code
-  uint32_t reserved;
+  uint32_t flags;  // kReplyStarting; other bits 0
   char message[kMessageBytes];  // NUL-terminated when code != 0
 };
 static_assert(sizeof(ReplyStatus) == 168);

@@ -203,29 +203,30 @@ int main(int argc, char** argv) {
   sigaction(SIGHUP, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  std::string why;
-  auto be = daemon::CreateBackends(config, &why);
-  if (!be.ok()) {
-    std::fprintf(stderr, "ferryd: %s\n", be.status().ToString().c_str());
-    return 1;
-  }
-  FERRY_LOG(kInfo) << "ferryd " << kVersionString << ": " << why << "; devices: " << daemon::DeviceListText(config.devices)
-                   << " (" << be->size() << (be->size() == 1 ? " GPU)" : " GPUs)");
-  std::vector<daemon::DeviceInfo> gpus;
-  bool waits_on_flags = true;
-  for (const auto& b : *be) {
-    FERRY_LOG(kInfo) << b->Describe();
-    gpus.push_back(b->device_info());
-    waits_on_flags = waits_on_flags && b->waits_on_flags();
-  }
-  FERRY_LOG(kInfo) << "copies ordered after a client's event: "
-                   << (waits_on_flags && config.handoff_on_gpu
-                           ? "handed off on the GPU (a lane per client waits on the event's flag)"
-                           : std::string("handed off on the host (ferryd polls the event") +
-                                 (config.handoff_on_gpu ? ")" : ", as handoff: host asks)"));
+  // The GPUs' backends are made by the server while it builds the pool (a CUDA context takes a
+  // few hundred milliseconds); they say what they are as soon as they are made.
+  daemon::BackendMaker make_backends = [&config]() -> Result<daemon::GpuBackends> {
+    std::string why;
+    auto be = daemon::CreateBackends(config, &why);
+    if (!be.ok()) return be.status();
+    FERRY_LOG(kInfo) << "ferryd " << kVersionString << ": " << why << "; devices: "
+                     << daemon::DeviceListText(config.devices) << " (" << be->size()
+                     << (be->size() == 1 ? " GPU)" : " GPUs)");
+    bool waits_on_flags = true;
+    for (const auto& b : *be) {
+      FERRY_LOG(kInfo) << b->Describe();
+      waits_on_flags = waits_on_flags && b->waits_on_flags();
+    }
+    FERRY_LOG(kInfo) << "copies ordered after a client's event: "
+                     << (waits_on_flags && config.handoff_on_gpu
+                             ? "handed off on the GPU (a lane per client waits on the event's flag)"
+                             : std::string("handed off on the host (ferryd polls the event") +
+                                   (config.handoff_on_gpu ? ")" : ", as handoff: host asks)"));
+    return be;
+  };
   std::unique_ptr<daemon::MetricsExporter> metrics;
   if (!config.metrics_address.empty()) {
-    auto m = daemon::MetricsExporter::Create(config.metrics_address, {kVersionString, gpus.front(), gpus});
+    auto m = daemon::MetricsExporter::Create(config.metrics_address, {kVersionString, {}, {}});
     if (!m.ok()) {
       std::fprintf(stderr, "ferryd: %s\n", m.status().ToString().c_str());
       return 1;
@@ -241,7 +242,6 @@ int main(int argc, char** argv) {
     so.key_path = config.snapshot_key;
     so.interval = std::chrono::milliseconds(config.snapshot_interval_ms);
     so.version = kVersionString;
-    so.device = gpus.front();
     if (daemon::MetricsExporter* m = metrics.get()) {
       so.on_written = [m](uint64_t seq, const std::string& id, const std::string& chain) { m->OnSnapshotWritten(seq, id, chain); };
       so.on_failure = [m](std::string_view reason) { m->OnSnapshotFailed(reason); };
@@ -259,11 +259,14 @@ int main(int argc, char** argv) {
   observers.Add(snapshots.get());
   daemon::ServerOptions options;
   options.observer = observers.empty() ? nullptr : &observers;
-  auto server = daemon::Server::Create(std::move(*checked), std::move(*be), std::move(options));
+  auto server = daemon::Server::Create(std::move(*checked), std::move(make_backends), std::move(options));
   if (!server.ok()) {
     std::fprintf(stderr, "ferryd: %s\n", server.status().ToString().c_str());
     return 1;
   }
+  const std::vector<daemon::DeviceInfo> gpus = (*server)->gpus();
+  if (metrics) metrics->SetGpus(gpus);
+  if (snapshots) snapshots->SetDevice(gpus.front());
   g_server = server->get();
   if (g_pending_stop) (*server)->Stop();
   if (g_pending_reload) (*server)->RequestReload();

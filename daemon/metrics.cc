@@ -145,7 +145,10 @@ MetricFamily PerGpuFamily(std::string name, std::string help, MetricType type, c
 // Reads the server's live counters at scrape time, so gauges are never stale.
 class LiveGauges : public prometheus::Collectable {
  public:
-  explicit LiveGauges(std::vector<DeviceInfo> gpus) : gpus_(std::move(gpus)) {}
+  void SetGpus(std::vector<DeviceInfo> gpus) {
+    std::lock_guard<std::mutex> l(mu_);
+    gpus_ = std::move(gpus);
+  }
   void Attach(const Server* s) {
     std::lock_guard<std::mutex> l(mu_);
     server_ = s;
@@ -195,6 +198,18 @@ class LiveGauges : public prometheus::Collectable {
                                 "Times ferryd's event loop went to sleep; the request that wakes it waits for the "
                                 "wake-up.",
                                 double(c.sleeps.load())));
+    out.push_back(GaugeFamily("ferry_start_seconds",
+                              "How long ferryd's start took, by phase: the pool built (pages faulted in), its "
+                              "registration with the GPUs, and from the start to ready in all.",
+                              {{{"phase", "pool"}, double(c.start_pool_ns.load()) * 1e-9},
+                               {{"phase", "registration"}, double(c.start_register_ns.load()) * 1e-9},
+                               {{"phase", "total"}, double(c.start_total_ns.load()) * 1e-9}}));
+    out.push_back(GaugeFamily("ferry_pool_build_bytes_per_second",
+                              "The rate the pool was built at, at the start (bytes faulted in per second).",
+                              {{none, c.start_pool_ns.load() ? pool / (double(c.start_pool_ns.load()) * 1e-9) : 0}}));
+    out.push_back(GaugeFamily("ferry_pool_huge_page_bytes",
+                              "Pool bytes on huge pages at the start (transparent huge pages for shared memory).",
+                              {{none, double(c.pool_huge_page_bytes.load())}}));
     const size_t n = std::min<size_t>(gpus_.size(), kMaxGpus);
     const std::vector<DeviceInfo> gpus(gpus_.begin(), gpus_.begin() + static_cast<std::ptrdiff_t>(n));
     out.push_back(PerGpuFamily("ferry_gpu_clients", "Clients copying to each GPU now.", MetricType::Gauge, gpus, {},
@@ -210,8 +225,8 @@ class LiveGauges : public prometheus::Collectable {
   }
 
  private:
-  const std::vector<DeviceInfo> gpus_;
   mutable std::mutex mu_;
+  std::vector<DeviceInfo> gpus_;  // guarded by mu_
   const Server* server_ = nullptr;  // guarded by mu_
   std::atomic<double> bw_h2d_{0}, bw_d2h_{0};
 };
@@ -257,9 +272,35 @@ class EventRing {
 
 class MetricsExporter::Impl {
  public:
-  explicit Impl(std::vector<DeviceInfo> gpus)
-      : registry(std::make_shared<prometheus::Registry>()), live(std::make_shared<LiveGauges>(std::move(gpus))) {}
+  Impl() : registry(std::make_shared<prometheus::Registry>()), live(std::make_shared<LiveGauges>()) {}
 
+  // ferry_build_info (with the first GPU's backend and CUDA versions), ferry_gpu_info and the
+  // per-GPU counters: once, when the GPUs are known.
+  void SetGpus(const std::vector<DeviceInfo>& gpus, const DeviceInfo& first) {
+    prometheus::BuildGauge()
+        .Name("ferry_build_info")
+        .Help("ferry's version and what it was built with; always 1.")
+        .Register(*registry)
+        .Add({{"version", version}, {"backend", first.backend}, {"cuda_driver", first.driver},
+              {"cuda_runtime", first.runtime}})
+        .Set(1);
+    auto& gpu_info = prometheus::BuildGauge()
+                         .Name("ferry_gpu_info")
+                         .Help("The GPUs this ferryd drives (on the host backend, simulated ones); always 1.")
+                         .Register(*registry);
+    for (const DeviceInfo& g : gpus) {
+      gpu_info
+          .Add({{"gpu_uuid", g.uuid},
+                {"name", g.name},
+                {"ordinal", std::to_string(g.ordinal)},
+                {"numa_node", std::to_string(g.numa_node)},
+                {"pci_bus_id", g.pci_bus_id}})
+          .Set(1);
+    }
+    live->SetGpus(gpus);
+  }
+
+  std::string version;
   EventRing events;
   std::atomic<uint64_t> dropped{0};
   prometheus::Counter* dropped_counter = nullptr;
@@ -376,7 +417,7 @@ MetricsExporter::~MetricsExporter() {
 }
 
 Result<std::unique_ptr<MetricsExporter>> MetricsExporter::Create(const std::string& address, const MetricsInfo& info) {
-  auto impl = std::make_unique<Impl>(info.gpus);
+  auto impl = std::make_unique<Impl>();
   // civetweb reports a thread it could not start only as a null context (the first worker) or
   // not at all (the others, the listener): find out first, and say why.
   if (Status threads = CivetwebThreadsCanStart(); !threads.ok()) {
@@ -396,26 +437,8 @@ Result<std::unique_ptr<MetricsExporter>> MetricsExporter::Create(const std::stri
                        " (is the address in use or not local? set metrics.address, or empty to disable)");
   }
   auto& r = *impl->registry;
-  prometheus::BuildGauge()
-      .Name("ferry_build_info")
-      .Help("ferry's version and what it was built with; always 1.")
-      .Register(r)
-      .Add({{"version", info.version}, {"backend", info.device.backend}, {"cuda_driver", info.device.driver},
-            {"cuda_runtime", info.device.runtime}})
-      .Set(1);
-  auto& gpu_info = prometheus::BuildGauge()
-                       .Name("ferry_gpu_info")
-                       .Help("The GPUs this ferryd drives (on the host backend, simulated ones); always 1.")
-                       .Register(r);
-  for (const DeviceInfo& g : info.gpus) {
-    gpu_info
-        .Add({{"gpu_uuid", g.uuid},
-              {"name", g.name},
-              {"ordinal", std::to_string(g.ordinal)},
-              {"numa_node", std::to_string(g.numa_node)},
-              {"pci_bus_id", g.pci_bus_id}})
-        .Set(1);
-  }
+  impl->version = info.version;
+  if (!info.device.backend.empty()) impl->SetGpus(info.gpus.empty() ? std::vector<DeviceInfo>{} : info.gpus, info.device);
   impl->copies = &prometheus::BuildCounter()
                       .Name("ferry_copies_total")
                       .Help("Copies finished, by direction, client class, policy and result.")
@@ -501,6 +524,10 @@ void MetricsExporter::Attach(const Server* server) {
 int MetricsExporter::port() const {
   auto ports = impl_->exposer->GetListeningPorts();
   return ports.empty() ? -1 : ports.front();
+}
+
+void MetricsExporter::SetGpus(const std::vector<DeviceInfo>& gpus) {
+  if (!gpus.empty()) impl_->SetGpus(gpus, gpus.front());
 }
 
 void MetricsExporter::OnCopyDone(const CopyRecord& r) {

@@ -17,8 +17,10 @@ namespace ferry::daemon {
 
 struct MetricsInfo {
   std::string version;
-  DeviceInfo device;             // the first GPU's: its backend and CUDA versions
-  std::vector<DeviceInfo> gpus;  // every GPU's: ferry_gpu_info and the per-GPU counters
+  // The first GPU's (its backend and CUDA versions) and every GPU's (ferry_gpu_info, per-GPU
+  // counters); a device without a backend: given later, by SetGpus.
+  DeviceInfo device;
+  std::vector<DeviceInfo> gpus;
 };
 
 class MetricsExporter : public ServerObserver {
@@ -29,6 +31,8 @@ class MetricsExporter : public ServerObserver {
   ~MetricsExporter() override;
 
   void Attach(const Server* server);  // gauges read from it at scrape time; null detaches
+  // The GPUs, once known (ferryd makes them while it builds its pool): once, before Attach.
+  void SetGpus(const std::vector<DeviceInfo>& gpus);
   int port() const;                   // the bound port
 
   void OnCopyDone(const CopyRecord& r) override;

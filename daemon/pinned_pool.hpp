@@ -86,6 +86,9 @@ class PinnedPool {
   static Result<std::unique_ptr<PinnedPool>> Create(uint64_t pool_bytes, uint64_t slab_bytes,
                                                     SlabReclaimHooks hooks = {}, const FaultProgress& progress = {});
   ~PinnedPool();  // joins the zeroer (after it finishes the slab it is renewing)
+  // Replaces the hooks given to Create: for a caller that knows them only once the pool is built
+  // (its backends are made meanwhile). Before the first slab is granted: the zeroer reads them.
+  void SetReclaimHooks(SlabReclaimHooks hooks) { hooks_ = std::move(hooks); }
   PinnedPool(const PinnedPool&) = delete;
   PinnedPool& operator=(const PinnedPool&) = delete;
 

@@ -16,6 +16,8 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <system_error>
+#include <thread>
 
 #include "common/channel.hpp"
 #include "common/log.hpp"
@@ -33,6 +35,7 @@
 #include "daemon/scheduler.hpp"
 #include "daemon/session.hpp"
 #include "daemon/sessions.hpp"
+#include "daemon/startup_responder.hpp"
 
 namespace ferry::daemon {
 namespace {
@@ -64,14 +67,15 @@ Status MakeRuntimeDir(const std::string& dir) {
 
 class Server::Impl {
  public:
-  Impl(CheckedConfig checked, std::unique_ptr<DeviceSet> backend, std::shared_ptr<const Policy> policy,
+  Impl(CheckedConfig checked, BackendMaker make_backends, std::shared_ptr<const Policy> policy,
        const std::string& policy_source, ServerOptions options)
       : config_(std::move(checked.config)),
         allowed_gid_(checked.allowed_gid),
-        backend_(std::move(backend)),
+        make_backends_(std::move(make_backends)),
         observer_(options.observer),
         before_slab_renewal_(std::move(options.before_slab_renewal)),
         policy_parse_hook_(std::move(options.before_policy_parse)),
+        before_pool_build_(std::move(options.before_pool_build)),
         policy_(std::move(policy)),
         rejections_(counters_, observer_) {
     FERRY_LOG(kInfo) << "policy: " << policy_->name << " (" << policy_->Hash() << ") from " << policy_source;
@@ -83,11 +87,54 @@ class Server::Impl {
   }
 
   Status Init() {
+    const uint64_t t0 = MonotonicNanos();
     // Before the pool: a second ferryd on this runtime directory must not pin a whole pool
     // before it learns the first one holds the lock.
     FERRY_RETURN_IF_ERROR(MakeRuntimeDir(config_.runtime_dir));
     FERRY_RETURN_IF_ERROR(LockRuntimeDir());
-    uint64_t t0 = MonotonicNanos();
+    // The socket first, so that clients and ferryctl status hear how the start goes.
+    socket_path_ = config_.SocketPath();
+    FERRY_ASSIGN_OR_RETURN(listen_, ListenUnix(socket_path_, allowed_gid_ ? 0660 : 0600));
+    if (allowed_gid_ && ::chown(socket_path_.c_str(), static_cast<uid_t>(-1), *allowed_gid_) != 0) {
+      return ErrnoStatus("chown(" + socket_path_ + ")", errno);
+    }
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<StartupResponder> responder,
+                           StartupResponder::Start(listen_.get(), "making the GPUs' contexts and the pool"));
+    // The backends (a CUDA context per GPU) are made while the pool is built.
+    Result<GpuBackends> made = Internal("the backends were not made");
+    std::thread maker;
+    try {
+      maker = std::thread([&] { made = make_backends_(); });
+    } catch (const std::system_error&) {
+      made = make_backends_();  // no thread to spare: one after the other
+    }
+    struct Join {
+      std::thread& t;
+      ~Join() {
+        if (t.joinable()) t.join();
+      }
+    } join{maker};
+    // A large pool takes seconds to build: systemd hears how far it got and extends the unit's
+    // start timeout while it progresses (its TimeoutStartSec would otherwise stop a long build).
+    auto building = [&responder](uint64_t faulted, uint64_t total) {
+      const std::string progress = "building the pool: " + std::to_string(faulted >> 20) + " of " +
+                                   std::to_string(total >> 20) + " MiB faulted in (" +
+                                   std::to_string(total ? faulted * 100 / total : 100) + "%)";
+      responder->SetProgress(progress);
+      SdNotify("EXTEND_TIMEOUT_USEC=" + std::to_string(kStartStepTimeoutUs) + "\nSTATUS=" + progress);
+    };
+    if (before_pool_build_) before_pool_build_();
+    const uint64_t t_pool = MonotonicNanos();
+    // Hooks come once the backends are known (below), before any slab is granted.
+    FERRY_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(config_.pool_bytes, config_.slab_bytes, {}, building));
+    const uint64_t t1 = MonotonicNanos();
+    if (maker.joinable()) {
+      responder->SetProgress("pool built; making the GPUs' contexts");
+      maker.join();
+    }
+    const uint64_t t_made = MonotonicNanos();
+    if (!made.ok()) return made.status();
+    FERRY_ASSIGN_OR_RETURN(backend_, DeviceSet::Create(std::move(*made)));
     // The hooks run on the pool's zeroer thread; backend_ outlives pool_ (declared before it).
     // Fresh pages for every reclaimed slab, unless the engines reach the pool through one pinning
     // of the whole range (pool.register: whole), which fresh pages would escape.
@@ -99,35 +146,31 @@ class Server::Impl {
       hooks.pin = [b = backend_.get()](std::byte* p, uint64_t n) { return b->PinSlab(p, n); };
     }
     hooks.before = std::move(before_slab_renewal_);
-    // A large pool takes seconds to build: systemd hears how far it got and extends the unit's
-    // start timeout while it progresses (its TimeoutStartSec would otherwise stop a long build).
-    auto building = [](uint64_t faulted, uint64_t total) {
-      SdNotify("EXTEND_TIMEOUT_USEC=" + std::to_string(kStartStepTimeoutUs) + "\nSTATUS=building the pool: " +
-               std::to_string(faulted >> 20) + " of " + std::to_string(total >> 20) + " MiB faulted in");
-    };
-    FERRY_ASSIGN_OR_RETURN(pool_,
-                           PinnedPool::Create(config_.pool_bytes, config_.slab_bytes, std::move(hooks), building));
-    uint64_t t1 = MonotonicNanos();
-    // Registration pins the whole pool in one call (2.3 s for 48 GiB on the H200's host).
+    pool_->SetReclaimHooks(std::move(hooks));
+    // Registration pins the whole pool in one call (1.3 s for 48 GiB on the H200's host).
+    responder->SetProgress("registering the pool with the GPU");
     SdNotify("EXTEND_TIMEOUT_USEC=" + std::to_string(kStartStepTimeoutUs + (pool_->size() >> 30) * 200'000) +
              "\nSTATUS=registering the pool with the GPU");
     FERRY_RETURN_IF_ERROR(backend_->RegisterPool(pool_->base(), pool_->size(), pool_->slab_bytes(), slab_by_slab)
                               .WithContext("pool registration"));
-    uint64_t t2 = MonotonicNanos();
-    const double created_s = static_cast<double>(t1 - t0) / 1e9;
+    const uint64_t t2 = MonotonicNanos();
+    const double created_s = static_cast<double>(t1 - t_pool) / 1e9;
     FERRY_LOG(kInfo) << "pool: " << (pool_->size() >> 20) << " MiB in " << pool_->slab_count() << " slabs of "
-                     << (pool_->slab_bytes() >> 10) << " KiB; created in " << (t1 - t0) / 1000000
+                     << (pool_->slab_bytes() >> 10) << " KiB; created in " << (t1 - t_pool) / 1000000
                      << " ms (" << pool_->fault_threads() << " threads, "
                      << OneDecimal(static_cast<double>(pool_->size()) / (1ull << 30) / std::max(created_s, 1e-9))
-                     << " GiB/s), registered in " << (t2 - t1) / 1000000 << " ms; " << (pool_->huge_page_bytes() >> 20)
+                     << " GiB/s), registered in " << (t2 - t_made) / 1000000 << " ms; " << (pool_->huge_page_bytes() >> 20)
                      << " MiB on huge pages (transparent_hugepage/shmem_enabled: " << ShmemHugePageSetting() << ")";
+    FERRY_LOG(kInfo) << "started in " << (t2 - t0) / 1000000 << " ms: pool built in " << (t1 - t_pool) / 1000000
+                     << " ms while the backends were made (" << (t_made > t1 ? (t_made - t1) / 1000000 : 0)
+                     << " ms more waiting for them), registered in " << (t2 - t_made) / 1000000 << " ms";
+    counters_.start_pool_ns = t1 - t_pool;
+    counters_.start_register_ns = t2 - t_made;
+    counters_.start_total_ns = t2 - t0;
+    counters_.pool_huge_page_bytes = pool_->huge_page_bytes();
+    responder.reset();  // the loop below takes over the socket; hellos queued meanwhile wait for it
     UpdatePoolCounters(*pool_, counters_);
 
-    socket_path_ = config_.SocketPath();
-    FERRY_ASSIGN_OR_RETURN(listen_, ListenUnix(socket_path_, allowed_gid_ ? 0660 : 0600));
-    if (allowed_gid_ && ::chown(socket_path_.c_str(), static_cast<uid_t>(-1), *allowed_gid_) != 0) {
-      return ErrnoStatus("chown(" + socket_path_ + ")", errno);
-    }
     FERRY_ASSIGN_OR_RETURN(stop_efd_, CreateEventFd());
     FERRY_ASSIGN_OR_RETURN(reload_efd_, CreateEventFd());
     FERRY_ASSIGN_OR_RETURN(poller_, Poller::Create());
@@ -185,6 +228,11 @@ class Server::Impl {
   const DaemonConfig& config() const { return config_; }
   const ServerCounters& counters() const { return counters_; }
   DeviceSet& backend() { return *backend_; }
+  std::vector<DeviceInfo> gpus() const {
+    std::vector<DeviceInfo> out;
+    for (uint32_t i = 0; i < backend_->gpu_count(); ++i) out.push_back(backend_->info(i));
+    return out;
+  }
   uint64_t pool_bytes() const { return pool_->size(); }
 
  private:
@@ -598,11 +646,13 @@ class Server::Impl {
   // member is declared after it.
   const DaemonConfig config_;
   const std::optional<gid_t> allowed_gid_;
+  BackendMaker make_backends_;          // run once, by Init
   std::unique_ptr<DeviceSet> backend_;  // outlives pool_, whose zeroer thread calls it
   ServerCounters counters_;
   ServerObserver* const observer_;  // may be null; outlives the server
   std::function<void(std::byte*, uint64_t)> before_slab_renewal_;  // handed to the pool at Init
   std::function<void(const std::string&)> policy_parse_hook_;    // ServerOptions::before_policy_parse
+  std::function<void()> before_pool_build_;                      // ServerOptions::before_pool_build
   RunningPolicy policy_;
   Rejections rejections_;
   std::unique_ptr<PinnedPool> pool_;
@@ -636,9 +686,8 @@ class Server::Impl {
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Server::~Server() = default;
 
-Result<std::unique_ptr<Server>> Server::Create(CheckedConfig checked, std::vector<std::unique_ptr<Backend>> gpus,
+Result<std::unique_ptr<Server>> Server::Create(CheckedConfig checked, BackendMaker make_backends,
                                                ServerOptions options) {
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<DeviceSet> backend, DeviceSet::Create(std::move(gpus)));
   std::shared_ptr<const Policy> policy = std::move(checked.policy);
   std::string source = std::move(checked.policy_source);
   if (options.policy) {
@@ -649,10 +698,18 @@ Result<std::unique_ptr<Server>> Server::Create(CheckedConfig checked, std::vecto
     policy = std::make_shared<const Policy>();
     source = "built-in default";
   }
-  auto impl = std::make_unique<Impl>(std::move(checked), std::move(backend), std::move(policy), source,
+  auto impl = std::make_unique<Impl>(std::move(checked), std::move(make_backends), std::move(policy), source,
                                      std::move(options));
   FERRY_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+Result<std::unique_ptr<Server>> Server::Create(CheckedConfig checked, std::vector<std::unique_ptr<Backend>> gpus,
+                                               ServerOptions options) {
+  // Made already: handed over as they are.
+  auto held = std::make_shared<GpuBackends>(std::move(gpus));
+  return Create(std::move(checked), BackendMaker([held]() -> Result<GpuBackends> { return std::move(*held); }),
+                std::move(options));
 }
 
 namespace {
@@ -686,6 +743,7 @@ std::shared_ptr<const Policy> Server::policy() const { return impl_->policy(); }
 const DaemonConfig& Server::config() const { return impl_->config(); }
 const ServerCounters& Server::counters() const { return impl_->counters(); }
 Backend& Server::backend() { return impl_->backend(); }
+std::vector<DeviceInfo> Server::gpus() const { return impl_->gpus(); }
 uint64_t Server::pool_bytes() const { return impl_->pool_bytes(); }
 
 }  // namespace ferry::daemon

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "daemon/backend.hpp"
 #include "daemon/config.hpp"
@@ -52,6 +53,11 @@ struct ServerCounters {
   std::atomic<uint64_t> policy_failures{0};
   std::atomic<uint64_t> sleeps{0};          // times the event loop went to sleep (each wake-up delays a request)
   std::atomic<uint64_t> poll_window_ns{0};  // it polls this long after its last activity (PollWindow)
+  // The start, once done: the pool built, its registration, and Server::Create in all (ns).
+  std::atomic<uint64_t> start_pool_ns{0};
+  std::atomic<uint64_t> start_register_ns{0};
+  std::atomic<uint64_t> start_total_ns{0};
+  std::atomic<uint64_t> pool_huge_page_bytes{0};
   std::array<GpuCounters, kMaxGpus> gpu;    // by ferryd's index of the GPU (DeviceSet)
 };
 
@@ -103,12 +109,22 @@ struct ServerOptions {
   // Tests: runs on the policy loader's thread before it reads each policy file (reloads and
   // applies), e.g. to make a parse slow on purpose.
   std::function<void(const std::string& name)> before_policy_parse = nullptr;
+  // Tests: runs in Create once the socket answers "starting", before the pool is built.
+  std::function<void()> before_pool_build = nullptr;
 };
+
+using GpuBackends = std::vector<std::unique_ptr<Backend>>;
+// Makes the backend of each GPU (CreateBackends). The server runs it on a thread of its own while
+// it builds the pool: a CUDA context takes a few hundred milliseconds to make.
+using BackendMaker = std::function<Result<GpuBackends>()>;
 
 class Server {
  public:
-  // Builds the server from what Preflight passed: creates the pool, registers it with the
-  // backend, and listens on config.SocketPath().
+  // Builds the server from what Preflight passed: listens on config.SocketPath() (hellos are
+  // answered "starting" until ready), makes the backends while it creates the pool, registers
+  // the pool with them.
+  static Result<std::unique_ptr<Server>> Create(CheckedConfig checked, BackendMaker make_backends,
+                                                ServerOptions options = {});
   // `gpus`: a backend per GPU it serves (CreateBackends), at least one.
   static Result<std::unique_ptr<Server>> Create(CheckedConfig checked, std::vector<std::unique_ptr<Backend>> gpus,
                                                 ServerOptions options = {});
@@ -135,6 +151,8 @@ class Server {
   const DaemonConfig& config() const;
   const ServerCounters& counters() const;
   Backend& backend();
+  // The GPUs it serves, in its order (the index sessions and counters use).
+  std::vector<DeviceInfo> gpus() const;
   uint64_t pool_bytes() const;
 
  private:

@@ -41,6 +41,9 @@ class SnapshotWriter : public ServerObserver {
   static Result<std::unique_ptr<SnapshotWriter>> Create(const SnapshotOptions& options);
   ~SnapshotWriter() override;  // writes the last (partial) window
 
+  // The GPU the records name, when it was not known at Create (ferryd makes its GPUs' backends
+  // while it builds its pool). Before Start.
+  void SetDevice(const DeviceInfo& device) { opt_.device = device; }
   void Start();
   uint64_t last_sequence() const;
 

@@ -145,7 +145,14 @@ int PolicyApply(const std::vector<std::string>& args, const std::string& socket)
 int Status_(const std::vector<std::string>& args, const std::string& socket) {
   const bool json = !args.empty() && args[0] == "--json";
   Control c;
-  if (Status open = c.Open(socket); !open.ok()) return Fail(open.ToString());
+  // A ferryd still starting says how far it got, at once.
+  if (Status open = c.Open(socket, std::chrono::milliseconds(0)); !open.ok()) {
+    if (json && open.code() == Code::kUnavailable) {
+      std::printf("{\"starting\":true,\"status\":%s}\n", json::String(open.message()).c_str());
+      return 3;
+    }
+    return Fail(open.ToString());
+  }
   auto st = c.Stats();
   if (!st.ok()) return Fail(st.status().ToString());
   std::string policy_line;

@@ -241,7 +241,9 @@ TEST(Ferryd, SighupReloadsThePolicyFile) {
   Child d({FERRY_DAEMON_PATH, "--metrics-address", "127.0.0.1:0", "--backend", "host", "--runtime-dir", dir, "--pool-size", "16MiB", "--slab-size", "1MiB",
            "--policy", policy},
           dir + "/ferryd.log");
-  ASSERT_TRUE(testing::DaemonHarness::Eventually([&] { return fs::exists(dir + "/ferryd.sock"); }, 10000)) << d.Output();
+  // The socket answers "starting" before ferryd is ready: its log says when it is.
+  ASSERT_TRUE(testing::DaemonHarness::Eventually([&] { return d.Output().find("[info] ready") != std::string::npos; }, 10000))
+      << d.Output();
   std::ofstream(policy) << "name: two\nschedule: {kind: side-stream}\n";
   d.Signal(SIGHUP);
   EXPECT_TRUE(testing::DaemonHarness::Eventually(
@@ -261,7 +263,7 @@ TEST(Ferryd, AskedToTraceTheEnginesOnTheHostBackendItSaysItCannotAndServes) {
   Child d({FERRY_DAEMON_PATH, "--metrics-address", "", "--backend", "host", "--runtime-dir", dir, "--pool-size",
            "16MiB", "--slab-size", "1MiB", "--trace-engine"},
           dir + "/ferryd.log");
-  ASSERT_TRUE(testing::DaemonHarness::Eventually([&] { return fs::exists(dir + "/ferryd.sock"); }, 10000))
+  ASSERT_TRUE(testing::DaemonHarness::Eventually([&] { return d.Output().find("[info] ready") != std::string::npos; }, 10000))
       << d.Output();
   EXPECT_NE(d.Output().find("--trace-engine ignored: the host backend has no copy engines"), std::string::npos)
       << d.Output();
