@@ -119,6 +119,21 @@ std::vector<int> CpusOfNumaNode(int node, const std::string& sysfs) {
   return ParseCpuList(ReadTextFile(NodeDir(sysfs) + "/node" + std::to_string(node) + "/cpulist"));
 }
 
+uint64_t NumaNodeMemTotal(int node, const std::string& sysfs) {
+  if (node < 0) return 0;
+  const std::string text = ReadTextFile(NodeDir(sysfs) + "/node" + std::to_string(node) + "/meminfo");
+  const std::string key = "Node " + std::to_string(node) + " MemTotal:";
+  const size_t at = text.find(key);
+  if (at == std::string::npos) return 0;
+  std::string_view rest = std::string_view(text).substr(at + key.size());
+  rest = rest.substr(0, rest.find('\n'));
+  rest = Trim(rest);
+  if (rest.size() < 3 || rest.substr(rest.size() - 3) != " kB") return 0;
+  uint64_t kib = 0;
+  if (!ParseWhole(Trim(rest.substr(0, rest.size() - 3)), &kib) || kib > (UINT64_MAX >> 10)) return 0;
+  return kib << 10;
+}
+
 std::vector<int> AffinityCpus() {
   cpu_set_t set;
   CPU_ZERO(&set);

@@ -42,6 +42,9 @@ std::vector<int> OnlineNumaNodes(const std::string& sysfs = "/sys");
 // The CPUs of a node (<sysfs>/devices/system/node/node<N>/cpulist); empty when the node has none
 // (a memory-only node) or is unknown. Intersect it with AffinityCpus() before pinning to it.
 std::vector<int> CpusOfNumaNode(int node, const std::string& sysfs = "/sys");
+// The memory of a node (<sysfs>/devices/system/node/node<N>/meminfo, "Node 0 MemTotal: 24683756
+// kB"); 0 when it is not known.
+uint64_t NumaNodeMemTotal(int node, const std::string& sysfs = "/sys");
 // The CPUs this process may run on (its affinity mask), ascending.
 std::vector<int> AffinityCpus();
 // Those of `cpus` also in `allowed`; both ascending.

@@ -169,7 +169,7 @@ std::string Size(uint64_t bytes) {
   return std::to_string(bytes) + " bytes";
 }
 
-enum class Binding : uint8_t { kNoNode, kNotOnline, kRefused, kBound };
+enum class Binding : uint8_t { kNoNode, kNotOnline, kTooLarge, kRefused, kBound };
 
 // Binds each part of a node to it (the range is not faulted in yet) and says where its
 // fault-in threads run: on the node's usable CPUs, else anywhere; parts on the same CPUs share
@@ -190,6 +190,10 @@ std::vector<FaultRange> BindParts(std::vector<PoolPart>& parts, std::byte* base,
       binding->push_back(Binding::kNotOnline);
       p.placement = online.empty() ? "not placed: this kernel reports no NUMA nodes"
                                    : "not placed: " + node + " is not online on this machine";
+    } else if (const uint64_t total = NumaNodeMemTotal(p.numa_node); total != 0 && p.bytes > total) {
+      // Bound, it could only fault in by OOM-killing (MPOL_BIND does not spill to other nodes).
+      binding->push_back(Binding::kTooLarge);
+      p.placement = "not placed: " + Size(p.bytes) + " is more than " + node + "'s memory (" + Size(total) + ")";
     } else {
       Status bound = BindToNumaNode(r.p, r.n, p.numa_node);
       p.bound = bound.ok();

@@ -112,8 +112,9 @@ struct PoolPart {
   std::map<int, uint64_t> bytes_by_node;  // all of them by node (empty for a part of no node)
   unsigned fault_threads = 0;    // threads that faulted it in
   // In words, for the log: "all 512 MiB on node 0", "384 MiB of 512 MiB on node 0 (node 1: 128
-  // MiB)", "not placed: node 1 is not online on this machine", "not bound (mbind to node 0: ...);
-  // first touch from node 0's CPUs put 512 MiB of 512 MiB there", "no node".
+  // MiB)", "not placed: node 1 is not online on this machine", "not placed: 200 GiB is more
+  // than node 1's memory (188 GiB)", "not bound (mbind to node 0: ...); first touch from node
+  // 0's CPUs put 512 MiB of 512 MiB there", "no node".
   std::string placement;
   // Whether every page is on its node and will stay there: bound and all on the node. false for
   // a part of no node.

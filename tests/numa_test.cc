@@ -84,6 +84,15 @@ TEST_F(FakeSysfs, OnlineNodesAndNodeCpusAreReadFromTheKernelsListFormat) {
   EXPECT_TRUE(daemon::CpusOfNumaNode(-1, root_).empty());
   EXPECT_EQ(daemon::IntersectCpus(daemon::CpusOfNumaNode(0, root_), {1, 2, 4, 9, 30}), (std::vector<int>{1, 2, 9}));
 
+  Write("devices/system/node/node0/meminfo",
+        "Node 0 MemTotal:       24683756 kB\nNode 0 MemFree:        21031648 kB\n");
+  Write("devices/system/node/node1/meminfo", "Node 1 MemFree:        21031648 kB\n");
+  Write("devices/system/node/node3/meminfo", "Node 3 MemTotal:       lots kB\n");
+  EXPECT_EQ(daemon::NumaNodeMemTotal(0, root_), 24683756ull << 10);
+  EXPECT_EQ(daemon::NumaNodeMemTotal(1, root_), 0u) << "no MemTotal line";
+  EXPECT_EQ(daemon::NumaNodeMemTotal(2, root_), 0u) << "no meminfo";
+  EXPECT_EQ(daemon::NumaNodeMemTotal(3, root_), 0u) << "not a number";
+
   EXPECT_EQ(daemon::ParseCpuList("5,1-2,2"), (std::vector<int>{1, 2, 5}));
   EXPECT_EQ(daemon::ParseCpuList("  7 \n"), (std::vector<int>{7}));
   for (const char* bad : {"3-1", "a", "0,,1", "1,", ",1", "-1", "1-", "0-99999999", "1 2"}) {
@@ -103,6 +112,7 @@ TEST(NumaSysfs, ThisMachinesNodesHoldEveryCpuThisProcessMayRunOn) {
   ASSERT_FALSE(mine.empty());
   EXPECT_EQ(mine.size(), daemon::UsableCpus());
   EXPECT_EQ(daemon::IntersectCpus(mine, all), mine);
+  for (int n : nodes) EXPECT_GT(daemon::NumaNodeMemTotal(n), 0u) << "node " << n;
 }
 
 TEST(NumaMaps, BytesPerNodeAreCountedForTheMappingsInsideTheRangeOnly) {
