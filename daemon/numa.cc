@@ -83,9 +83,9 @@ std::string SysfsPciBusId(std::string_view id) {
 int NumaNodeOfPciDevice(std::string_view pci_bus_id, const std::string& sysfs) {
   const std::string id = SysfsPciBusId(pci_bus_id);
   if (id.empty()) return -1;
-  const std::string_view text = Trim(ReadTextFile(sysfs + "/bus/pci/devices/" + id + "/numa_node"));
+  const std::string text = ReadTextFile(sysfs + "/bus/pci/devices/" + id + "/numa_node");
   int node = -1;
-  if (!ParseWhole(text, &node) || node < 0 || node > kMaxNode) return -1;
+  if (!ParseWhole(Trim(text), &node) || node < 0 || node > kMaxNode) return -1;
   return node;
 }
 
