@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -20,6 +21,7 @@
 
 #include "common/log.hpp"
 #include "common/status_macros.hpp"
+#include "daemon/numa.hpp"
 
 namespace ferry::daemon {
 
@@ -52,50 +54,88 @@ unsigned UsableCpus() {
   return static_cast<unsigned>(std::max(1, CPU_COUNT(&set)));
 }
 
-unsigned FaultInParallel(std::byte* p, uint64_t n, uint64_t min_share, const FaultProgress& progress,
-                         std::chrono::milliseconds interval) {
+namespace {
+
+// Pins the calling thread to `cpus` (none: leaves it be). The kernel may refuse (a CPU gone
+// offline, a cpuset changed since): the thread then runs where it is let, which is only slower.
+void PinThisThread(const std::vector<int>& cpus) {
+  if (cpus.empty()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) {
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
+  }
+  ::sched_setaffinity(0, sizeof set, &set);
+}
+
+}  // namespace
+
+std::vector<unsigned> FaultInParallel(const std::vector<FaultRange>& ranges, uint64_t min_share,
+                                      const FaultProgress& progress, std::chrono::milliseconds interval) {
   constexpr uint64_t kAlign = 2ull << 20, kChunk = 64ull << 20;
-  const uint64_t want = std::clamp<uint64_t>(n / std::max<uint64_t>(min_share, kAlign), 1, UsableCpus());
-  const uint64_t share = (n / want + kAlign - 1) / kAlign * kAlign;
+  uint64_t total = 0;
+  for (const FaultRange& r : ranges) total += r.n;
   std::atomic<uint64_t> faulted{0};
-  auto fault = [&](uint64_t off, uint64_t len) {
+  auto fault = [&](std::byte* p, uint64_t len) {
     for (uint64_t at = 0; at < len; at += kChunk) {
       const uint64_t chunk = std::min(kChunk, len - at);
-      FaultIn(p + off + at, chunk);
+      FaultIn(p + at, chunk);
       faulted.fetch_add(chunk, std::memory_order_relaxed);
     }
   };
-  if (progress) progress(0, n);
+  if (progress) progress(0, total);
   std::mutex mu;
   std::condition_variable cv;
   size_t finished = 0;  // guarded by mu
   std::vector<std::thread> workers;
-  uint64_t off = 0;
-  for (; off < n; off += share) {
-    try {
-      workers.emplace_back([&, off, len = std::min(share, n - off)] {
-        fault(off, len);
-        std::lock_guard<std::mutex> l(mu);
-        ++finished;
-        cv.notify_one();
-      });
-    } catch (const std::system_error&) {
-      break;
+  std::vector<unsigned> used(ranges.size(), 0);
+  std::vector<std::pair<std::byte*, uint64_t>> unstarted;  // shares no thread could start for
+  bool can_start = true;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const FaultRange& r = ranges[i];
+    if (r.n == 0) continue;
+    const uint64_t cap = r.max_threads != 0 ? r.max_threads : UsableCpus();
+    const uint64_t want = std::clamp<uint64_t>(r.n / std::max<uint64_t>(min_share, kAlign), 1, cap);
+    const uint64_t share = (r.n / want + kAlign - 1) / kAlign * kAlign;
+    for (uint64_t off = 0; off < r.n; off += share) {
+      const uint64_t len = std::min(share, r.n - off);
+      if (can_start) {
+        try {
+          workers.emplace_back([&, p = r.p + off, len, cpus = &r.cpus] {
+            PinThisThread(*cpus);
+            fault(p, len);
+            std::lock_guard<std::mutex> l(mu);
+            ++finished;
+            cv.notify_one();
+          });
+          ++used[i];
+          continue;
+        } catch (const std::system_error&) {
+          can_start = false;
+        }
+      }
+      unstarted.emplace_back(r.p + off, len);
     }
   }
-  if (off < n) fault(off, n - off);  // the shares no thread could start for
+  for (auto [p, len] : unstarted) fault(p, len);
   {
     // This thread reports while the workers fault.
     std::unique_lock<std::mutex> l(mu);
     while (!cv.wait_for(l, interval, [&] { return finished == workers.size(); })) {
       l.unlock();
-      if (progress) progress(faulted.load(std::memory_order_relaxed), n);
+      if (progress) progress(faulted.load(std::memory_order_relaxed), total);
       l.lock();
     }
   }
   for (std::thread& w : workers) w.join();
-  if (progress) progress(n, n);
-  return static_cast<unsigned>(std::max<size_t>(workers.size(), 1));
+  if (progress) progress(total, total);
+  for (unsigned& u : used) u = std::max(u, 1u);
+  return used;
+}
+
+unsigned FaultInParallel(std::byte* p, uint64_t n, uint64_t min_share, const FaultProgress& progress,
+                         std::chrono::milliseconds interval) {
+  return FaultInParallel({FaultRange{p, n, {}, 0}}, min_share, progress, interval)[0];
 }
 
 PinnedPool::PinnedPool(std::vector<UniqueFd> fds, Mapping m, uint64_t slab_bytes, SlabReclaimHooks hooks)
@@ -118,12 +158,128 @@ PinnedPool::~PinnedPool() {
   zeroer_.join();
 }
 
+bool PoolPart::placed() const { return numa_node >= 0 && bound && bytes_on_node == bytes; }
+
+namespace {
+
+// "512 MiB", "48 GiB", "12345 bytes".
+std::string Size(uint64_t bytes) {
+  if (bytes != 0 && bytes % (1ull << 30) == 0) return std::to_string(bytes >> 30) + " GiB";
+  if (bytes % (1ull << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
+  return std::to_string(bytes) + " bytes";
+}
+
+enum class Binding : uint8_t { kNoNode, kNotOnline, kTooLarge, kRefused, kBound };
+
+// Binds each part of a node to it (the range is not faulted in yet) and says where its
+// fault-in threads run: on the node's usable CPUs, else anywhere; parts on the same CPUs share
+// them. A part whose node is not online, or whose binding the kernel refuses, gets its
+// placement's reason now (the rest is filled in by DescribePlacement).
+std::vector<FaultRange> BindParts(std::vector<PoolPart>& parts, std::byte* base, uint64_t slab_bytes,
+                                  std::vector<Binding>* binding) {
+  const std::vector<int> online = OnlineNumaNodes();
+  const std::vector<int> affinity = AffinityCpus();
+  std::vector<FaultRange> ranges;
+  for (PoolPart& p : parts) {
+    FaultRange r{base + uint64_t{p.first_slab} * slab_bytes, p.bytes, {}, 0};
+    const std::string node = "node " + std::to_string(p.numa_node);
+    if (p.numa_node < 0) {
+      binding->push_back(Binding::kNoNode);
+      p.placement = "no node";
+    } else if (!std::binary_search(online.begin(), online.end(), p.numa_node)) {
+      binding->push_back(Binding::kNotOnline);
+      p.placement = online.empty() ? "not placed: this kernel reports no NUMA nodes"
+                                   : "not placed: " + node + " is not online on this machine";
+    } else if (const uint64_t total = NumaNodeMemTotal(p.numa_node); total != 0 && p.bytes > total) {
+      // Bound, it could only fault in by OOM-killing (MPOL_BIND does not spill to other nodes).
+      binding->push_back(Binding::kTooLarge);
+      p.placement = "not placed: " + Size(p.bytes) + " is more than " + node + "'s memory (" + Size(total) + ")";
+    } else {
+      Status bound = BindToNumaNode(r.p, r.n, p.numa_node);
+      p.bound = bound.ok();
+      binding->push_back(p.bound ? Binding::kBound : Binding::kRefused);
+      if (!p.bound) p.placement = "not bound (" + bound.message() + ")";
+      // Bound or not, threads on the node's CPUs fault it: the kernel zeroes each page on the
+      // faulting CPU, and without the binding the first touch is what puts the page there.
+      r.cpus = IntersectCpus(CpusOfNumaNode(p.numa_node), affinity);
+    }
+    ranges.push_back(std::move(r));
+  }
+  const uint64_t usable = UsableCpus();
+  for (FaultRange& r : ranges) {
+    const auto sharing = static_cast<uint64_t>(
+        std::count_if(ranges.begin(), ranges.end(), [&](const FaultRange& o) { return o.cpus == r.cpus; }));
+    r.max_threads = static_cast<unsigned>(std::max<uint64_t>(1, (r.cpus.empty() ? usable : r.cpus.size()) / sharing));
+  }
+  return ranges;
+}
+
+// After the fault-in: where each part of a node has its pages (/proc/self/numa_maps), in words.
+void DescribePlacement(std::vector<PoolPart>& parts, std::byte* base, uint64_t slab_bytes,
+                       const std::vector<FaultRange>& ranges, const std::vector<Binding>& binding) {
+  if (std::all_of(binding.begin(), binding.end(), [](Binding b) { return b == Binding::kNoNode; })) return;
+  const std::string maps = ReadTextFile("/proc/self/numa_maps");
+  for (size_t i = 0; i < parts.size(); ++i) {
+    PoolPart& p = parts[i];
+    if (binding[i] == Binding::kNoNode) continue;
+    const auto lo = reinterpret_cast<uintptr_t>(base + uint64_t{p.first_slab} * slab_bytes);
+    p.bytes_by_node = ParseNumaMaps(maps, lo, lo + p.bytes);
+    auto it = p.bytes_by_node.find(p.numa_node);
+    p.bytes_on_node = it == p.bytes_by_node.end() ? 0 : it->second;
+    const std::string node = "node " + std::to_string(p.numa_node);
+    if (binding[i] == Binding::kBound) {
+      if (p.bytes_on_node == p.bytes) {
+        p.placement = "all " + Size(p.bytes) + " on " + node;
+        continue;
+      }
+      p.placement = Size(p.bytes_on_node) + " of " + Size(p.bytes) + " on " + node;
+      std::string elsewhere;
+      for (auto [n, b] : p.bytes_by_node) {
+        if (n == p.numa_node) continue;
+        elsewhere += (elsewhere.empty() ? "" : ", ") + ("node " + std::to_string(n) + ": " + Size(b));
+      }
+      if (!elsewhere.empty()) p.placement += " (" + elsewhere + ")";
+    } else if (binding[i] == Binding::kRefused) {
+      p.placement += ranges[i].cpus.empty() ? "; " + Size(p.bytes_on_node) + " of " + Size(p.bytes) + " on " + node
+                                            : "; first touch from " + node + "'s CPUs put " + Size(p.bytes_on_node) +
+                                                  " of " + Size(p.bytes) + " there";
+    }
+  }
+}
+
+}  // namespace
+
 Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(uint64_t pool_bytes, uint64_t slab_bytes,
                                                        SlabReclaimHooks hooks, const FaultProgress& progress) {
   if (slab_bytes == 0 || pool_bytes == 0 || pool_bytes % slab_bytes != 0) {
     return InvalidArgument("pool size must be a positive multiple of the slab size");
   }
-  const size_t n = pool_bytes / slab_bytes;
+  return Create({PoolPartSpec{-1, pool_bytes}}, slab_bytes, std::move(hooks), progress);
+}
+
+Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(std::vector<PoolPartSpec> specs, uint64_t slab_bytes,
+                                                       SlabReclaimHooks hooks, const FaultProgress& progress) {
+  if (slab_bytes == 0 || slab_bytes % static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) != 0) {
+    return InvalidArgument("slab size must be a positive multiple of the page size");
+  }
+  if (specs.empty()) return InvalidArgument("a pool needs at least one part");
+  std::vector<PoolPart> parts(specs.size());
+  uint64_t slabs = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].bytes == 0) return InvalidArgument("pool part " + std::to_string(i) + " has no bytes");
+    PoolPart& p = parts[i];
+    p.numa_node = std::max(specs[i].numa_node, -1);
+    p.requested_bytes = specs[i].bytes;
+    const uint64_t count = specs[i].bytes / slab_bytes + (specs[i].bytes % slab_bytes != 0);
+    if (count > UINT32_MAX - slabs) return InvalidArgument("pool of more than 2^32 slabs");
+    p.first_slab = static_cast<uint32_t>(slabs);
+    p.slab_count = static_cast<uint32_t>(count);
+    p.bytes = count * slab_bytes;
+    slabs += count;
+  }
+  if (slabs > UINT64_MAX / slab_bytes) return InvalidArgument("pool larger than the address space");
+  const uint64_t pool_bytes = slabs * slab_bytes;
+  const size_t n = slabs;
   std::vector<UniqueFd> fds;
   std::vector<int> raw;
   fds.reserve(n);
@@ -137,9 +293,18 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(uint64_t pool_bytes, uint
   // of 4 KiB ones. The kernel grants them to shared memory only when
   // /sys/kernel/mm/transparent_hugepage/shmem_enabled allows it (advise, within_size, always).
   ::madvise(m.data(), pool_bytes, MADV_HUGEPAGE);
-  const unsigned fault_threads = FaultInParallel(m.data(), pool_bytes, 256ull << 20, progress);
+  std::vector<Binding> binding;
+  const std::vector<FaultRange> ranges = BindParts(parts, m.data(), slab_bytes, &binding);
+  const std::vector<unsigned> threads = FaultInParallel(ranges, 256ull << 20, progress);
+  for (size_t i = 0; i < parts.size(); ++i) parts[i].fault_threads = threads[i];
+  DescribePlacement(parts, m.data(), slab_bytes, ranges, binding);
   auto pool = std::unique_ptr<PinnedPool>(new PinnedPool(std::move(fds), std::move(m), slab_bytes, std::move(hooks)));
-  pool->fault_threads_ = fault_threads;
+  pool->fault_threads_ = 0;
+  for (PoolPart& p : parts) {
+    pool->fault_threads_ += p.fault_threads;
+    const uint32_t free_slabs = p.slab_count;
+    pool->parts_.push_back(Part{std::move(p), free_slabs});
+  }
   pool->huge_page_bytes_ = MappedHugePageBytes(pool->base(), pool->size());
   FERRY_ASSIGN_OR_RETURN(pool->zeroed_efd_, CreateEventFd());
   try {
@@ -175,10 +340,22 @@ std::string ShmemHugePageSetting() {
   return open == std::string::npos || close == std::string::npos ? "unknown" : line.substr(open + 1, close - open - 1);
 }
 
-Result<uint32_t> PinnedPool::GrantRun(uint32_t n, uint64_t owner, uint32_t uid) {
+uint32_t PinnedPool::part_of_slab(uint32_t slab) const {
+  auto it = std::upper_bound(parts_.begin(), parts_.end(), slab,
+                             [](uint32_t s, const Part& p) { return s < p.info.first_slab; });
+  return static_cast<uint32_t>(it - parts_.begin()) - 1;
+}
+
+Result<uint32_t> PinnedPool::GrantRun(uint32_t n, uint64_t owner, uint32_t uid, uint32_t part) {
   if (n == 0) return InvalidArgument("zero slabs asked");
+  if (part >= parts_.size()) {
+    return InvalidArgument("pool part " + std::to_string(part) + " asked; the pool has " +
+                           std::to_string(parts_.size()));
+  }
+  Part& p = parts_[part];
+  const uint32_t begin = p.info.first_slab, end = begin + p.info.slab_count;
   uint32_t run = 0;
-  for (uint32_t i = 0; i < slab_count(); ++i) {
+  for (uint32_t i = begin; i < end; ++i) {
     run = state_[i] == SlabState::kFree ? run + 1 : 0;
     if (run == n) {
       uint32_t first = i + 1 - n;
@@ -189,17 +366,36 @@ Result<uint32_t> PinnedPool::GrantRun(uint32_t n, uint64_t owner, uint32_t uid) 
       }
       uid_use_[uid].slabs += n;
       free_slabs_ -= n;
+      p.free_slabs -= n;
       return first;
     }
   }
-  std::string waiting;
-  if (quarantined_slabs_ + zeroing_slabs_ > 0) {
-    waiting = "; " + std::to_string(quarantined_slabs_) + " await reclaim (still mapped after their session ended), " +
-              std::to_string(zeroing_slabs_) + " being zeroed";
+  return NoRun(n, part);
+}
+
+Status PinnedPool::NoRun(uint32_t n, uint32_t part) const {
+  const PoolPart& p = parts_[part].info;
+  uint32_t quarantined = 0, zeroing = 0, broken = 0;
+  for (uint32_t s = p.first_slab; s < p.first_slab + p.slab_count; ++s) {
+    quarantined += state_[s] == SlabState::kQuarantined;
+    zeroing += state_[s] == SlabState::kZeroing;
+    broken += state_[s] == SlabState::kBroken;
   }
-  if (broken_slabs_ > 0) waiting += "; " + std::to_string(broken_slabs_) + " out of use (could not be pinned again)";
-  return ResourceExhausted("pool has no " + std::to_string(n) + " free slabs in a row (" +
-                           std::to_string(free_slabs_) + " of " + std::to_string(slab_count()) + " free" + waiting + ")");
+  std::string waiting;
+  if (quarantined + zeroing > 0) {
+    waiting = "; " + std::to_string(quarantined) + " await reclaim (still mapped after their session ended), " +
+              std::to_string(zeroing) + " being zeroed";
+  }
+  if (broken > 0) waiting += "; " + std::to_string(broken) + " out of use (could not be pinned again)";
+  // Short enough for the wire's 160-byte message.
+  std::string which = "pool";
+  if (parts_.size() > 1) {
+    which = p.numa_node >= 0 ? "pool part of node " + std::to_string(p.numa_node)
+                             : "pool part " + std::to_string(part) + " (no node)";
+  }
+  return ResourceExhausted(which + " has no " + std::to_string(n) + " free slabs in a row (" +
+                           std::to_string(parts_[part].free_slabs) + " of " + std::to_string(p.slab_count) + " free" +
+                           waiting + ")");
 }
 
 Result<UniqueFd> PinnedPool::OpenForClient(uint32_t slab) const {
@@ -273,6 +469,7 @@ uint32_t PinnedPool::CollectZeroed() {
     }
     state_[s] = SlabState::kFree;
     ++free_slabs_;
+    ++parts_[part_of_slab(s)].free_slabs;
     ++freed;
   }
   return freed;
@@ -396,9 +593,17 @@ bool SessionArena::TakeFirstFit(uint64_t size, uint64_t* off) {
 
 Result<Allocation> SessionArena::Allocate(uint64_t size) {
   if (size == 0) return InvalidArgument("buffer of 0 bytes");
-  if (size > pool_.size()) {
-    return ResourceExhausted("buffer of " + std::to_string(size) + " bytes is larger than the pool (" +
-                             std::to_string(pool_.size()) + ")");
+  if (part_ >= pool_.part_count()) {
+    return InvalidArgument("pool part " + std::to_string(part_) + " asked; the pool has " +
+                           std::to_string(pool_.part_count()));
+  }
+  const PoolPart& part = pool_.part(part_);
+  if (size > part.bytes) {
+    return ResourceExhausted("buffer of " + std::to_string(size) + " bytes is larger than the pool" +
+                             (pool_.part_count() == 1   ? ""
+                              : part.numa_node >= 0 ? " part of node " + std::to_string(part.numa_node)
+                                                    : " part " + std::to_string(part_)) + " (" +
+                             std::to_string(part.bytes) + ")");
   }
   const uint64_t rounded = (size + kAlignment - 1) / kAlignment * kAlignment;
   uint64_t off = 0;
@@ -417,7 +622,7 @@ Result<Allocation> SessionArena::Allocate(uint64_t size) {
                                         : " and asks " + MiB(need * slab) + " more") +
                                "; limits.pool_per_uid is " + MiB(uid_limit_) + ", in whole " + MiB(slab) + " slabs");
     }
-    FERRY_ASSIGN_OR_RETURN(uint32_t first, pool_.GrantRun(need, id_, uid_));
+    FERRY_ASSIGN_OR_RETURN(uint32_t first, pool_.GrantRun(need, id_, uid_, part_));
     for (uint32_t s = first; s < first + need; ++s) owned_slabs_.push_back(s);
     AddFreeRange(first * slab, need * slab);
     if (!TakeFirstFit(rounded, &off)) return Internal("fresh slabs did not fit the buffer");

@@ -1,5 +1,7 @@
 // The daemon's pinned host memory: `slab_count` sealed memfds of `slab_bytes`, mapped side by
-// side into one address range that the backend registers for DMA once, at start.
+// side into one address range that the backend registers for DMA once, at start. The range is
+// cut into parts, one per NUMA node of the GPUs served (daemon/numa.hpp): a part's slabs are in
+// a row and its pages on its node, and a session's slabs come from its GPU's part.
 //
 // Isolation (docs/design.md, "Isolation: what ferry promises"): a slab belongs to at most one
 // session at a time, and a client only ever receives descriptions of its own slabs. ferryd keeps
@@ -41,11 +43,23 @@ unsigned UsableCpus();
 // Told how far a pool's fault-in got: bytes faulted of total. Called on the creating thread: at
 // the start (0), every interval while the workers fault, and at the end (total).
 using FaultProgress = std::function<void(uint64_t faulted, uint64_t total)>;
-// Maps every page of [p, p + n) now, by up to one thread per usable CPU, each a contiguous share
-// of at least min_share bytes: the kernel zeroes every page it hands out, on the faulting
-// thread's CPU, and one thread did 0.6 s a GiB (a 48 GiB pool in 28.8 s on the H200's host).
-// Returns the threads used; the caller's thread reports progress, and faults the shares of
-// threads that could not start.
+// A range for FaultInParallel, and where its threads run.
+struct FaultRange {
+  std::byte* p = nullptr;
+  uint64_t n = 0;
+  std::vector<int> cpus;     // its threads are pinned to these CPUs (a NUMA node's); empty: not pinned
+  unsigned max_threads = 0;  // 0: one per usable CPU
+};
+// Maps every page of each range now, by up to max_threads threads a range, each a contiguous
+// share of at least min_share bytes, all ranges at once: the kernel zeroes every page it hands
+// out, on the faulting thread's CPU, and one thread did 0.6 s a GiB (a 48 GiB pool in 28.8 s on
+// the H200's host). A thread whose pinning the kernel refuses faults unpinned. The caller's
+// thread reports progress over all ranges together, and faults the shares of threads that
+// could not start. Returns the threads used for each range (at least 1: the caller's).
+std::vector<unsigned> FaultInParallel(const std::vector<FaultRange>& ranges, uint64_t min_share,
+                                      const FaultProgress& progress = {},
+                                      std::chrono::milliseconds interval = std::chrono::seconds(1));
+// One range, its threads not pinned, up to one per usable CPU. Returns the threads used.
 unsigned FaultInParallel(std::byte* p, uint64_t n, uint64_t min_share, const FaultProgress& progress = {},
                          std::chrono::milliseconds interval = std::chrono::seconds(1));
 
@@ -80,9 +94,45 @@ struct SlabReclaimHooks {
   bool fresh_pages = true;
 };
 
+// One part of a pool: its bytes, and the NUMA node its pages belong on (-1: none, wherever the
+// kernel puts them). A GPU's clients get their buffers from the part of the GPU's node.
+struct PoolPartSpec {
+  int numa_node = -1;
+  uint64_t bytes = 0;  // rounded up to whole slabs
+};
+
+// A part as built: its slabs, in a row, and where its pages are.
+struct PoolPart {
+  int numa_node = -1;
+  uint32_t first_slab = 0, slab_count = 0;
+  uint64_t requested_bytes = 0;  // asked
+  uint64_t bytes = 0;            // what it has: slab_count whole slabs
+  bool bound = false;            // its range is bound to numa_node (mbind), so renewed slabs stay there
+  uint64_t bytes_on_node = 0;    // of its pages, on numa_node after the fault-in (/proc/self/numa_maps)
+  std::map<int, uint64_t> bytes_by_node;  // all of them by node (empty for a part of no node)
+  unsigned fault_threads = 0;    // threads that faulted it in
+  // In words, for the log: "all 512 MiB on node 0", "384 MiB of 512 MiB on node 0 (node 1: 128
+  // MiB)", "not placed: node 1 is not online on this machine", "not placed: 200 GiB is more
+  // than node 1's memory (188 GiB)", "not bound (mbind to node 0: ...); first touch from node
+  // 0's CPUs put 512 MiB of 512 MiB there", "no node".
+  std::string placement;
+  // Whether every page is on its node and will stay there: bound and all on the node. false for
+  // a part of no node.
+  bool placed() const;
+};
+
 class PinnedPool {
  public:
-  // The hooks must stay callable until the pool is destroyed.
+  // One address range, as ever (pool offsets and base() are global), its slabs part by part:
+  // part i's right after part i-1's, each part's bytes rounded up to whole slabs. Each part of a
+  // node is bound to it before it is faulted in, by threads pinned to that node's usable CPUs
+  // (any CPU when it has none); parts fault in at once, sharing the CPUs; progress counts all of
+  // them. A part that cannot be placed (its node not online, mbind refused) is built all the
+  // same and says why in its `placement`: the caller logs it (once). The hooks must stay callable
+  // until the pool is destroyed.
+  static Result<std::unique_ptr<PinnedPool>> Create(std::vector<PoolPartSpec> parts, uint64_t slab_bytes,
+                                                    SlabReclaimHooks hooks = {}, const FaultProgress& progress = {});
+  // One part of no node, of exactly pool_bytes (a multiple of slab_bytes).
   static Result<std::unique_ptr<PinnedPool>> Create(uint64_t pool_bytes, uint64_t slab_bytes,
                                                     SlabReclaimHooks hooks = {}, const FaultProgress& progress = {});
   ~PinnedPool();  // joins the zeroer (after it finishes the slab it is renewing)
@@ -95,15 +145,20 @@ class PinnedPool {
   std::byte* base() const { return mapping_.data(); }
   uint64_t size() const { return mapping_.size(); }
   uint64_t slab_bytes() const { return slab_bytes_; }
-  uint64_t huge_page_bytes() const { return huge_page_bytes_; }
-  unsigned fault_threads() const { return fault_threads_; }  // threads that faulted the pool in at start  // of the pool, backed by 2 MiB pages at start
+  uint64_t huge_page_bytes() const { return huge_page_bytes_; }  // of the pool, backed by 2 MiB pages at start
+  unsigned fault_threads() const { return fault_threads_; }  // threads that faulted the pool in at start, all parts
   uint32_t slab_count() const { return static_cast<uint32_t>(slab_fds_.size()); }
   int slab_fd(uint32_t slab) const { return slab_fds_[slab].get(); }
   uint64_t free_bytes() const { return free_slabs_ * slab_bytes_; }
+  uint64_t free_bytes(uint32_t part) const { return uint64_t{parts_[part].free_slabs} * slab_bytes_; }
+  uint32_t part_count() const { return static_cast<uint32_t>(parts_.size()); }
+  const PoolPart& part(uint32_t i) const { return parts_[i].info; }
+  uint32_t part_of_slab(uint32_t slab) const;
   uint64_t owner(uint32_t slab) const { return owner_[slab]; }  // 0: not granted (free, quarantined or zeroing)
 
-  // Grants `n` free slabs in a row to session `owner` (non-zero) of `uid`. Returns the first slab's index.
-  Result<uint32_t> GrantRun(uint32_t n, uint64_t owner, uint32_t uid);
+  // Grants `n` free slabs in a row of part `part` to session `owner` (non-zero) of `uid`.
+  // Returns the first slab's index.
+  Result<uint32_t> GrantRun(uint32_t n, uint64_t owner, uint32_t uid, uint32_t part = 0);
   // A fresh read-write open file description of a granted slab, to send to its session's client
   // (then close). ferryd's own description never leaves the daemon, so SlabHeldOutside can count
   // the client's.
@@ -135,7 +190,13 @@ class PinnedPool {
     uint32_t slabs = 0;        // granted and quarantined
     uint32_t quarantined = 0;  // of those, quarantined
   };
+  struct Part {
+    PoolPart info;
+    uint32_t free_slabs = 0;
+  };
   PinnedPool(std::vector<UniqueFd> fds, Mapping m, uint64_t slab_bytes, SlabReclaimHooks hooks);
+  // The ResourceExhausted of a GrantRun that found no run of n in part p.
+  Status NoRun(uint32_t n, uint32_t p) const;
   void ZeroerMain();
   // Gives the slab fresh zero pages, pinned again. false: it could not be pinned again.
   bool RenewSlab(uint32_t slab);
@@ -146,6 +207,7 @@ class PinnedPool {
   std::vector<UniqueFd> slab_fds_;  // the descriptions memfd_create() returned: never sent
   Mapping mapping_;
   uint64_t slab_bytes_;
+  std::vector<Part> parts_;
   std::vector<uint64_t> owner_;  // session id while granted, else 0
   std::vector<SlabState> state_;
   std::vector<uint32_t> uid_;    // while granted or quarantined
@@ -188,9 +250,10 @@ class SessionArena {
   static constexpr uint64_t kAlignment = 256;
 
   // uid_limit_bytes: what all of `uid`'s slabs together may reach (0: no limit but the pool).
+  // part: the pool part its slabs come from (the one local to the session's GPU).
   SessionArena(PinnedPool& pool, uint64_t session_id, uint64_t quota_bytes, uint32_t uid = 0,
-               uint64_t uid_limit_bytes = 0)
-      : pool_(pool), id_(session_id), quota_(quota_bytes), uid_(uid), uid_limit_(uid_limit_bytes) {}
+               uint64_t uid_limit_bytes = 0, uint32_t part = 0)
+      : pool_(pool), id_(session_id), quota_(quota_bytes), uid_(uid), uid_limit_(uid_limit_bytes), part_(part) {}
   ~SessionArena();
   SessionArena(const SessionArena&) = delete;
   SessionArena& operator=(const SessionArena&) = delete;
@@ -206,6 +269,7 @@ class SessionArena {
   uint64_t owned_bytes() const { return owned_slabs_.size() * pool_.slab_bytes(); }
   const std::vector<uint32_t>& owned_slabs() const { return owned_slabs_; }
   size_t buffer_count() const { return buffers_.size(); }
+  uint32_t part() const { return part_; }
 
  private:
   void AddFreeRange(uint64_t off, uint64_t len);
@@ -217,6 +281,7 @@ class SessionArena {
   uint64_t quota_;
   uint32_t uid_;
   uint64_t uid_limit_;
+  uint32_t part_;
   std::vector<uint32_t> owned_slabs_;
   std::map<uint64_t, uint64_t> free_;  // offset -> length, coalesced
   std::map<uint64_t, BufferInfo> buffers_;
