@@ -200,8 +200,23 @@ Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, uint32_t streams_
 // The CUDA ordinals that `devices` names (empty: every GPU), each once; ordinals that are not
 // there and UUIDs no GPU has are errors naming what is. Unavailable when no GPU answers.
 Result<std::vector<int>> ResolveCudaDevices(const std::vector<std::string>& devices);
-// Picks per config.backend; `auto` takes cuda when a GPU answers, else host (and says why).
-// One backend per GPU that config.devices names (the host backend: per simulated GPU).
+// A GPU ferryd will serve, located before its backend is made (no CUDA context yet): its
+// ordinal and NUMA node, which its pool memory is placed on.
+struct GpuLocation {
+  int ordinal = 0;
+  int numa_node = -1;
+};
+// The cuda GPUs that `devices` names (ResolveCudaDevices) and their NUMA nodes (PCI bus id, then
+// sysfs). Makes no context.
+Result<std::vector<GpuLocation>> LocateCudaGpus(const std::vector<std::string>& devices);
+// Picks the backend per config.backend (`auto`: cuda when a GPU answers, else host) and the GPUs
+// config.devices names (the host backend: its simulated ones, over host.numa_nodes); *why says
+// which backend and why.
+Result<std::vector<GpuLocation>> LocateGpus(const DaemonConfig& config, wire::BackendKind* kind, std::string* why);
+// A backend per located GPU (a CUDA context each, made side by side).
+Result<std::vector<std::unique_ptr<Backend>>> CreateBackends(const DaemonConfig& config, wire::BackendKind kind,
+                                                             const std::vector<GpuLocation>& gpus);
+// Both at once.
 Result<std::vector<std::unique_ptr<Backend>>> CreateBackends(const DaemonConfig& config, std::string* why);
 
 // Makes chosen calls fail, for tests of the daemon's error paths.

@@ -6,7 +6,7 @@
 namespace ferry::daemon {
 namespace {
 
-Result<std::vector<std::unique_ptr<Backend>>> HostGpus(const DaemonConfig& config, uint32_t streams) {
+Result<std::vector<GpuLocation>> LocateHostGpus(const DaemonConfig& config) {
   std::vector<int> ordinals;
   if (config.devices.empty()) {
     for (uint32_t i = 0; i < config.host_gpus; ++i) ordinals.push_back(static_cast<int>(i));
@@ -22,12 +22,18 @@ Result<std::vector<std::unique_ptr<Backend>>> HostGpus(const DaemonConfig& confi
     }
     ordinals.push_back(ordinal);
   }
+  std::vector<GpuLocation> out;
+  for (int ordinal : ordinals) out.push_back({ordinal, ordinal % static_cast<int>(config.host_numa_nodes)});
+  return out;
+}
+
+Result<std::vector<std::unique_ptr<Backend>>> HostGpus(const std::vector<GpuLocation>& gpus, uint32_t streams) {
   std::vector<std::unique_ptr<Backend>> out;
-  for (int ordinal : ordinals) {
+  for (const GpuLocation& g : gpus) {
     HostBackendOptions o;
     o.streams_per_direction = streams;
-    o.ordinal = ordinal;
-    o.numa_node = ordinal % static_cast<int>(config.host_numa_nodes);
+    o.ordinal = g.ordinal;
+    o.numa_node = g.numa_node;
     auto b = CreateHostBackend(o);
     if (!b.ok()) return b.status();
     out.push_back(std::move(*b));
@@ -36,14 +42,13 @@ Result<std::vector<std::unique_ptr<Backend>>> HostGpus(const DaemonConfig& confi
 }
 
 // A context per GPU takes a few hundred milliseconds to make: they are made side by side.
-Result<std::vector<std::unique_ptr<Backend>>> CudaGpus(const DaemonConfig& config, uint32_t streams) {
-  auto ordinals = ResolveCudaDevices(config.devices);
-  if (!ordinals.ok()) return ordinals.status();
+Result<std::vector<std::unique_ptr<Backend>>> CudaGpus(const DaemonConfig& config, const std::vector<GpuLocation>& gpus,
+                                                       uint32_t streams) {
   std::vector<Result<std::unique_ptr<Backend>>> made;
-  for (size_t i = 0; i < ordinals->size(); ++i) made.emplace_back(Internal("not made"));
+  for (size_t i = 0; i < gpus.size(); ++i) made.emplace_back(Internal("not made"));
   std::vector<std::thread> threads;
-  for (size_t i = 0; i < ordinals->size(); ++i) {
-    auto make = [&, i] { made[i] = CreateCudaBackend((*ordinals)[i], streams, config.trace_engine); };
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    auto make = [&, i] { made[i] = CreateCudaBackend(gpus[i].ordinal, streams, config.trace_engine); };
     try {
       threads.emplace_back(make);
     } catch (const std::system_error&) {
@@ -61,28 +66,45 @@ Result<std::vector<std::unique_ptr<Backend>>> CudaGpus(const DaemonConfig& confi
 
 }  // namespace
 
-Result<std::vector<std::unique_ptr<Backend>>> CreateBackends(const DaemonConfig& config, std::string* why) {
-  // Every stream a policy may use exists from the start, so switching policies never creates any.
-  const uint32_t streams = kStreamsPerDirection;
+Result<std::vector<GpuLocation>> LocateGpus(const DaemonConfig& config, wire::BackendKind* kind, std::string* why) {
   switch (config.backend) {
     case BackendChoice::kHost:
+      *kind = wire::BackendKind::kHost;
       *why = std::string("backend: host (as configured)") +
              (config.trace_engine ? "; --trace-engine ignored: the host backend has no copy engines" : "");
-      return HostGpus(config, streams);
+      return LocateHostGpus(config);
     case BackendChoice::kCuda:
+      *kind = wire::BackendKind::kCuda;
       *why = "backend: cuda (as configured)";
-      return CudaGpus(config, streams);
+      return LocateCudaGpus(config.devices);
     case BackendChoice::kAuto: {
-      auto cuda = CudaGpus(config, streams);
+      auto cuda = LocateCudaGpus(config.devices);
       if (cuda.ok()) {
+        *kind = wire::BackendKind::kCuda;
         *why = "backend: cuda (auto: a GPU answered)";
         return cuda;
       }
+      *kind = wire::BackendKind::kHost;
       *why = "backend: host (auto: " + cuda.status().message() + ")";
-      return HostGpus(config, streams);
+      return LocateHostGpus(config);
     }
   }
   return Internal("unknown backend choice");
+}
+
+Result<std::vector<std::unique_ptr<Backend>>> CreateBackends(const DaemonConfig& config, wire::BackendKind kind,
+                                                             const std::vector<GpuLocation>& gpus) {
+  // Every stream a policy may use exists from the start, so switching policies never creates any.
+  const uint32_t streams = kStreamsPerDirection;
+  if (kind == wire::BackendKind::kHost) return HostGpus(gpus, streams);
+  return CudaGpus(config, gpus, streams);
+}
+
+Result<std::vector<std::unique_ptr<Backend>>> CreateBackends(const DaemonConfig& config, std::string* why) {
+  wire::BackendKind kind = wire::BackendKind::kHost;
+  auto gpus = LocateGpus(config, &kind, why);
+  if (!gpus.ok()) return gpus.status();
+  return CreateBackends(config, kind, *gpus);
 }
 
 }  // namespace ferry::daemon

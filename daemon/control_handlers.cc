@@ -191,6 +191,10 @@ void Sessions::HandleUseGpu(Session& s, uint32_t seq, const wire::UseGpuRequest&
   svc_.counters.gpu[s.gpu].sessions--;
   s.gpu = *gpu;
   svc_.counters.gpu[s.gpu].sessions++;
+  // Its buffers from now on come from the pool part on its GPU's NUMA node (it has none yet;
+  // slabs an arena kept go to quarantine as a session's do).
+  s.arena = std::make_unique<SessionArena>(svc_.pool, s.id, quota_, s.peer.uid, config_.limits.pool_bytes_per_uid,
+                                           svc_.gpu_pool_part[s.gpu]);
   svc_.scheduler.SetGpu(s.id, s.gpu);
   const DeviceInfo& info = svc_.backend.info(s.gpu);
   r.status = ToWire(Status::Ok());
@@ -221,8 +225,9 @@ void Sessions::HandleGpuStats(Session& s, uint32_t seq, const wire::GpuStatsRequ
   r.copies_completed = c.copies_completed;
   r.bytes_h2d = c.bytes_h2d;
   r.bytes_d2h = c.bytes_d2h;
-  r.pool_bytes = svc_.pool.size();
-  r.pool_free_bytes = svc_.pool.free_bytes();
+  const uint32_t part = svc_.gpu_pool_part[req.gpu];
+  r.pool_bytes = svc_.pool.part(part).bytes;
+  r.pool_free_bytes = svc_.pool.free_bytes(part);
   Reply(s, wire::MsgType::kGpuStatsReply, seq, r);
 }
 

@@ -834,6 +834,20 @@ Result<std::vector<int>> ResolveCudaDevices(const std::vector<std::string>& devi
   return out;
 }
 
+Result<std::vector<GpuLocation>> LocateCudaGpus(const std::vector<std::string>& devices) {
+  FERRY_ASSIGN_OR_RETURN(std::vector<int> ordinals, ResolveCudaDevices(devices));
+  std::vector<GpuLocation> out;
+  for (int ordinal : ordinals) {
+    char bus_id[32] = {};
+    if (cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, ordinal) != cudaSuccess) {
+      cudaGetLastError();
+      bus_id[0] = 0;
+    }
+    out.push_back({ordinal, NumaNodeOfPciDevice(bus_id)});
+  }
+  return out;
+}
+
 Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, uint32_t streams_per_direction, bool trace_engine) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);

@@ -203,15 +203,23 @@ int main(int argc, char** argv) {
   sigaction(SIGHUP, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  // The GPUs' backends are made by the server while it builds the pool (a CUDA context takes a
-  // few hundred milliseconds); they say what they are as soon as they are made.
-  daemon::BackendMaker make_backends = [&config]() -> Result<daemon::GpuBackends> {
-    std::string why;
-    auto be = daemon::CreateBackends(config, &why);
+  // The GPUs are located first (no CUDA context): their NUMA nodes place the pool's parts. Their
+  // backends are made by the server while it builds the pool (a CUDA context takes a few hundred
+  // milliseconds), and say what they are as soon as they are made.
+  wire::BackendKind kind = wire::BackendKind::kHost;
+  std::string why;
+  auto located = daemon::LocateGpus(config, &kind, &why);
+  if (!located.ok()) {
+    std::fprintf(stderr, "ferryd: %s\n", located.status().ToString().c_str());
+    return 1;
+  }
+  FERRY_LOG(kInfo) << "ferryd " << kVersionString << ": " << why << "; devices: " << daemon::DeviceListText(config.devices)
+                   << " (" << located->size() << (located->size() == 1 ? " GPU)" : " GPUs)");
+  daemon::GpuSource gpu_source;
+  for (const auto& g : *located) gpu_source.numa_nodes.push_back(g.numa_node);
+  gpu_source.make = [&config, kind, gpus = *located]() -> Result<daemon::GpuBackends> {
+    auto be = daemon::CreateBackends(config, kind, gpus);
     if (!be.ok()) return be.status();
-    FERRY_LOG(kInfo) << "ferryd " << kVersionString << ": " << why << "; devices: "
-                     << daemon::DeviceListText(config.devices) << " (" << be->size()
-                     << (be->size() == 1 ? " GPU)" : " GPUs)");
     bool waits_on_flags = true;
     for (const auto& b : *be) {
       FERRY_LOG(kInfo) << b->Describe();
@@ -259,7 +267,7 @@ int main(int argc, char** argv) {
   observers.Add(snapshots.get());
   daemon::ServerOptions options;
   options.observer = observers.empty() ? nullptr : &observers;
-  auto server = daemon::Server::Create(std::move(*checked), std::move(make_backends), std::move(options));
+  auto server = daemon::Server::Create(std::move(*checked), std::move(gpu_source), std::move(options));
   if (!server.ok()) {
     std::fprintf(stderr, "ferryd: %s\n", server.status().ToString().c_str());
     return 1;

@@ -210,6 +210,25 @@ class LiveGauges : public prometheus::Collectable {
     out.push_back(GaugeFamily("ferry_pool_huge_page_bytes",
                               "Pool bytes on huge pages at the start (transparent huge pages for shared memory).",
                               {{none, double(c.pool_huge_page_bytes.load())}}));
+    {
+      MetricFamily f;
+      f.name = "ferry_pool_part_bytes";
+      f.help = "The pool's parts, one per NUMA node of the GPUs: size, free, and on its node (placed there "
+               "at the start; numa_node -1: no node known).";
+      f.type = MetricType::Gauge;
+      for (uint32_t i = 0; i < c.pool_parts.load() && i < c.pool_part.size(); ++i) {
+        const auto& p = c.pool_part[i];
+        const std::string node = std::to_string(p.numa_node.load());
+        for (auto [state, v] : {std::pair{"size", p.bytes.load()}, std::pair{"free", p.free_bytes.load()},
+                                std::pair{"on_node", p.bytes_on_node.load()}}) {
+          ClientMetric m;
+          m.label = {{"part", std::to_string(i)}, {"numa_node", node}, {"state", state}};
+          m.gauge.value = static_cast<double>(v);
+          f.metric.push_back(std::move(m));
+        }
+      }
+      out.push_back(std::move(f));
+    }
     const size_t n = std::min<size_t>(gpus_.size(), kMaxGpus);
     const std::vector<DeviceInfo> gpus(gpus_.begin(), gpus_.begin() + static_cast<std::ptrdiff_t>(n));
     out.push_back(PerGpuFamily("ferry_gpu_clients", "Clients copying to each GPU now.", MetricType::Gauge, gpus, {},

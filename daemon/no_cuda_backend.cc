@@ -11,4 +11,8 @@ Result<std::vector<int>> ResolveCudaDevices(const std::vector<std::string>&) {
   return NotSupported("this ferryd was built without the CUDA toolkit (host backend only)");
 }
 
+Result<std::vector<GpuLocation>> LocateCudaGpus(const std::vector<std::string>&) {
+  return NotSupported("this ferryd was built without the CUDA toolkit (host backend only)");
+}
+
 }  // namespace ferry::daemon

@@ -67,11 +67,11 @@ Status MakeRuntimeDir(const std::string& dir) {
 
 class Server::Impl {
  public:
-  Impl(CheckedConfig checked, BackendMaker make_backends, std::shared_ptr<const Policy> policy,
+  Impl(CheckedConfig checked, GpuSource gpus, std::shared_ptr<const Policy> policy,
        const std::string& policy_source, ServerOptions options)
       : config_(std::move(checked.config)),
         allowed_gid_(checked.allowed_gid),
-        make_backends_(std::move(make_backends)),
+        gpu_source_(std::move(gpus)),
         observer_(options.observer),
         before_slab_renewal_(std::move(options.before_slab_renewal)),
         policy_parse_hook_(std::move(options.before_policy_parse)),
@@ -104,9 +104,9 @@ class Server::Impl {
     Result<GpuBackends> made = Internal("the backends were not made");
     std::thread maker;
     try {
-      maker = std::thread([&] { made = make_backends_(); });
+      maker = std::thread([&] { made = gpu_source_.make(); });
     } catch (const std::system_error&) {
-      made = make_backends_();  // no thread to spare: one after the other
+      made = gpu_source_.make();  // no thread to spare: one after the other
     }
     struct Join {
       std::thread& t;
@@ -126,7 +126,7 @@ class Server::Impl {
     if (before_pool_build_) before_pool_build_();
     const uint64_t t_pool = MonotonicNanos();
     // Hooks come once the backends are known (below), before any slab is granted.
-    FERRY_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(config_.pool_bytes, config_.slab_bytes, {}, building));
+    FERRY_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(PoolParts(), config_.slab_bytes, {}, building));
     const uint64_t t1 = MonotonicNanos();
     if (maker.joinable()) {
       responder->SetProgress("pool built; making the GPUs' contexts");
@@ -134,6 +134,7 @@ class Server::Impl {
     }
     const uint64_t t_made = MonotonicNanos();
     if (!made.ok()) return made.status();
+    if (made->size() != gpu_source_.numa_nodes.size()) return Internal("the backends made are not the GPUs located");
     FERRY_ASSIGN_OR_RETURN(backend_, DeviceSet::Create(std::move(*made)));
     // The hooks run on the pool's zeroer thread; backend_ outlives pool_ (declared before it).
     // Fresh pages for every reclaimed slab, unless the engines reach the pool through one pinning
@@ -164,6 +165,7 @@ class Server::Impl {
     FERRY_LOG(kInfo) << "started in " << (t2 - t0) / 1000000 << " ms: pool built in " << (t1 - t_pool) / 1000000
                      << " ms while the backends were made (" << (t_made > t1 ? (t_made - t1) / 1000000 : 0)
                      << " ms more waiting for them), registered in " << (t2 - t_made) / 1000000 << " ms";
+    LogPoolParts();
     counters_.start_pool_ns = t1 - t_pool;
     counters_.start_register_ns = t2 - t_made;
     counters_.start_total_ns = t2 - t0;
@@ -192,10 +194,64 @@ class Server::Impl {
     sessions_ = std::make_unique<Sessions>(config_, allowed_gid_,
                                            Sessions::Services{session_map_, *backend_, *pool_, poller_, *rings_,
                                                               *scheduler_, policy_, *policy_loader_, counters_,
-                                                              rejections_});
+                                                              rejections_, gpu_pool_part_});
     FERRY_LOG(kInfo) << "listening on " << socket_path_
                      << (allowed_gid_ ? " (group " + config_.allowed_group + ")" : " (owner only)");
     return Status::Ok();
+  }
+
+  // A part of the pool per NUMA node of the GPUs (in the order the GPUs first name them), sized
+  // in proportion to its GPUs; GPUs of no known node share a part of no node.
+  std::vector<PoolPartSpec> PoolParts() {
+    std::vector<PoolPartSpec> parts;
+    std::vector<uint32_t> gpus_of_part;
+    gpu_pool_part_.clear();
+    for (int node : gpu_source_.numa_nodes) {
+      uint32_t i = 0;
+      while (i < parts.size() && parts[i].numa_node != node) ++i;
+      if (i == parts.size()) {
+        parts.push_back({node, 0});
+        gpus_of_part.push_back(0);
+      }
+      ++gpus_of_part[i];
+      gpu_pool_part_.push_back(i);
+    }
+    if (parts.empty()) {
+      parts.push_back({-1, 0});
+      gpus_of_part.push_back(1);
+    }
+    const uint64_t gpus = std::max<uint64_t>(gpu_source_.numa_nodes.size(), 1);
+    uint64_t left = config_.pool_bytes;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      parts[i].bytes = i + 1 == parts.size() ? left : config_.pool_bytes / gpus * gpus_of_part[i];
+      left -= parts[i].bytes;
+    }
+    return parts;
+  }
+
+  // Each part's size and where its pages are: said once; a part not on its node is a warning.
+  void LogPoolParts() {
+    counters_.pool_parts = pool_->part_count();
+    for (uint32_t i = 0; i < pool_->part_count() && i < counters_.pool_part.size(); ++i) {
+      const PoolPart& p = pool_->part(i);
+      auto& c = counters_.pool_part[i];
+      c.numa_node = p.numa_node;
+      c.bytes = p.bytes;
+      c.bytes_on_node = p.bytes_on_node;
+      std::string gpus;
+      for (uint32_t g = 0; g < gpu_pool_part_.size(); ++g) {
+        if (gpu_pool_part_[g] == i) gpus += (gpus.empty() ? "" : ", ") + backend_->info(g).uuid;
+      }
+      const bool warn = p.numa_node >= 0 && !p.placed();
+ const LogLevel level = warn ? LogLevel::kWarning : LogLevel::kInfo;
+      if (LogEnabled(level)) LogLine(level)
+          << "pool part " << i << " (NUMA node " << p.numa_node << "; " << gpus << "): " << (p.bytes >> 20) << " MiB"
+          << (p.bytes != p.requested_bytes ? " (" + std::to_string(p.requested_bytes) + " bytes asked, rounded up to " +
+                                                 std::to_string(p.bytes / config_.slab_bytes) + " whole slabs)"
+                                           : "")
+          << ", " << p.fault_threads << " threads; " << p.placement
+          << (warn ? ": copies to its GPUs cross the sockets' link (ferryd carries on)" : "");
+    }
   }
 
   void Stop() { RingDoorbell(stop_efd_.get()); }
@@ -646,7 +702,8 @@ class Server::Impl {
   // member is declared after it.
   const DaemonConfig config_;
   const std::optional<gid_t> allowed_gid_;
-  BackendMaker make_backends_;          // run once, by Init
+  GpuSource gpu_source_;                // its maker runs once, in Init
+  std::vector<uint32_t> gpu_pool_part_;  // each GPU's pool part (PoolParts)
   std::unique_ptr<DeviceSet> backend_;  // outlives pool_, whose zeroer thread calls it
   ServerCounters counters_;
   ServerObserver* const observer_;  // may be null; outlives the server
@@ -686,8 +743,7 @@ class Server::Impl {
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Server::~Server() = default;
 
-Result<std::unique_ptr<Server>> Server::Create(CheckedConfig checked, BackendMaker make_backends,
-                                               ServerOptions options) {
+Result<std::unique_ptr<Server>> Server::Create(CheckedConfig checked, GpuSource gpus, ServerOptions options) {
   std::shared_ptr<const Policy> policy = std::move(checked.policy);
   std::string source = std::move(checked.policy_source);
   if (options.policy) {
@@ -698,7 +754,7 @@ Result<std::unique_ptr<Server>> Server::Create(CheckedConfig checked, BackendMak
     policy = std::make_shared<const Policy>();
     source = "built-in default";
   }
-  auto impl = std::make_unique<Impl>(std::move(checked), std::move(make_backends), std::move(policy), source,
+  auto impl = std::make_unique<Impl>(std::move(checked), std::move(gpus), std::move(policy), source,
                                      std::move(options));
   FERRY_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<Server>(new Server(std::move(impl)));
@@ -707,9 +763,11 @@ Result<std::unique_ptr<Server>> Server::Create(CheckedConfig checked, BackendMak
 Result<std::unique_ptr<Server>> Server::Create(CheckedConfig checked, std::vector<std::unique_ptr<Backend>> gpus,
                                                ServerOptions options) {
   // Made already: handed over as they are.
+  GpuSource source;
+  for (const auto& g : gpus) source.numa_nodes.push_back(g->device_info().numa_node);
   auto held = std::make_shared<GpuBackends>(std::move(gpus));
-  return Create(std::move(checked), BackendMaker([held]() -> Result<GpuBackends> { return std::move(*held); }),
-                std::move(options));
+  source.make = [held]() -> Result<GpuBackends> { return std::move(*held); };
+  return Create(std::move(checked), std::move(source), std::move(options));
 }
 
 namespace {

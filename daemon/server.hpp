@@ -59,6 +59,16 @@ struct ServerCounters {
   std::atomic<uint64_t> start_total_ns{0};
   std::atomic<uint64_t> pool_huge_page_bytes{0};
   std::array<GpuCounters, kMaxGpus> gpu;    // by ferryd's index of the GPU (DeviceSet)
+  // The pool's parts, one per NUMA node of the GPUs (PinnedPool::part): fixed at the start but
+  // for free_bytes.
+  struct PoolPartCounters {
+    std::atomic<int> numa_node{-1};
+    std::atomic<uint64_t> bytes{0};
+    std::atomic<uint64_t> bytes_on_node{0};
+    std::atomic<uint64_t> free_bytes{0};
+  };
+  std::array<PoolPartCounters, kMaxGpus> pool_part;
+  std::atomic<uint32_t> pool_parts{0};
 };
 
 // What a finished copy looked like, for metrics. Called on the event-loop thread.
@@ -117,14 +127,20 @@ using GpuBackends = std::vector<std::unique_ptr<Backend>>;
 // Makes the backend of each GPU (CreateBackends). The server runs it on a thread of its own while
 // it builds the pool: a CUDA context takes a few hundred milliseconds to make.
 using BackendMaker = std::function<Result<GpuBackends>()>;
+// The GPUs a server serves: each one's NUMA node, known before any backend is made (LocateGpus),
+// which its share of the pool is placed on; and how to make their backends, in the same order.
+struct GpuSource {
+  std::vector<int> numa_nodes;
+  BackendMaker make;
+};
 
 class Server {
  public:
   // Builds the server from what Preflight passed: listens on config.SocketPath() (hellos are
   // answered "starting" until ready), makes the backends while it creates the pool, registers
   // the pool with them.
-  static Result<std::unique_ptr<Server>> Create(CheckedConfig checked, BackendMaker make_backends,
-                                                ServerOptions options = {});
+  // The pool is split into a part per NUMA node of the GPUs, in proportion to their GPUs.
+  static Result<std::unique_ptr<Server>> Create(CheckedConfig checked, GpuSource gpus, ServerOptions options = {});
   // `gpus`: a backend per GPU it serves (CreateBackends), at least one.
   static Result<std::unique_ptr<Server>> Create(CheckedConfig checked, std::vector<std::unique_ptr<Backend>> gpus,
                                                 ServerOptions options = {});

@@ -273,7 +273,8 @@ void Sessions::HandleHello(Session& s, uint32_t seq, uint16_t version, const wir
                           << "and its latency copies complete through the ring only";
     }
   }
-  s.arena = std::make_unique<SessionArena>(svc_.pool, s.id, quota_, s.peer.uid, config_.limits.pool_bytes_per_uid);
+  s.arena = std::make_unique<SessionArena>(svc_.pool, s.id, quota_, s.peer.uid, config_.limits.pool_bytes_per_uid,
+                                           svc_.gpu_pool_part[s.gpu]);
   s.klass = svc_.policy->ClassFor(s.name, s.peer.uid);
   if (!svc_.poller.Watch(s.submit_efd.get(), SessionTag(s.id, kDoorbellKind)).ok()) return refuse(Internal("epoll"));
   s.hello_done = true;

@@ -34,6 +34,9 @@ inline void UpdatePoolCounters(const PinnedPool& pool, ServerCounters& counters)
   counters.pool_quarantined_bytes = pool.quarantined_bytes();
   counters.pool_zeroing_bytes = pool.zeroing_bytes();
   counters.pool_broken_bytes = pool.broken_bytes();
+  for (uint32_t i = 0; i < pool.part_count() && i < counters.pool_part.size(); ++i) {
+    counters.pool_part[i].free_bytes = pool.free_bytes(i);
+  }
 }
 
 class Sessions {
@@ -50,6 +53,7 @@ class Sessions {
     PolicyLoader& policy_loader;
     ServerCounters& counters;
     Rejections& rejections;
+    const std::vector<uint32_t>& gpu_pool_part;  // the pool part (NUMA node) of each GPU
   };
   // allowed_gid: none, only ferryd's own uid (and root) may connect.
   Sessions(const DaemonConfig& config, std::optional<gid_t> allowed_gid, Services services);

@@ -49,6 +49,7 @@ for i, g in enumerate(gpus):
     assert g["uuid"] == f"host-gpu-{i}", g
     assert g["numa_node"] == i, g
     assert g["bytes_h2d"] == want[i] and g["bytes_d2h"] == want[i], (i, g, want[i])
+    assert g["pool_bytes"] == 64 << 20, g  # its NUMA node's half of the pool
 assert s["bytes_h2d"] == sum(want), s
 print("status:", [(g["uuid"], g["bytes_h2d"], g["copies_completed"]) for g in gpus])
 PY
@@ -60,6 +61,11 @@ for i in 0 1; do
   got=$(awk -v g="host-gpu-$i" '$1 == "ferry_gpu_copied_bytes_total{gpu_uuid=\"" g "\",direction=\"h2d\"}" {printf "%.0f", $2}' "$dir/metrics")
   [ "$got" = "$want" ] || { grep ferry_gpu_ "$dir/metrics"; echo "FAIL: GPU $i h2d bytes in metrics: $got, want $want"; exit 1; }
   grep -q "ferry_gpu_info{gpu_uuid=\"host-gpu-$i\".*numa_node=\"$i\"" "$dir/metrics" || { grep ferry_gpu_info "$dir/metrics"; echo "FAIL: ferry_gpu_info"; exit 1; }
+done
+for i in 0 1; do
+  grep -q "ferry_pool_part_bytes{part=\"$i\",numa_node=\"$i\",state=\"size\"} 67108864" "$dir/metrics" ||
+    { grep ferry_pool_part "$dir/metrics"; echo "FAIL: pool part $i in metrics"; exit 1; }
+  grep -q "pool part $i (NUMA node $i; host-gpu-$i): 64 MiB" "$dir/ferryd.log" || { cat "$dir/ferryd.log"; echo "FAIL: log of part $i"; exit 1; }
 done
 if command -v promtool >/dev/null; then promtool check metrics <"$dir/metrics"; fi
 echo "PASS: two simulated GPUs served at once, $want0 and $want1 bytes each way, counted apart"

@@ -143,6 +143,37 @@ class RawGpuSession : public RawConnection {
   }
 };
 
+// The pool has a part per NUMA node of the GPUs, half each here; a client's buffers come from
+// its GPU's part.
+TEST(MultiGpu, EachClientsBuffersComeFromItsGpusNumaNode) {
+  MultiGpuDaemon d(2);
+  const auto& parts = d.counters().pool_part;
+  ASSERT_EQ(d.counters().pool_parts.load(), 2u);
+  EXPECT_EQ(parts[0].numa_node.load(), 0);
+  EXPECT_EQ(parts[1].numa_node.load(), 1);
+  EXPECT_EQ(parts[0].bytes.load() + parts[1].bytes.load(), 64u * kMiB);
+  EXPECT_EQ(parts[0].bytes.load(), 32u * kMiB);
+  auto c1 = d.Connect(1);
+  ASSERT_TRUE(c1.ok()) << c1.status().ToString();
+  auto b1 = (*c1)->AllocateHost(5 * kMiB);
+  ASSERT_TRUE(b1.ok());
+  EXPECT_EQ(parts[1].free_bytes.load(), 27u * kMiB);
+  EXPECT_EQ(parts[0].free_bytes.load(), 32u * kMiB);
+  auto c0 = d.Connect(0);
+  ASSERT_TRUE(c0.ok());
+  auto b0 = (*c0)->AllocateHost(3 * kMiB);
+  ASSERT_TRUE(b0.ok());
+  EXPECT_EQ(parts[0].free_bytes.load(), 29u * kMiB);
+  EXPECT_EQ(parts[1].free_bytes.load(), 27u * kMiB);
+  // A part that is full says so, naming its node, while the other still grants.
+  auto too_much = (*c1)->AllocateHost(28 * kMiB);
+  ASSERT_FALSE(too_much.ok());
+  EXPECT_EQ(too_much.status().code(), Code::kResourceExhausted);
+  EXPECT_NE(too_much.status().message().find("node 1"), std::string::npos) << too_much.status().ToString();
+  auto fits = (*c0)->AllocateHost(28 * kMiB);
+  EXPECT_TRUE(fits.ok()) << fits.status().ToString();
+}
+
 TEST(MultiGpu, MemoryOfAnotherGpuIsRefusedWhateverTheClientClaims) {
   MultiGpuDaemon d(2);
   RawGpuSession s;
