@@ -55,6 +55,8 @@ options:
   --json             print one JSON object instead of the tables
   --quick            fewer repetitions
   --cpu N            run on CPU N (put it near ferryd's, on the GPU's NUMA node)
+  --device N         the GPU to copy to (a CUDA ordinal; default: the current device, 0); one
+                     ferry-bench per GPU at once measures a node (bench/gpu/node.sh)
   --only LIST        only these sections, comma-separated: bandwidth, both, latency, many, blocks,
                      staged (staged: the pageable-memory section: cudaMemcpy, pin-then-copy, ferry
                      staged; blocks: shuffled block lists, a loop of cudaMemcpyAsync, one
@@ -200,6 +202,8 @@ int TransferBench::Run(const std::vector<std::string>& args) {
       quick_ = true;
     } else if (a.Is("--timeline")) {
       timeline_ = true;
+    } else if (a.Is("--device")) {
+      if (!a.IntValue(0, 63, opts_.device)) return usage_error("--device takes a CUDA device ordinal");
     } else if (a.Is("--cpu")) {
       int cpu = 0;
       if (!a.IntValue(0, CPU_SETSIZE - 1, cpu)) return usage_error("--cpu takes a CPU number");

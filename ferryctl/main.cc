@@ -36,7 +36,8 @@ using namespace ferry;
 constexpr const char* kUsage = R"(usage: ferryctl [--socket PATH] COMMAND ...
 
 commands:
-  status [--json]                 what the running ferryd is doing
+  status [--json]                 what the running ferryd is doing, per GPU too (exit 3: still
+                                  starting, with how far it got)
   policy apply FILE [--dry-run]   validate FILE and make it the running policy (new copies use
                                   it; copies in flight finish under theirs). A bad file changes
                                   nothing and its error names file:line:col.
@@ -147,8 +148,9 @@ int Status_(const std::vector<std::string>& args, const std::string& socket) {
   Control c;
   // A ferryd still starting says how far it got, at once.
   if (Status open = c.Open(socket, std::chrono::milliseconds(0)); !open.ok()) {
-    if (json && open.code() == Code::kUnavailable) {
-      std::printf("{\"starting\":true,\"status\":%s}\n", json::String(open.message()).c_str());
+    if (open.code() == Code::kUnavailable && open.message().rfind("ferryd is starting", 0) == 0) {
+      if (json) std::printf("{\"starting\":true,\"status\":%s}\n", json::String(open.message()).c_str());
+      else std::printf("%s\n", open.message().c_str());
       return 3;
     }
     return Fail(open.ToString());

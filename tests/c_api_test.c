@@ -31,6 +31,19 @@ int main(int argc, char** argv) {
   ferry_status st = ferry_connect(&o, &c);
   CHECK(st == FERRY_OK, "connect");
   if (st != FERRY_OK) return 1;
+  /* The GPU to copy to (ferry 0.3's fields): a negative ordinal is refused before connecting; on
+     the host backend (one simulated GPU here) a GPU ferryd does not serve is refused by name. */
+  ferry_connect_options neg = {sizeof neg, argv[1], "c-api-test", 0, 1, -1};
+  ferry_client* c2 = NULL;
+  CHECK(ferry_connect(&neg, &c2) == FERRY_INVALID_ARGUMENT, "a negative device is refused");
+  if (ferry_backend(c) == 0) {
+    ferry_connect_options far = {sizeof far, argv[1], "c-api-test", 0, 1, 9};
+    CHECK(ferry_connect(&far, &c2) == FERRY_NOT_FOUND, "a GPU ferryd does not serve is refused");
+    CHECK(strstr(ferry_last_error(), "host-gpu-9") != NULL, "the refusal names the GPU");
+    ferry_connect_options gpu0 = {sizeof gpu0, argv[1], "c-api-test", 0, 1, 0};
+    CHECK(ferry_connect(&gpu0, &c2) == FERRY_OK, "GPU 0 named");
+    ferry_disconnect(c2);
+  }
   const size_t n = (3u << 20) + 11;
   ferry_host_buffer* h = NULL;
   ferry_device_region* d = NULL;

@@ -21,8 +21,9 @@ start_host_ferryd() {
   } >"$dir/ferryd.yaml"
   "$bin" --config "$dir/ferryd.yaml" >"$dir/ferryd.log" 2>&1 &
   pid=$!
-  for _ in $(seq 200); do [ -S "$dir/rt/ferryd.sock" ] && break; sleep 0.05; done
+  # The socket answers "starting" until the pool is built: the log says when ferryd is ready.
+  for _ in $(seq 200); do grep -q '\[info\] ready' "$dir/ferryd.log" 2>/dev/null && break; sleep 0.05; done
   sock=$dir/rt/ferryd.sock
-  [ -S "$sock" ] || { cat "$dir/ferryd.log"; fail "ferryd did not start"; }
+  grep -q '\[info\] ready' "$dir/ferryd.log" || { cat "$dir/ferryd.log"; fail "ferryd did not start"; }
   metrics=$(sed -n 's|.*metrics on http://\([0-9.]*:[0-9]*\)/metrics.*|\1|p' "$dir/ferryd.log")
 }

@@ -13,7 +13,7 @@ if [ -n "${FERRY_BUILT_AT:-}" ] && [ ! -e "$FERRY_BUILT_AT" ]; then
 fi
 export LD_LIBRARY_PATH=$ferry_root/$BUILD/devlibs:${CUDA_HOME:-/usr/local/cuda}/lib64:${LD_LIBRARY_PATH:-}
 
-# Starts a ferryd on a fresh runtime directory with a ${POOL:-2GiB} pool and waits for its socket;
+# Starts a ferryd on a fresh runtime directory with a ${POOL:-2GiB} pool and waits until it is ready;
 # arguments are extra config lines. FERRYD (default $BUILD/ferryd) is the binary, FERRYD_ENV its
 # environment assignments, FERRYD_BACKEND (default cuda) and FERRYD_ARGS its options. Sets rt, pid
 # and sock, and prints what ferryd said about its backend and pool.
@@ -25,7 +25,8 @@ start_ferryd() {
   env ${FERRYD_ENV:-} "${FERRYD:-$BUILD/ferryd}" --backend "${FERRYD_BACKEND:-cuda}" --config "$rt/ferryd.yaml" \
     ${FERRYD_ARGS:-} >"$rt/ferryd.log" 2>&1 &
   pid=$!
-  for _ in $(seq 400); do [ -S "$rt/ferryd.sock" ] && break; sleep 0.05; done
+  # Its socket answers "starting" while the pool is built: its log says when it is ready.
+  for _ in $(seq 1200); do grep -q '\[info\] ready' "$rt/ferryd.log" 2>/dev/null && break; kill -0 $pid 2>/dev/null || break; sleep 0.05; done
   sock=$rt/ferryd.sock
-  grep -E "backend|cuda:|host \(|pool:" "$rt/ferryd.log"
+  grep -E "backend|cuda:|host: |pool:|pool part|started in" "$rt/ferryd.log"
 }

@@ -22,6 +22,7 @@ settings=${THP_SETTINGS:-never advise}
         until grep -q "ferryd\[info\] ready" "$rt/log" 2>/dev/null || ! kill -0 $p 2>/dev/null; do sleep 0.002; done
         t1=$(date +%s%N)
         echo "ferryd --pool-size $size (round $round): start to ready $(( (t1 - t0) / 1000000 )) ms; $(grep -o 'pool: .*' "$rt/log")"
+        echo "    $(grep -o 'started in .*' "$rt/log")"
         kill -TERM $p; wait $p; rm -rf "$rt"
       done
     done
