@@ -280,6 +280,7 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(std::vector<PoolPartSpec>
   if (slabs > UINT64_MAX / slab_bytes) return InvalidArgument("pool larger than the address space");
   const uint64_t pool_bytes = slabs * slab_bytes;
   const size_t n = slabs;
+  const uint64_t t0 = MonotonicNanos();
   std::vector<UniqueFd> fds;
   std::vector<int> raw;
   fds.reserve(n);
@@ -295,7 +296,9 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(std::vector<PoolPartSpec>
   ::madvise(m.data(), pool_bytes, MADV_HUGEPAGE);
   std::vector<Binding> binding;
   const std::vector<FaultRange> ranges = BindParts(parts, m.data(), slab_bytes, &binding);
+  const uint64_t t1 = MonotonicNanos();
   const std::vector<unsigned> threads = FaultInParallel(ranges, 256ull << 20, progress);
+  const uint64_t t2 = MonotonicNanos();
   for (size_t i = 0; i < parts.size(); ++i) parts[i].fault_threads = threads[i];
   DescribePlacement(parts, m.data(), slab_bytes, ranges, binding);
   auto pool = std::unique_ptr<PinnedPool>(new PinnedPool(std::move(fds), std::move(m), slab_bytes, std::move(hooks)));
@@ -306,6 +309,7 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(std::vector<PoolPartSpec>
     pool->parts_.push_back(Part{std::move(p), free_slabs});
   }
   pool->huge_page_bytes_ = MappedHugePageBytes(pool->base(), pool->size());
+  pool->build_times_ = {t1 - t0, t2 - t1, MonotonicNanos() - t2};
   FERRY_ASSIGN_OR_RETURN(pool->zeroed_efd_, CreateEventFd());
   try {
     pool->zeroer_ = std::thread([p = pool.get()] { p->ZeroerMain(); });

@@ -121,6 +121,12 @@ struct PoolPart {
   bool placed() const;
 };
 
+// Where a pool's build went (for the log): its slabs made and mapped, faulted in, and where
+// their pages landed looked up (huge pages, NUMA nodes).
+struct PoolBuildTimes {
+  uint64_t slabs_ns = 0, fault_ns = 0, inspect_ns = 0;
+};
+
 class PinnedPool {
  public:
   // One address range, as ever (pool offsets and base() are global), its slabs part by part:
@@ -136,9 +142,6 @@ class PinnedPool {
   static Result<std::unique_ptr<PinnedPool>> Create(uint64_t pool_bytes, uint64_t slab_bytes,
                                                     SlabReclaimHooks hooks = {}, const FaultProgress& progress = {});
   ~PinnedPool();  // joins the zeroer (after it finishes the slab it is renewing)
-  // Replaces the hooks given to Create: for a caller that knows them only once the pool is built
-  // (its backends are made meanwhile). Before the first slab is granted: the zeroer reads them.
-  void SetReclaimHooks(SlabReclaimHooks hooks) { hooks_ = std::move(hooks); }
   PinnedPool(const PinnedPool&) = delete;
   PinnedPool& operator=(const PinnedPool&) = delete;
 
@@ -151,6 +154,7 @@ class PinnedPool {
   int slab_fd(uint32_t slab) const { return slab_fds_[slab].get(); }
   uint64_t free_bytes() const { return free_slabs_ * slab_bytes_; }
   uint64_t free_bytes(uint32_t part) const { return uint64_t{parts_[part].free_slabs} * slab_bytes_; }
+  const PoolBuildTimes& build_times() const { return build_times_; }
   uint32_t part_count() const { return static_cast<uint32_t>(parts_.size()); }
   const PoolPart& part(uint32_t i) const { return parts_[i].info; }
   uint32_t part_of_slab(uint32_t slab) const;
@@ -203,6 +207,7 @@ class PinnedPool {
   void ForgetUidSlab(uint32_t uid, bool quarantined);
 
   uint64_t huge_page_bytes_ = 0;
+  PoolBuildTimes build_times_;
   unsigned fault_threads_ = 1;
   std::vector<UniqueFd> slab_fds_;  // the descriptions memfd_create() returned: never sent
   Mapping mapping_;

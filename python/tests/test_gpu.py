@@ -363,9 +363,19 @@ def test_errors_with_cuda_tensors(gpu: ferry.Client) -> None:
 def test_tensor_on_another_gpu(gpu: ferry.Client) -> None:
     other = (gpu.device + 1) % torch.cuda.device_count()
     dst = torch.empty(4096, dtype=torch.uint8, device=f"cuda:{other}")
-    with pytest.raises(ferry.InvalidArgument, match=f"dst is on cuda:{other}, but this ferryd drives "
+    with pytest.raises(ferry.InvalidArgument, match=f"dst is on cuda:{other}, but this client copies to "
                                                     f"cuda:{gpu.device}"):
         gpu.copy_(dst, gpu.empty(4096, torch.uint8))
+
+
+def test_the_client_names_its_gpu(gpu: ferry.Client) -> None:
+    """ferryd knows the client's GPU by its UUID, the one torch reports for the same device."""
+    props = torch.cuda.get_device_properties(gpu.device)
+    uuid = getattr(props, "uuid", None)
+    assert gpu.gpu_uuid.startswith("GPU-")
+    if uuid is not None:
+        assert gpu.gpu_uuid.lower() == f"GPU-{str(uuid).removeprefix('GPU-')}".lower(), (gpu.gpu_uuid, str(uuid))
+    assert gpu.status()["gpu_uuid"] == gpu.gpu_uuid
 
 
 EXPANDABLE_PROBE = textwrap.dedent("""
