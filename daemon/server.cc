@@ -76,6 +76,7 @@ class Server::Impl {
         before_slab_renewal_(std::move(options.before_slab_renewal)),
         policy_parse_hook_(std::move(options.before_policy_parse)),
         before_pool_build_(std::move(options.before_pool_build)),
+        stop_requested_(std::move(options.stop_requested)),
         policy_(std::move(policy)),
         rejections_(counters_, observer_) {
     FERRY_LOG(kInfo) << "policy: " << policy_->name << " (" << policy_->Hash() << ") from " << policy_source;
@@ -100,14 +101,22 @@ class Server::Impl {
     }
     FERRY_ASSIGN_OR_RETURN(std::unique_ptr<StartupResponder> responder,
                            StartupResponder::Start(listen_.get(), "making the GPUs' contexts and the pool"));
-    // The backends (a CUDA context per GPU) are made while the pool is built.
+    // The backends (a CUDA context per GPU) are made while the pool is built. If they fail, or
+    // ferryd is told to stop, the pool's build stops at once: the start fails (or ends) in a
+    // fraction of a second, not after building a pool that may take minutes.
     Result<GpuBackends> made = Internal("the backends were not made");
+    std::atomic<bool> make_failed{false};
+    auto make = [&] {
+      made = gpu_source_.make();
+      if (!made.ok()) make_failed = true;
+    };
     std::thread maker;
     try {
-      maker = std::thread([&] { made = gpu_source_.make(); });
+      maker = std::thread(make);
     } catch (const std::system_error&) {
-      made = gpu_source_.make();  // no thread to spare: one after the other
+      make();  // no thread to spare: one after the other
     }
+    const FaultStop stop_build = [&] { return make_failed.load() || (stop_requested_ && stop_requested_()); };
     struct Join {
       std::thread& t;
       ~Join() {
@@ -126,14 +135,17 @@ class Server::Impl {
     if (before_pool_build_) before_pool_build_();
     const uint64_t t_pool = MonotonicNanos();
     // Hooks come once the backends are known (below), before any slab is granted.
-    FERRY_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(PoolParts(), config_.slab_bytes, {}, building));
+    auto built = PinnedPool::Create(PoolParts(), config_.slab_bytes, {}, building, stop_build);
     const uint64_t t1 = MonotonicNanos();
     if (maker.joinable()) {
-      responder->SetProgress("pool built; making the GPUs' contexts");
+      if (built.ok()) responder->SetProgress("pool built; making the GPUs' contexts");
       maker.join();
     }
+    if (!made.ok()) return made.status();  // the reason the build stopped, if it did
+    if (!built.ok() && built.status().code() == Code::kAborted) return Aborted("ferryd was stopped while it started");
+    FERRY_RETURN_IF_ERROR(built.status());
+    pool_ = std::move(*built);
     const uint64_t t_made = MonotonicNanos();
-    if (!made.ok()) return made.status();
     if (made->size() != gpu_source_.numa_nodes.size()) return Internal("the backends made are not the GPUs located");
     FERRY_ASSIGN_OR_RETURN(backend_, DeviceSet::Create(std::move(*made)));
     // The hooks run on the pool's zeroer thread; backend_ outlives pool_ (declared before it).
@@ -710,6 +722,7 @@ class Server::Impl {
   std::function<void(std::byte*, uint64_t)> before_slab_renewal_;  // handed to the pool at Init
   std::function<void(const std::string&)> policy_parse_hook_;    // ServerOptions::before_policy_parse
   std::function<void()> before_pool_build_;                      // ServerOptions::before_pool_build
+  std::function<bool()> stop_requested_;                         // ServerOptions::stop_requested
   RunningPolicy policy_;
   Rejections rejections_;
   std::unique_ptr<PinnedPool> pool_;
