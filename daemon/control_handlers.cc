@@ -183,7 +183,11 @@ void Sessions::HandleUseGpu(Session& s, uint32_t seq, const wire::UseGpuRequest&
     svc_.rejections.Count(st);
     Reply(s, wire::MsgType::kUseGpuReply, seq, r);
   };
-  if ((s.arena && s.arena->buffer_count() != 0) || !s.regions.empty() || !s.events.empty()) {
+  // Slabs count, not only live buffers: a new arena would send the old one's slabs (still mapped
+  // by the client) to quarantine, outside the session's quota, and the session could take its
+  // quota again at every kUseGpu.
+  if ((s.arena && (s.arena->buffer_count() != 0 || s.arena->owned_bytes() != 0)) || !s.regions.empty() ||
+      !s.events.empty()) {
     return refuse(InvalidArgument("a session names its GPU before it allocates or registers anything"));
   }
   auto gpu = svc_.backend.Find(req);

@@ -267,7 +267,13 @@ int main(int argc, char** argv) {
   observers.Add(snapshots.get());
   daemon::ServerOptions options;
   options.observer = observers.empty() ? nullptr : &observers;
+  // A SIGTERM during the start stops the pool's build at once (systemd's stop waits for no pool).
+  options.stop_requested = [] { return g_pending_stop.load() != 0; };
   auto server = daemon::Server::Create(std::move(*checked), std::move(gpu_source), std::move(options));
+  if (!server.ok() && server.status().code() == Code::kAborted && g_pending_stop) {
+    FERRY_LOG(kInfo) << "stopped during the start: " << server.status().message();
+    return 0;
+  }
   if (!server.ok()) {
     std::fprintf(stderr, "ferryd: %s\n", server.status().ToString().c_str());
     return 1;

@@ -71,13 +71,15 @@ void PinThisThread(const std::vector<int>& cpus) {
 }  // namespace
 
 std::vector<unsigned> FaultInParallel(const std::vector<FaultRange>& ranges, uint64_t min_share,
-                                      const FaultProgress& progress, std::chrono::milliseconds interval) {
+                                      const FaultProgress& progress, std::chrono::milliseconds interval,
+                                      const FaultStop& stop) {
   constexpr uint64_t kAlign = 2ull << 20, kChunk = 64ull << 20;
   uint64_t total = 0;
   for (const FaultRange& r : ranges) total += r.n;
   std::atomic<uint64_t> faulted{0};
   auto fault = [&](std::byte* p, uint64_t len) {
     for (uint64_t at = 0; at < len; at += kChunk) {
+      if (stop && stop()) return;
       const uint64_t chunk = std::min(kChunk, len - at);
       FaultIn(p + at, chunk);
       faulted.fetch_add(chunk, std::memory_order_relaxed);
@@ -128,7 +130,7 @@ std::vector<unsigned> FaultInParallel(const std::vector<FaultRange>& ranges, uin
     }
   }
   for (std::thread& w : workers) w.join();
-  if (progress) progress(total, total);
+  if (progress) progress(faulted.load(std::memory_order_relaxed), total);  // total, unless stopped
   for (unsigned& u : used) u = std::max(u, 1u);
   return used;
 }
@@ -258,7 +260,8 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(uint64_t pool_bytes, uint
 }
 
 Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(std::vector<PoolPartSpec> specs, uint64_t slab_bytes,
-                                                       SlabReclaimHooks hooks, const FaultProgress& progress) {
+                                                       SlabReclaimHooks hooks, const FaultProgress& progress,
+                                                       const FaultStop& stop) {
   if (slab_bytes == 0 || slab_bytes % static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) != 0) {
     return InvalidArgument("slab size must be a positive multiple of the page size");
   }
@@ -297,7 +300,8 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(std::vector<PoolPartSpec>
   std::vector<Binding> binding;
   const std::vector<FaultRange> ranges = BindParts(parts, m.data(), slab_bytes, &binding);
   const uint64_t t1 = MonotonicNanos();
-  const std::vector<unsigned> threads = FaultInParallel(ranges, 256ull << 20, progress);
+  const std::vector<unsigned> threads = FaultInParallel(ranges, 256ull << 20, progress, std::chrono::seconds(1), stop);
+  if (stop && stop()) return Aborted("the pool's build was stopped");
   const uint64_t t2 = MonotonicNanos();
   for (size_t i = 0; i < parts.size(); ++i) parts[i].fault_threads = threads[i];
   DescribePlacement(parts, m.data(), slab_bytes, ranges, binding);

@@ -43,6 +43,9 @@ unsigned UsableCpus();
 // Told how far a pool's fault-in got: bytes faulted of total. Called on the creating thread: at
 // the start (0), every interval while the workers fault, and at the end (total).
 using FaultProgress = std::function<void(uint64_t faulted, uint64_t total)>;
+// Asked by the faulting threads between chunks of 64 MiB: true abandons the fault-in (a start
+// that was told to stop, or whose GPUs failed). Must be thread-safe.
+using FaultStop = std::function<bool()>;
 // A range for FaultInParallel, and where its threads run.
 struct FaultRange {
   std::byte* p = nullptr;
@@ -55,10 +58,12 @@ struct FaultRange {
 // out, on the faulting thread's CPU, and one thread did 0.6 s a GiB (a 48 GiB pool in 28.8 s on
 // the H200's host). A thread whose pinning the kernel refuses faults unpinned. The caller's
 // thread reports progress over all ranges together, and faults the shares of threads that
-// could not start. Returns the threads used for each range (at least 1: the caller's).
+// could not start. Returns the threads used for each range (at least 1: the caller's). When
+// `stop` says so, every thread stops at its next chunk and the ranges are left part faulted.
 std::vector<unsigned> FaultInParallel(const std::vector<FaultRange>& ranges, uint64_t min_share,
                                       const FaultProgress& progress = {},
-                                      std::chrono::milliseconds interval = std::chrono::seconds(1));
+                                      std::chrono::milliseconds interval = std::chrono::seconds(1),
+                                      const FaultStop& stop = {});
 // One range, its threads not pinned, up to one per usable CPU. Returns the threads used.
 unsigned FaultInParallel(std::byte* p, uint64_t n, uint64_t min_share, const FaultProgress& progress = {},
                          std::chrono::milliseconds interval = std::chrono::seconds(1));
@@ -135,9 +140,11 @@ class PinnedPool {
   // (any CPU when it has none); parts fault in at once, sharing the CPUs; progress counts all of
   // them. A part that cannot be placed (its node not online, mbind refused) is built all the
   // same and says why in its `placement`: the caller logs it (once). The hooks must stay callable
-  // until the pool is destroyed.
+  // until the pool is destroyed. `stop`: asked while the pool faults in; true gives up the
+  // build (kAborted), its memory released, in a fraction of a second whatever the pool's size.
   static Result<std::unique_ptr<PinnedPool>> Create(std::vector<PoolPartSpec> parts, uint64_t slab_bytes,
-                                                    SlabReclaimHooks hooks = {}, const FaultProgress& progress = {});
+                                                    SlabReclaimHooks hooks = {}, const FaultProgress& progress = {},
+                                                    const FaultStop& stop = {});
   // One part of no node, of exactly pool_bytes (a multiple of slab_bytes).
   static Result<std::unique_ptr<PinnedPool>> Create(uint64_t pool_bytes, uint64_t slab_bytes,
                                                     SlabReclaimHooks hooks = {}, const FaultProgress& progress = {});

@@ -76,6 +76,7 @@ class Server::Impl {
         before_slab_renewal_(std::move(options.before_slab_renewal)),
         policy_parse_hook_(std::move(options.before_policy_parse)),
         before_pool_build_(std::move(options.before_pool_build)),
+        stop_requested_(std::move(options.stop_requested)),
         policy_(std::move(policy)),
         rejections_(counters_, observer_) {
     FERRY_LOG(kInfo) << "policy: " << policy_->name << " (" << policy_->Hash() << ") from " << policy_source;
@@ -130,7 +131,12 @@ class Server::Impl {
     };
     responder->SetProgress("building the pool");
     if (before_pool_build_) before_pool_build_();
-    FERRY_ASSIGN_OR_RETURN(pool_, PinnedPool::Create(PoolParts(), config_.slab_bytes, std::move(hooks), building));
+    // Told to stop, the build stops at once: a pool may take minutes to build.
+    const FaultStop stop_build = [this] { return stop_requested_ && stop_requested_(); };
+    auto built = PinnedPool::Create(PoolParts(), config_.slab_bytes, std::move(hooks), building, stop_build);
+    if (!built.ok() && built.status().code() == Code::kAborted) return Aborted("ferryd was stopped while it started");
+    FERRY_RETURN_IF_ERROR(built.status());
+    pool_ = std::move(*built);
     const uint64_t t1 = MonotonicNanos();
     const uint64_t t_made = t1;
     // Registration pins the whole pool in one call (1.3 s for 48 GiB on the H200's host).
@@ -698,6 +704,7 @@ class Server::Impl {
   std::function<void(std::byte*, uint64_t)> before_slab_renewal_;  // handed to the pool at Init
   std::function<void(const std::string&)> policy_parse_hook_;    // ServerOptions::before_policy_parse
   std::function<void()> before_pool_build_;                      // ServerOptions::before_pool_build
+  std::function<bool()> stop_requested_;                         // ServerOptions::stop_requested
   RunningPolicy policy_;
   Rejections rejections_;
   std::unique_ptr<PinnedPool> pool_;

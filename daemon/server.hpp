@@ -121,6 +121,10 @@ struct ServerOptions {
   std::function<void(const std::string& name)> before_policy_parse = nullptr;
   // Tests: runs in Create once the socket answers "starting", before the pool is built.
   std::function<void()> before_pool_build = nullptr;
+  // Asked while the pool is built (from its fault-in threads; thread-safe): true, a stop came
+  // during the start (SIGTERM), and Create gives up at once with kAborted instead of building
+  // the rest of a pool that may take minutes.
+  std::function<bool()> stop_requested = nullptr;
 };
 
 using GpuBackends = std::vector<std::unique_ptr<Backend>>;

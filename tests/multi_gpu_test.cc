@@ -141,6 +141,21 @@ class RawGpuSession : public RawConnection {
     FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kAllocBuffer, wire::AllocBufferRequest{4096}));
     return FromWire(m.As<wire::AllocBufferReply>().status);
   }
+  // A buffer of `size`, its slabs' fds kept (as libferry keeps them mapped); returns its offset.
+  Result<uint64_t> AllocKeep(uint64_t size) {
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kAllocBuffer, wire::AllocBufferRequest{size}));
+    const auto r = m.As<wire::AllocBufferReply>();
+    FERRY_RETURN_IF_ERROR(FromWire(r.status));
+    for (UniqueFd& f : m.fds) slabs_.push_back(std::move(f));
+    return r.pool_offset;
+  }
+  Status Free(uint64_t pool_offset) {
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kFreeBuffer, wire::FreeBufferRequest{pool_offset}));
+    return FromWire(m.As<wire::SimpleReply>().status);
+  }
+
+ private:
+  std::vector<UniqueFd> slabs_;
 };
 
 // The pool has a part per NUMA node of the GPUs, half each here; a client's buffers come from
@@ -206,6 +221,53 @@ TEST(MultiGpu, AGpuIsNamedBeforeTheSessionUsesAnything) {
   ASSERT_TRUE(use.ok());
   EXPECT_EQ(FromWire(use->status).code(), Code::kInvalidArgument);
   EXPECT_NE(FromWire(use->status).message().find("before it allocates"), std::string::npos);
+}
+
+// A session's slabs are bounded by its quota whatever it does: naming its GPU again after it
+// took slabs (and freed its buffers) must not hand it a fresh arena while the old one's slabs,
+// still mapped by the client, sit in quarantine outside the session's quota.
+TEST(MultiGpu, NamingTheGpuAgainDoesNotEscapeTheSessionQuota) {
+  daemon::DaemonConfig c = DaemonHarness::SmallConfig();
+  c.runtime_dir = MakeTempDir("rt");
+  c.host_gpus = 2;
+  c.host_numa_nodes = 1;  // one pool part: every slab the session takes shows in its free bytes
+  c.session_quota_bytes = 2 * kMiB;
+  std::string why;
+  auto backends = daemon::CreateBackends(c, &why);
+  ASSERT_TRUE(backends.ok()) << backends.status().ToString();
+  auto server = daemon::Server::Create(c, std::move(*backends), {.policy = DaemonHarness::SmallChunks()});
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  Status run;
+  std::thread loop([&] { run = (*server)->Run(); });
+  const uint64_t pool = (*server)->pool_bytes();
+  {
+    RawGpuSession s;
+    ASSERT_OK(s.Open((*server)->config().SocketPath()));
+    auto use = s.UseGpu(0);
+    ASSERT_TRUE(use.ok()) << use.status().ToString();
+    ASSERT_OK(FromWire(use->status));
+    int refused = 0;
+    for (int round = 0; round < 4; ++round) {
+      auto off = s.AllocKeep(2 * kMiB);
+      ASSERT_TRUE(off.ok()) << "round " << round << ": " << off.status().ToString();
+      ASSERT_OK(s.Free(*off));
+      auto again = s.UseGpu(round % 2);
+      ASSERT_TRUE(again.ok()) << again.status().ToString();
+      if (!FromWire(again->status).ok()) {
+        EXPECT_EQ(FromWire(again->status).code(), Code::kInvalidArgument) << FromWire(again->status).ToString();
+        ++refused;
+      }
+      // The session's slabs (in its arena or quarantined for it) never pass its quota.
+      EXPECT_LE(pool - (*server)->counters().pool_free_bytes.load(), c.session_quota_bytes) << "round " << round;
+    }
+    EXPECT_EQ(refused, 4);
+    EXPECT_EQ((*server)->counters().gpu[0].sessions.load() + (*server)->counters().gpu[1].sessions.load(), 1u);
+  }
+  (*server)->Stop();
+  loop.join();
+  EXPECT_TRUE(run.ok()) << run.ToString();
+  server->reset();
+  std::filesystem::remove_all(c.runtime_dir);
 }
 
 TEST(MultiGpu, OnlyTheConfiguredGpusAreServed) {

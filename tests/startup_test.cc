@@ -3,7 +3,9 @@
 // status does not; once ready, the clients that waited copy as any other.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <condition_variable>
+#include <filesystem>
 #include <future>
 #include <mutex>
 #include <random>
@@ -97,6 +99,59 @@ TEST(StartingFerryd, AnswersStartingUntilReadyAndClientsThatWaitedCopy) {
   (*server)->Stop();
   loop.join();
   server->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// A stop during the start (SIGTERM: main.cc's stop_requested) gives up the pool's build at
+// once instead of faulting in the whole pool first, which takes minutes for hundreds of GiB:
+// Create answers kAborted, the socket is gone, and the runtime directory is free for the next.
+TEST(StartingFerryd, AStopDuringThePoolsBuildEndsTheStartAtOnce) {
+  const std::string dir = MakeTempDir("rt");
+  daemon::DaemonConfig config = DaemonHarness::SmallConfig();
+  config.runtime_dir = dir;
+  config.pool_bytes = 1ull << 30;  // a GiB: seconds to fault in on a small machine
+  config.slab_bytes = 8ull << 20;
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> asked{0};
+  auto backend = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
+  ASSERT_TRUE(backend.ok());
+  auto server = daemon::Server::Create(config, std::move(*backend),
+                                       {.policy = DaemonHarness::SmallChunks(),
+                                        .policy_source = "the test",
+                                        .before_pool_build = [&] { stop = true; },
+                                        .stop_requested = [&] {
+                                          ++asked;
+                                          return stop.load();
+                                        }});
+  ASSERT_FALSE(server.ok()) << "the start went on to the end after the stop";
+  EXPECT_EQ(server.status().code(), Code::kAborted) << server.status().ToString();
+  EXPECT_GT(asked.load(), 0u);
+  EXPECT_FALSE(std::filesystem::exists(config.SocketPath()));
+  // The next ferryd on the directory starts (the lock went with the first).
+  auto next_backend = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
+  ASSERT_TRUE(next_backend.ok());
+  config.pool_bytes = 64ull << 20;
+  auto next = daemon::Server::Create(config, std::move(*next_backend), {.policy = DaemonHarness::SmallChunks()});
+  EXPECT_TRUE(next.ok()) << next.status().ToString();
+  next->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// Backends that cannot be made (no GPU answers) end the start with their reason, and the pool's
+// build stops for it rather than running to the end first.
+TEST(StartingFerryd, BackendsThatFailEndTheStartWithTheirReason) {
+  const std::string dir = MakeTempDir("rt");
+  daemon::DaemonConfig config = DaemonHarness::SmallConfig();
+  config.runtime_dir = dir;
+  auto checked = daemon::Preflight(config);
+  ASSERT_TRUE(checked.ok()) << checked.status().ToString();
+  daemon::GpuSource source;
+  source.numa_nodes = {-1};
+  source.make = []() -> Result<daemon::GpuBackends> { return Unavailable("no CUDA GPU answers: the test's"); };
+  auto server = daemon::Server::Create(std::move(*checked), std::move(source), {.policy = DaemonHarness::SmallChunks()});
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), Code::kUnavailable) << server.status().ToString();
+  EXPECT_NE(server.status().message().find("the test's"), std::string::npos) << server.status().ToString();
   std::filesystem::remove_all(dir);
 }
 
