@@ -155,7 +155,9 @@ class PinnedPool {
   std::byte* base() const { return mapping_.data(); }
   uint64_t size() const { return mapping_.size(); }
   uint64_t slab_bytes() const { return slab_bytes_; }
-  uint64_t huge_page_bytes() const { return huge_page_bytes_; }  // of the pool, backed by 2 MiB pages at start
+  // Of the pool, the bytes mapped with huge pages now (reads /proc/self/smaps: 0.2 s for 48 GiB
+  // in 6144 slabs; thread-safe).
+  uint64_t huge_page_bytes() const { return MappedHugePageBytes(base(), size()); }
   unsigned fault_threads() const { return fault_threads_; }  // threads that faulted the pool in at start, all parts
   uint32_t slab_count() const { return static_cast<uint32_t>(slab_fds_.size()); }
   int slab_fd(uint32_t slab) const { return slab_fds_[slab].get(); }
@@ -213,7 +215,6 @@ class PinnedPool {
   bool RenewSlab(uint32_t slab);
   void ForgetUidSlab(uint32_t uid, bool quarantined);
 
-  uint64_t huge_page_bytes_ = 0;
   PoolBuildTimes build_times_;
   unsigned fault_threads_ = 1;
   std::vector<UniqueFd> slab_fds_;  // the descriptions memfd_create() returned: never sent
