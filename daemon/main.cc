@@ -217,6 +217,7 @@ int main(int argc, char** argv) {
                    << " (" << located->size() << (located->size() == 1 ? " GPU)" : " GPUs)");
   daemon::GpuSource gpu_source;
   for (const auto& g : *located) gpu_source.numa_nodes.push_back(g.numa_node);
+  gpu_source.pins_pool = kind == wire::BackendKind::kCuda;
   gpu_source.make = [&config, kind, gpus = *located]() -> Result<daemon::GpuBackends> {
     auto be = daemon::CreateBackends(config, kind, gpus);
     if (!be.ok()) return be.status();

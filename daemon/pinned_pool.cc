@@ -293,7 +293,8 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(uint64_t pool_bytes, uint
 
 Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(std::vector<PoolPartSpec> specs, uint64_t slab_bytes,
                                                        SlabReclaimHooks hooks, const FaultProgress& progress,
-                                                       const FaultStop& stop) {
+                                                       const FaultStop& stop,
+                                                       const std::function<Status()>& before_fault_in) {
   if (slab_bytes == 0 || slab_bytes % static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) != 0) {
     return InvalidArgument("slab size must be a positive multiple of the page size");
   }
@@ -330,6 +331,8 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(std::vector<PoolPartSpec>
   std::vector<Binding> binding;
   const std::vector<FaultRange> ranges = BindParts(parts, m.data(), slab_bytes, &binding);
   const uint64_t t1 = MonotonicNanos();
+  if (before_fault_in) FERRY_RETURN_IF_ERROR(before_fault_in());
+  const uint64_t t_fault = MonotonicNanos();
   const std::vector<unsigned> threads = FaultInParallel(ranges, 256ull << 20, progress, std::chrono::seconds(1), stop);
   if (stop && stop()) return Aborted("the pool's build was stopped");
   const uint64_t t2 = MonotonicNanos();
@@ -342,7 +345,7 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(std::vector<PoolPartSpec>
     const uint32_t free_slabs = p.slab_count;
     pool->parts_.push_back(Part{std::move(p), free_slabs});
   }
-  pool->build_times_ = {t1 - t0, t2 - t1, MonotonicNanos() - t2};
+  pool->build_times_ = {t1 - t0, t2 - t_fault, MonotonicNanos() - t2};
   FERRY_ASSIGN_OR_RETURN(pool->zeroed_efd_, CreateEventFd());
   try {
     pool->zeroer_ = std::thread([p = pool.get()] { p->ZeroerMain(); });

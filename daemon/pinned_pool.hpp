@@ -142,9 +142,13 @@ class PinnedPool {
   // same and says why in its `placement`: the caller logs it (once). The hooks must stay callable
   // until the pool is destroyed. `stop`: asked while the pool faults in; true gives up the
   // build (kAborted), its memory released, in a fraction of a second whatever the pool's size.
+  // before_fault_in runs once the slabs are made and mapped, before any page is faulted in: the
+  // caller finishes there what must not run alongside the fault-in (a CUDA context being made
+  // stalls it: both work on the process's memory map); its error ends the build.
   static Result<std::unique_ptr<PinnedPool>> Create(std::vector<PoolPartSpec> parts, uint64_t slab_bytes,
                                                     SlabReclaimHooks hooks = {}, const FaultProgress& progress = {},
-                                                    const FaultStop& stop = {});
+                                                    const FaultStop& stop = {},
+                                                    const std::function<Status()>& before_fault_in = {});
   // One part of no node, of exactly pool_bytes (a multiple of slab_bytes).
   static Result<std::unique_ptr<PinnedPool>> Create(uint64_t pool_bytes, uint64_t slab_bytes,
                                                     SlabReclaimHooks hooks = {}, const FaultProgress& progress = {});

@@ -102,23 +102,43 @@ class Server::Impl {
     }
     FERRY_ASSIGN_OR_RETURN(std::unique_ptr<StartupResponder> responder,
                            StartupResponder::Start(listen_.get(), "making the GPUs' contexts"));
-    // The backends (a CUDA context per GPU, side by side) first, then the pool. Made while the
-    // pool's pages were faulted in, a context's creation stalled the fault-in (both work on the
-    // process's memory map): a 48 GiB pool took 5.1 s to build instead of 1.6 on the H200's host.
+    // The backends (a CUDA context per GPU, side by side) are made on a thread while the pool's
+    // slabs are made and mapped, and are done before its pages are faulted in: made alongside
+    // the fault-in, a context stalled it (both work on the process's memory map; a 48 GiB pool
+    // took 5.1 s to build instead of 1.6 on the H200's host).
     const uint64_t t_backends = MonotonicNanos();
-    FERRY_ASSIGN_OR_RETURN(GpuBackends made, gpu_source_.make());
-    if (made.size() != gpu_source_.numa_nodes.size()) return Internal("the backends made are not the GPUs located");
-    FERRY_ASSIGN_OR_RETURN(backend_, DeviceSet::Create(std::move(made)));
-    const uint64_t t_pool = MonotonicNanos();
-    // The hooks run on the pool's zeroer thread; backend_ outlives pool_ (declared before it).
-    // Fresh pages for every reclaimed slab, unless the engines reach the pool through one pinning
-    // of the whole range (pool.register: whole), which fresh pages would escape.
+    Result<GpuBackends> made = Internal("the backends were not made");
+    std::thread maker;
+    try {
+      maker = std::thread([&] { made = gpu_source_.make(); });
+    } catch (const std::system_error&) {
+      made = gpu_source_.make();  // no thread to spare: one after the other
+    }
+    struct Join {
+      std::thread& t;
+      ~Join() {
+        if (t.joinable()) t.join();
+      }
+    } join{maker};
+    uint64_t t_made = 0;
+    auto backends_made = [&]() -> Status {
+      if (maker.joinable()) maker.join();
+      t_made = MonotonicNanos();
+      if (!made.ok()) return made.status();
+      if (made->size() != gpu_source_.numa_nodes.size()) return Internal("the backends made are not the GPUs located");
+      FERRY_ASSIGN_OR_RETURN(backend_, DeviceSet::Create(std::move(*made)));
+      return Status::Ok();
+    };
+    // The hooks run on the pool's zeroer thread, once sessions end: backend_ is there by then,
+    // and outlives pool_ (declared before it). Fresh pages for every reclaimed slab, unless the
+    // engines reach the pool through one pinning of the whole range (pool.register: whole),
+    // which fresh pages would escape.
     const bool slab_by_slab = RegistersSlabBySlab(config_);
     SlabReclaimHooks hooks;
-    hooks.fresh_pages = slab_by_slab || !backend_->pins_pool();
+    hooks.fresh_pages = slab_by_slab || !gpu_source_.pins_pool;
     if (hooks.fresh_pages) {
-      hooks.unpin = [b = backend_.get()](std::byte* p, uint64_t n) { return b->UnpinSlab(p, n); };
-      hooks.pin = [b = backend_.get()](std::byte* p, uint64_t n) { return b->PinSlab(p, n); };
+      hooks.unpin = [this](std::byte* p, uint64_t n) { return backend_->UnpinSlab(p, n); };
+      hooks.pin = [this](std::byte* p, uint64_t n) { return backend_->PinSlab(p, n); };
     }
     hooks.before = std::move(before_slab_renewal_);
     // A large pool takes seconds to build: systemd hears how far it got and extends the unit's
@@ -134,12 +154,12 @@ class Server::Impl {
     if (before_pool_build_) before_pool_build_();
     // Told to stop, the build stops at once: a pool may take minutes to build.
     const FaultStop stop_build = [this] { return stop_requested_ && stop_requested_(); };
-    auto built = PinnedPool::Create(PoolParts(), config_.slab_bytes, std::move(hooks), building, stop_build);
+    auto built = PinnedPool::Create(PoolParts(), config_.slab_bytes, std::move(hooks), building, stop_build,
+                                    backends_made);
     if (!built.ok() && built.status().code() == Code::kAborted) return Aborted("ferryd was stopped while it started");
     FERRY_RETURN_IF_ERROR(built.status());
     pool_ = std::move(*built);
     const uint64_t t1 = MonotonicNanos();
-    const uint64_t t_made = t1;
     // Registration pins the whole pool in one call (1.3 s for 48 GiB on the H200's host).
     responder->SetProgress("registering the pool with the GPU");
     SdNotify("EXTEND_TIMEOUT_USEC=" + std::to_string(kStartStepTimeoutUs + (pool_->size() >> 30) * 200'000) +
@@ -147,21 +167,22 @@ class Server::Impl {
     FERRY_RETURN_IF_ERROR(backend_->RegisterPool(pool_->base(), pool_->size(), pool_->slab_bytes(), slab_by_slab)
                               .WithContext("pool registration"));
     const uint64_t t2 = MonotonicNanos();
-    const double created_s = static_cast<double>(t1 - t_pool) / 1e9;
+    const PoolBuildTimes& bt = pool_->build_times();
+    const uint64_t created_ns = bt.slabs_ns + bt.fault_ns + bt.inspect_ns;  // not the wait for the backends
+    const double created_s = static_cast<double>(created_ns) / 1e9;
     FERRY_LOG(kInfo) << "pool: " << (pool_->size() >> 20) << " MiB in " << pool_->slab_count() << " slabs of "
-                     << (pool_->slab_bytes() >> 10) << " KiB; created in " << (t1 - t_pool) / 1000000
+                     << (pool_->slab_bytes() >> 10) << " KiB; created in " << created_ns / 1000000
                      << " ms (" << pool_->fault_threads() << " threads, "
                      << OneDecimal(static_cast<double>(pool_->size()) / (1ull << 30) / std::max(created_s, 1e-9))
-                     << " GiB/s), registered in " << (t2 - t_made) / 1000000 << " ms";
-    const PoolBuildTimes& bt = pool_->build_times();
+                     << " GiB/s), registered in " << (t2 - t1) / 1000000 << " ms";
     FERRY_LOG(kInfo) << "started in " << (t2 - t0) / 1000000 << " ms: the GPUs' backends made in "
-                     << (t_pool - t_backends) / 1000000 << " ms, the pool built in " << (t1 - t_pool) / 1000000
-                     << " ms (slabs made and mapped in " << bt.slabs_ns / 1000000 << " ms, faulted in in "
-                     << bt.fault_ns / 1000000 << " ms, inspected in " << bt.inspect_ns / 1000000
-                     << " ms), registered in " << (t2 - t_made) / 1000000 << " ms";
+                     << (t_made - t_backends) / 1000000 << " ms while the pool's slabs were made and mapped in "
+                     << bt.slabs_ns / 1000000 << " ms; the pool faulted in in " << bt.fault_ns / 1000000
+                     << " ms, inspected in " << bt.inspect_ns / 1000000 << " ms, registered in " << (t2 - t1) / 1000000
+                     << " ms";
     LogPoolParts();
-    counters_.start_pool_ns = t1 - t_pool;
-    counters_.start_register_ns = t2 - t_made;
+    counters_.start_pool_ns = created_ns;
+    counters_.start_register_ns = t2 - t1;
     counters_.start_total_ns = t2 - t0;
     // How much of the pool got huge pages is read from /proc/self/smaps (0.2 s for 48 GiB): off
     // the start's path, said once known.
@@ -773,6 +794,7 @@ Result<std::unique_ptr<Server>> Server::Create(CheckedConfig checked, std::vecto
   // Made already: handed over as they are.
   GpuSource source;
   for (const auto& g : gpus) source.numa_nodes.push_back(g->device_info().numa_node);
+  source.pins_pool = !gpus.empty() && gpus[0]->pins_pool();
   auto held = std::make_shared<GpuBackends>(std::move(gpus));
   source.make = [held]() -> Result<GpuBackends> { return std::move(*held); };
   return Create(std::move(checked), std::move(source), std::move(options));

@@ -136,6 +136,7 @@ using BackendMaker = std::function<Result<GpuBackends>()>;
 struct GpuSource {
   std::vector<int> numa_nodes;
   BackendMaker make;
+  bool pins_pool = false;  // the backends' pins_pool() (cuda): how reclaimed slabs are renewed
 };
 
 class Server {

@@ -13,11 +13,13 @@ POOL=${POOL:-8GiB}
   echo "GPUs: $gpus; NUMA: $(lscpu | sed -n 's/^NUMA node(s): *//p') nodes"
   nvidia-smi topo -m 2>/dev/null | head -$((gpus + 1))
   start_ferryd "devices: all"
+  benches=()
   for g in $(seq 0 $((gpus - 1))); do
-    "$BUILD/ferry-bench" transfer --socket "$sock" --device "$g" --only bandwidth --max-size 1GiB --json \
+    "$BUILD/ferry-bench" transfer --socket "$sock" --device "$g" --only bandwidth --max-size 1GiB --quick --json \
       >"$OUT/node-gpu$g.json" 2>"$OUT/node-gpu$g.err" &
+    benches+=($!)
   done
-  wait
+  wait "${benches[@]}"  # not ferryd, which runs in the background too
   "$BUILD/ferryctl" --socket "$sock" status
   kill -TERM "$pid"; wait "$pid"
   python3 - "$OUT" "$gpus" <<'PY'
