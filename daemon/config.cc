@@ -171,6 +171,7 @@ Result<std::vector<std::string>> ParseDeviceList(std::string_view text) {
     if (!ordinal && !uuid) {
       return InvalidArgument("'" + item + "' is not a GPU: devices are all, or CUDA ordinals (0, 1) and UUIDs (GPU-...)");
     }
+    if (ordinal) item = std::to_string(std::stoi(item));  // "00" is GPU 0
     if (std::find(out.begin(), out.end(), item) != out.end()) return InvalidArgument("GPU " + item + " named twice");
     out.push_back(item);
     begin = end + 1;

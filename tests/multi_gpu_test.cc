@@ -302,7 +302,7 @@ TEST(MultiGpu, TheDevicesKeyParses) {
   ASSERT_TRUE(host.ok());
   EXPECT_EQ(host->host_gpus, 4u);
   EXPECT_EQ(host->host_numa_nodes, 2u);
-  for (const char* bad : {"devices: [0, 0]\n", "devices: [gpu0]\n", "devices: []\n", "device: 0\ndevices: [1]\n",
+  for (const char* bad : {"devices: [0, 0]\n", "devices: [1, 01]\n", "devices: [gpu0]\n", "devices: []\n", "device: 0\ndevices: [1]\n",
                           "devices: {a: 1}\n", "host:\n  gpus: 0\n", "host:\n  cpus: 2\n"}) {
     auto c = daemon::ParseConfig(bad, "t.yaml");
     EXPECT_FALSE(c.ok()) << bad;
@@ -312,6 +312,10 @@ TEST(MultiGpu, TheDevicesKeyParses) {
   ASSERT_TRUE(flag.ok());
   EXPECT_EQ(*flag, (std::vector<std::string>{"0", "2", "GPU-ab"}));
   EXPECT_FALSE(daemon::ParseDeviceList("0,,1").ok());
+  EXPECT_FALSE(daemon::ParseDeviceList("0,00").ok()) << "GPU 0 twice";
+  auto padded = daemon::ParseDeviceList("01");
+  ASSERT_TRUE(padded.ok());
+  EXPECT_EQ(*padded, std::vector<std::string>{"1"});
 }
 
 }  // namespace
