@@ -67,8 +67,8 @@ void Scheduler::Submit(CopyRequest r) {
   c->signal = r.signal;
   c->wait_flag = r.wait_flag;
   c->wait_value = r.wait_value;
-  c->policy = policy_.shared();
-  c->latency = r.latency_requested && r.bytes <= policy_->latency_max_bytes && backend_.streams_per_direction() > 1;
+  c->policy = policy_.ForGpu(r.gpu);
+  c->latency = r.latency_requested && r.bytes <= c->policy->latency_max_bytes && backend_.streams_per_direction() > 1;
   if (c->latency) {
     c->done_word = r.done_word;
     c->done_value = r.done_value;
@@ -250,14 +250,14 @@ bool Scheduler::Dispatch() {
 }
 
 bool Scheduler::Blocked(int e, const Copy& c) const {
-  const Policy& pol = *policy_;
+  const Policy& pol = *policy_.ForGpu(static_cast<uint32_t>(e / 2));
   return c.first_dispatch_ns == 0 && pol.max_copies_in_flight != 0 && copies_started_[e] >= pol.max_copies_in_flight;
 }
 
 // One engine set's bulk work: the sessions of its GPU, in its direction (sessions of other GPUs
 // count as having nothing queued).
 bool Scheduler::DispatchBulk(int e) {
-  const Policy& pol = *policy_;
+  const Policy& pol = *policy_.ForGpu(static_cast<uint32_t>(e / 2));
   const uint64_t client_limit = pol.client_in_flight_bytes ? pol.client_in_flight_bytes : pol.in_flight_bytes;
   const int d = e % 2;
   const uint32_t gpu = static_cast<uint32_t>(e / 2);

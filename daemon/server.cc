@@ -174,13 +174,17 @@ class Server::Impl {
                      << (pool_->slab_bytes() >> 10) << " KiB; created in " << created_ns / 1000000
                      << " ms (" << pool_->fault_threads() << " threads, "
                      << OneDecimal(static_cast<double>(pool_->size()) / (1ull << 30) / std::max(created_s, 1e-9))
-                     << " GiB/s), registered in " << (t2 - t1) / 1000000 << " ms";
+                     << " GiB/s)";
     FERRY_LOG(kInfo) << "started in " << (t2 - t0) / 1000000 << " ms: the GPUs' backends made in "
                      << (t_made - t_backends) / 1000000 << " ms while the pool's slabs were made and mapped in "
                      << bt.slabs_ns / 1000000 << " ms; the pool faulted in in " << bt.fault_ns / 1000000
                      << " ms, inspected in " << bt.inspect_ns / 1000000 << " ms, registered in " << (t2 - t1) / 1000000
                      << " ms";
     LogPoolParts();
+    std::vector<GpuName> gpu_names;
+    for (uint32_t i = 0; i < backend_->gpu_count(); ++i) gpu_names.push_back({backend_->info(i).ordinal, backend_->info(i).uuid});
+    policy_.SetGpus(std::move(gpu_names));
+    LogGpuOverrides();
     counters_.start_pool_ns = created_ns;
     counters_.start_register_ns = t2 - t1;
     counters_.start_total_ns = t2 - t0;
@@ -364,7 +368,33 @@ class Server::Impl {
     counters_.policy_switches++;  // after the switch is whole: tests wait on it
     FERRY_LOG(kInfo) << "policy switched: " << old->name << " (" << old->Hash() << ") -> " << policy_->name << " ("
                      << policy_->Hash() << ") from " << source;
+    LogGpuOverrides();
     if (observer_ != nullptr) observer_->OnPolicy(*policy_);
+  }
+
+  // Which GPUs run an override of the policy, and what it changes; an override that names no
+  // GPU served here is said too (one policy file may serve several nodes).
+  void LogGpuOverrides() {
+    const Policy& node = *policy_;
+    for (size_t o = 0; o < node.gpu_overrides.size(); ++o) {
+      std::string gpus;
+      for (uint32_t g = 0; g < policy_.gpus().size(); ++g) {
+        if (policy_.OverrideOf(g) != static_cast<int>(o)) continue;
+        gpus += (gpus.empty() ? "" : ", ") + policy_.gpus()[g].uuid + " (" + std::to_string(policy_.gpus()[g].ordinal) + ")";
+      }
+      const GpuOverride& over = node.gpu_overrides[o];
+      if (gpus.empty()) {
+        FERRY_LOG(kWarning) << "policy " << node.name << ": the override for GPU " << over.MatchText()
+                            << " names no GPU this ferryd serves, or only GPUs an earlier override took";
+        continue;
+      }
+      std::string changes;
+      for (const std::string& d : DiffPolicies(node, *over.policy)) {
+        if (d.rfind("gpus.", 0) != 0) changes += (changes.empty() ? "" : "; ") + d;  // the node's overrides
+      }
+      FERRY_LOG(kInfo) << "policy " << node.name << ": " << gpus << " run its override for GPU " << over.MatchText()
+                       << (changes.empty() ? " (the same settings)" : ": " + changes);
+    }
   }
 
   void PolicyFailed(const std::string& source, const Status& why) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "common/status_macros.hpp"
 #include "common/yaml_util.hpp"
@@ -52,11 +53,12 @@ Result<std::string> GetName(const std::string& file, const YAML::Node& n, const 
   return v;
 }
 
-Result<std::shared_ptr<const Policy>> FromYaml(const YAML::Node& root, const std::string& file) {
+// Every setting but the GPU overrides.
+Result<std::shared_ptr<Policy>> SettingsFromYaml(const YAML::Node& root, const std::string& file) {
   auto p = std::make_shared<Policy>();
   if (!root.IsMap()) return ErrorAt(file, root, "a policy is a map of settings");
   FERRY_RETURN_IF_ERROR(CheckKeys(file, root, {"name", "description", "schedule", "streams", "limits", "batching",
-                                               "staging", "classes", "clients", "default_class"}));
+                                               "staging", "classes", "clients", "default_class", "gpus"}));
   if (auto n = root["name"]) { FERRY_ASSIGN_OR_RETURN(p->name, GetName(file, n, "name")); }
   if (auto n = root["description"]) { FERRY_ASSIGN_OR_RETURN(p->description, GetString(file, n)); }
   if (auto s = root["schedule"]) {
@@ -163,8 +165,106 @@ Result<std::shared_ptr<const Policy>> FromYaml(const YAML::Node& root, const std
   if (p->schedule == Schedule::kGeometric && p->first_chunk_bytes != 0 && p->first_chunk_bytes < p->min_chunk_bytes) {
     return ErrorAt(file, root["schedule"]["first_chunk"], "first_chunk is below min_chunk");
   }
+  return p;
+}
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// An override's policy is parsed from the file with the override's sections put over the
+// file's own: `schedule` replaces the file's schedule whole (its keys depend on its kind), the
+// keys of `streams`, `limits` and `batching` replace the same keys. Parsed as one file, every
+// rule of a policy holds for it; its nodes keep their lines for errors.
+YAML::Node OverriddenYaml(const YAML::Node& root, const YAML::Node& over) {
+  YAML::Node merged(YAML::NodeType::Map);
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    if (it->first.Scalar() != "gpus") merged[it->first.Scalar()] = it->second;
+  }
+  if (over["schedule"]) merged["schedule"] = over["schedule"];
+  // A serial schedule sets its streams and copies in flight itself: the file's are not its own.
+  const bool serial = over["schedule"] && over["schedule"].IsMap() && over["schedule"]["kind"] &&
+                      over["schedule"]["kind"].IsScalar() && over["schedule"]["kind"].Scalar() == "serial";
+  for (const char* section : {"streams", "limits", "batching"}) {
+    const YAML::Node mine = over[section];
+    const YAML::Node base = root[section];
+    if (!mine && !(serial && base)) continue;
+    YAML::Node keys(YAML::NodeType::Map);
+    if (base && base.IsMap()) {
+      for (auto it = base.begin(); it != base.end(); ++it) {
+        const std::string key = it->first.Scalar();
+        if (!serial || (key != "per_direction" && key != "copies_in_flight")) keys[key] = it->second;
+      }
+    }
+    if (!mine) {
+      merged[section] = keys;
+      continue;
+    }
+    for (auto it = mine.begin(); it != mine.end(); ++it) keys[it->first.Scalar()] = it->second;
+    merged[section] = keys;
+  }
+  return merged;
+}
+
+Status GpuOverridesFromYaml(const YAML::Node& root, const std::string& file, Policy& p) {
+  const YAML::Node list = root["gpus"];
+  if (!list.IsSequence() || list.size() == 0) {
+    return ErrorAt(file, list, "gpus is a list of overrides, each a match (the GPUs' ordinals or UUIDs) and the "
+                               "schedule, streams, limits or batching they change");
+  }
+  std::set<std::string> named;
+  for (const YAML::Node& o : list) {
+    FERRY_RETURN_IF_ERROR(CheckKeys(file, o, {"match", "schedule", "streams", "limits", "batching"}));
+    const YAML::Node match = o["match"];
+    if (!match) return ErrorAt(file, o, "an override needs match: the GPUs it is for (ordinals or UUIDs)");
+    std::vector<YAML::Node> selectors;
+    if (match.IsSequence()) {
+      for (const YAML::Node& m : match) selectors.push_back(m);
+    } else {
+      selectors.push_back(match);
+    }
+    if (selectors.empty()) return ErrorAt(file, match, "match names no GPU");
+    GpuOverride over;
+    for (const YAML::Node& m : selectors) {
+      if (!m.IsScalar()) return ErrorAt(file, m, "expected a GPU's ordinal or UUID");
+      const std::string text = m.Scalar();
+      std::string key;
+      if (!text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        FERRY_ASSIGN_OR_RETURN(int64_t ordinal, GetInt(file, m, 0, 1023));
+        over.ordinals.push_back(static_cast<int>(ordinal));
+        key = std::to_string(ordinal);
+      } else {
+        key = Lower(text);
+        if (key.rfind("gpu-", 0) != 0 && key.rfind("mig-", 0) != 0 && key.rfind("host-gpu-", 0) != 0) {
+          return ErrorAt(file, m, "'" + text + "' is neither a GPU ordinal nor a GPU UUID (GPU-...)");
+        }
+        over.uuids.push_back(key);
+      }
+      if (!named.insert(key).second) return ErrorAt(file, m, "GPU " + text + " is named by another override too");
+    }
+    if (!o["schedule"] && !o["streams"] && !o["limits"] && !o["batching"]) {
+      return ErrorAt(file, o, "the override changes nothing (give it schedule, streams, limits or batching)");
+    }
+    for (const char* section : {"streams", "limits", "batching"}) {
+      if (o[section] && !o[section].IsMap()) return ErrorAt(file, o[section], "expected a mapping");
+    }
+    auto parsed = SettingsFromYaml(OverriddenYaml(root, o), file);
+    if (!parsed.ok()) {
+      return InvalidArgument(parsed.status().message() + " (in the override for GPU " + over.MatchText() + ")");
+    }
+    over.policy = std::move(*parsed);
+    p.gpu_overrides.push_back(std::move(over));
+  }
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<const Policy>> FromYaml(const YAML::Node& root, const std::string& file) {
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Policy> p, SettingsFromYaml(root, file));
+  if (root["gpus"]) FERRY_RETURN_IF_ERROR(GpuOverridesFromYaml(root, file, *p));
   return std::shared_ptr<const Policy>(std::move(p));
 }
+
 
 }  // namespace
 
@@ -178,42 +278,86 @@ std::string_view ScheduleName(Schedule s) {
   return "?";
 }
 
-std::string Policy::Canonical() const {
+namespace {
+
+std::map<std::string, std::string> CanonicalSettings(const Policy& p) {
   std::map<std::string, std::string> kv;
-  kv["name"] = name;
-  kv["schedule.kind"] = ScheduleName(schedule);
-  if (schedule == Schedule::kChunked) kv["schedule.chunk_size"] = SizeText(chunk_bytes);
-  if (schedule == Schedule::kGeometric) {
-    kv["schedule.first_chunk"] = first_chunk_bytes ? SizeText(first_chunk_bytes) : "auto";
+  kv["name"] = p.name;
+  kv["schedule.kind"] = ScheduleName(p.schedule);
+  if (p.schedule == Schedule::kChunked) kv["schedule.chunk_size"] = SizeText(p.chunk_bytes);
+  if (p.schedule == Schedule::kGeometric) {
+    kv["schedule.first_chunk"] = p.first_chunk_bytes ? SizeText(p.first_chunk_bytes) : "auto";
     char r[32];
-    std::snprintf(r, sizeof r, "%g", ratio);
+    std::snprintf(r, sizeof r, "%g", p.ratio);
     kv["schedule.ratio"] = r;
-    kv["schedule.min_chunk"] = SizeText(min_chunk_bytes);
+    kv["schedule.min_chunk"] = SizeText(p.min_chunk_bytes);
   }
-  kv["streams.per_direction"] = std::to_string(bulk_streams);
-  kv["streams.bulk_priority"] = PriorityName(bulk_priority);
-  kv["limits.in_flight_bytes"] = SizeText(in_flight_bytes);
-  kv["limits.client_in_flight_bytes"] = SizeText(client_in_flight_bytes ? client_in_flight_bytes : in_flight_bytes);
-  kv["limits.copies_in_flight"] = max_copies_in_flight ? std::to_string(max_copies_in_flight) : "unlimited";
-  kv["limits.latency_max_bytes"] = SizeText(latency_max_bytes);
-  kv["batching.threshold"] = SizeText(batch_threshold_bytes);
-  kv["staging.chunk_size"] = SizeText(staging_chunk_bytes);
-  kv["staging.threads"] = std::to_string(staging_threads);
-  kv["staging.buffers"] = std::to_string(staging_buffers);
-  for (const ClientClass& c : classes) {
+  kv["streams.per_direction"] = std::to_string(p.bulk_streams);
+  kv["streams.bulk_priority"] = PriorityName(p.bulk_priority);
+  kv["limits.in_flight_bytes"] = SizeText(p.in_flight_bytes);
+  kv["limits.client_in_flight_bytes"] = SizeText(p.client_in_flight_bytes ? p.client_in_flight_bytes : p.in_flight_bytes);
+  kv["limits.copies_in_flight"] = p.max_copies_in_flight ? std::to_string(p.max_copies_in_flight) : "unlimited";
+  kv["limits.latency_max_bytes"] = SizeText(p.latency_max_bytes);
+  kv["batching.threshold"] = SizeText(p.batch_threshold_bytes);
+  kv["staging.chunk_size"] = SizeText(p.staging_chunk_bytes);
+  kv["staging.threads"] = std::to_string(p.staging_threads);
+  kv["staging.buffers"] = std::to_string(p.staging_buffers);
+  for (const ClientClass& c : p.classes) {
     kv["classes." + c.name] = "weight " + std::to_string(c.weight) + ", latency " + (c.latency_allowed ? "yes" : "no");
   }
-  kv["default_class"] = default_class;
-  for (size_t i = 0; i < clients.size(); ++i) {
+  kv["default_class"] = p.default_class;
+  for (size_t i = 0; i < p.clients.size(); ++i) {
     char key[32];
     std::snprintf(key, sizeof key, "clients.%03zu", i);
-    kv[key] = "name " + clients[i].name_glob + (clients[i].uid >= 0 ? ", uid " + std::to_string(clients[i].uid) : "") +
-              " -> " + clients[i].class_name;
+    kv[key] = "name " + p.clients[i].name_glob + (p.clients[i].uid >= 0 ? ", uid " + std::to_string(p.clients[i].uid) : "") +
+              " -> " + p.clients[i].class_name;
+  }
+  return kv;
+}
+
+}  // namespace
+
+// An override's lines: what it matches, and each setting of its policy that differs.
+std::string Policy::Canonical() const {
+  std::map<std::string, std::string> kv = CanonicalSettings(*this);
+  const std::map<std::string, std::string> own = kv;
+  for (size_t i = 0; i < gpu_overrides.size(); ++i) {
+    char prefix[32];
+    std::snprintf(prefix, sizeof prefix, "gpus.%03zu.", i);
+    kv[std::string(prefix) + "match"] = gpu_overrides[i].MatchText();
+    for (const auto& [k, v] : CanonicalSettings(*gpu_overrides[i].policy)) {
+      auto it = own.find(k);
+      if (it == own.end() || it->second != v) kv[prefix + k] = v;
+    }
   }
   std::ostringstream out;
   for (const auto& [k, v] : kv) out << k << ": " << v << "\n";
   return out.str();
 }
+
+namespace {
+
+// The settings a GPU override may change, as YAML at `ind`.
+void EngineYaml(std::ostringstream& y, const Policy& p, const std::string& ind) {
+  y << ind << "schedule:\n" << ind << "  kind: " << ScheduleName(p.schedule) << "\n";
+  if (p.schedule == Schedule::kChunked) y << ind << "  chunk_size: " << SizeText(p.chunk_bytes) << "\n";
+  if (p.schedule == Schedule::kGeometric) {
+    char r[32];
+    std::snprintf(r, sizeof r, "%.17g", p.ratio);
+    y << ind << "  ratio: " << r << "\n" << ind << "  min_chunk: " << SizeText(p.min_chunk_bytes) << "\n";
+    if (p.first_chunk_bytes) y << ind << "  first_chunk: " << SizeText(p.first_chunk_bytes) << "\n";
+  }
+  y << ind << "streams:\n";
+  if (p.schedule != Schedule::kSerial) y << ind << "  per_direction: " << p.bulk_streams << "\n";
+  y << ind << "  bulk_priority: " << PriorityName(p.bulk_priority) << "\n";
+  y << ind << "limits:\n" << ind << "  in_flight_bytes: " << SizeText(p.in_flight_bytes) << "\n";
+  y << ind << "  client_in_flight_bytes: " << SizeText(p.client_in_flight_bytes ? p.client_in_flight_bytes : p.in_flight_bytes) << "\n";
+  if (p.schedule != Schedule::kSerial) y << ind << "  copies_in_flight: " << p.max_copies_in_flight << "\n";
+  y << ind << "  latency_max_bytes: " << SizeText(p.latency_max_bytes) << "\n";
+  y << ind << "batching:\n" << ind << "  threshold: " << SizeText(p.batch_threshold_bytes) << "\n";
+}
+
+}  // namespace
 
 std::string Policy::ToYaml() const {
   auto quote = [](const std::string& v) {
@@ -227,22 +371,7 @@ std::string Policy::ToYaml() const {
   std::ostringstream y;
   y << "name: " << quote(name) << "\n";
   if (!description.empty()) y << "description: " << quote(description) << "\n";
-  y << "schedule:\n  kind: " << ScheduleName(schedule) << "\n";
-  if (schedule == Schedule::kChunked) y << "  chunk_size: " << SizeText(chunk_bytes) << "\n";
-  if (schedule == Schedule::kGeometric) {
-    char r[32];
-    std::snprintf(r, sizeof r, "%.17g", ratio);
-    y << "  ratio: " << r << "\n  min_chunk: " << SizeText(min_chunk_bytes) << "\n";
-    if (first_chunk_bytes) y << "  first_chunk: " << SizeText(first_chunk_bytes) << "\n";
-  }
-  y << "streams:\n";
-  if (schedule != Schedule::kSerial) y << "  per_direction: " << bulk_streams << "\n";
-  y << "  bulk_priority: " << PriorityName(bulk_priority) << "\n";
-  y << "limits:\n  in_flight_bytes: " << SizeText(in_flight_bytes) << "\n";
-  y << "  client_in_flight_bytes: " << SizeText(client_in_flight_bytes ? client_in_flight_bytes : in_flight_bytes) << "\n";
-  if (schedule != Schedule::kSerial) y << "  copies_in_flight: " << max_copies_in_flight << "\n";
-  y << "  latency_max_bytes: " << SizeText(latency_max_bytes) << "\n";
-  y << "batching:\n  threshold: " << SizeText(batch_threshold_bytes) << "\n";
+  EngineYaml(y, *this, "");
   y << "staging:\n  chunk_size: " << SizeText(staging_chunk_bytes) << "\n  threads: " << staging_threads
     << "\n  buffers: " << staging_buffers << "\n";
   y << "classes:\n";
@@ -259,6 +388,15 @@ std::string Policy::ToYaml() const {
     }
   }
   y << "default_class: " << quote(default_class) << "\n";
+  if (!gpu_overrides.empty()) y << "gpus:\n";
+  for (const GpuOverride& o : gpu_overrides) {
+    y << "  - match: [";
+    const char* sep = "";
+    for (int n : o.ordinals) y << std::exchange(sep, ", ") << n;
+    for (const std::string& u : o.uuids) y << std::exchange(sep, ", ") << quote(u);
+    y << "]\n";
+    EngineYaml(y, *o.policy, "    ");
+  }
   return y.str();
 }
 
@@ -269,6 +407,26 @@ std::string Policy::Hash() const {
   char hex[17];
   for (int i = 0; i < 8; ++i) std::snprintf(hex + 2 * i, 3, "%02x", h[i]);
   return hex;
+}
+
+bool GpuOverride::Matches(int ordinal, std::string_view uuid) const {
+  if (std::find(ordinals.begin(), ordinals.end(), ordinal) != ordinals.end()) return true;
+  return !uuid.empty() && std::find(uuids.begin(), uuids.end(), Lower(std::string(uuid))) != uuids.end();
+}
+
+std::string GpuOverride::MatchText() const {
+  std::string text;
+  for (int n : ordinals) text += (text.empty() ? "" : ", ") + std::to_string(n);
+  for (const std::string& u : uuids) text += (text.empty() ? "" : ", ") + u;
+  return text;
+}
+
+const std::shared_ptr<const Policy>& Policy::ForGpu(const std::shared_ptr<const Policy>& self, int ordinal,
+                                                    std::string_view uuid) const {
+  for (const GpuOverride& o : gpu_overrides) {
+    if (o.Matches(ordinal, uuid)) return o.policy;
+  }
+  return self;
 }
 
 const ClientClass& Policy::ClassFor(const std::string& client_name, int64_t uid) const {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ferry/status.hpp"
@@ -33,6 +34,19 @@ struct ClientRule {
   std::string name_glob;  // fnmatch(3) against the client's name
   int64_t uid = -1;       // -1: any
   std::string class_name;
+};
+
+struct Policy;
+
+// A part of a policy that applies to some GPUs only: their engines run `policy`, the policy with
+// the override's engine settings (schedule, streams, limits, batching) put over its own.
+// Classes, client rules and staging are node-wide and cannot be overridden.
+struct GpuOverride {
+  std::vector<int> ordinals;       // CUDA ordinals, as in ferryd's `devices` list
+  std::vector<std::string> uuids;  // "GPU-..." (or a simulated GPU's "host-gpu-N"), lower case
+  std::shared_ptr<const Policy> policy;
+  bool Matches(int ordinal, std::string_view uuid) const;
+  std::string MatchText() const;  // "1, GPU-..." as written
 };
 
 struct Policy {
@@ -62,6 +76,13 @@ struct Policy {
   std::vector<ClientClass> classes{{"default", 1, true}};
   std::vector<ClientRule> clients;
   std::string default_class = "default";
+  // In the file's order; a GPU runs the first that names it, else this policy.
+  std::vector<GpuOverride> gpu_overrides;
+
+  // The policy the engines of this GPU run: its override's, or this one. `self` is this
+  // policy's own shared_ptr (what the caller holds).
+  const std::shared_ptr<const Policy>& ForGpu(const std::shared_ptr<const Policy>& self, int ordinal,
+                                              std::string_view uuid) const;
 
   // Every setting, one "key: value" per line, sorted: what `policy show` prints and what the
   // hash covers (so two files that say the same thing have the same hash).
@@ -94,6 +115,7 @@ using policy::ClientClass;
 using policy::ClientRule;
 using policy::DiffCanonical;
 using policy::DiffPolicies;
+using policy::GpuOverride;
 using policy::kMaxBulkStreams;
 using policy::LoadPolicyFile;
 using policy::ParsePolicy;

@@ -9,8 +9,17 @@ dir=$(mktemp -d /tmp/ferry-multigpu-XXXXXX)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
 trap cleanup EXIT
+# GPU 0 runs its own schedule (an override): its 1 MB copies go in 256 KiB chunks.
+cat >"$dir/policy.yaml" <<'YAML'
+name: node
+schedule: {kind: chunked, chunk_size: 64MiB}
+gpus:
+  - match: [0]
+    schedule: {kind: chunked, chunk_size: 256KiB}
+YAML
 cat >"$dir/ferryd.yaml" <<YAML
 runtime_dir: $dir
+policy: $dir/policy.yaml
 backend: host
 host: {gpus: 2, numa_nodes: 2}
 devices: all
@@ -22,6 +31,8 @@ pids+=($!)
 for _ in $(seq 200); do grep -q "ready" "$dir/ferryd.log" 2>/dev/null && break; sleep 0.05; done
 grep -q "ready" "$dir/ferryd.log" || { cat "$dir/ferryd.log"; echo "FAIL: ferryd did not start"; exit 1; }
 grep -q "devices: all (2 GPUs)" "$dir/ferryd.log" || { cat "$dir/ferryd.log"; echo "FAIL: ferryd does not say it serves 2 GPUs"; exit 1; }
+grep -q "policy node: host-gpu-0 (0) run its override for GPU 0: schedule.chunk_size: 64MiB -> 256KiB" "$dir/ferryd.log" ||
+  { cat "$dir/ferryd.log"; echo "FAIL: ferryd does not say GPU 0 runs its override"; exit 1; }
 url=$(grep -o 'http://[^ ]*/metrics' "$dir/ferryd.log" | head -1)
 
 # Three clients on each GPU at once: GPU 0 gets 3 x 20 round trips of 1 MB, GPU 1 3 x 30 of 300 kB.
@@ -68,4 +79,11 @@ for i in 0 1; do
   grep -q "pool part $i (NUMA node $i; host-gpu-$i): 64 MiB" "$dir/ferryd.log" || { cat "$dir/ferryd.log"; echo "FAIL: log of part $i"; exit 1; }
 done
 if command -v promtool >/dev/null; then promtool check metrics <"$dir/metrics"; fi
+# A policy whose override names no GPU here is applied, and ferryd says its override is idle.
+printf 'name: elsewhere\ngpus: [{match: 7, limits: {in_flight_bytes: 32MiB}}]\n' >"$dir/elsewhere.yaml"
+"$ferryctl" --socket "$dir/ferryd.sock" policy apply "$dir/elsewhere.yaml" >/dev/null
+"$ferryctl" --socket "$dir/ferryd.sock" policy show | grep -q "gpus.000.match: 7" || { echo "FAIL: policy show lacks the override"; exit 1; }
+for _ in $(seq 100); do grep -q "override for GPU 7 names no GPU" "$dir/ferryd.log" && break; sleep 0.05; done
+grep -q "policy elsewhere: the override for GPU 7 names no GPU this ferryd serves" "$dir/ferryd.log" ||
+  { cat "$dir/ferryd.log"; echo "FAIL: an override for no GPU here went unsaid"; exit 1; }
 echo "PASS: two simulated GPUs served at once, $want0 and $want1 bytes each way, counted apart"

@@ -100,6 +100,71 @@ TEST(Policy, ClientsAreClassedByNameAndUid) {
   EXPECT_EQ(p->ClassFor("serve-x", 1).weight, 3u);
 }
 
+TEST(Policy, GpuOverridesPutTheirEngineSettingsOverTheNodesPolicy) {
+  auto node = MustParse(
+      "schedule: {kind: chunked, chunk_size: 32MiB}\n"
+      "streams: {per_direction: 4}\n"
+      "limits: {in_flight_bytes: 256MiB, latency_max_bytes: 512KiB}\n"
+      "classes: [{name: a, weight: 2}]\n"
+      "gpus:\n"
+      "  - match: [1, GPU-ABCDEF01-0000-0000-0000-000000000000]\n"
+      "    schedule: {kind: geometric, ratio: 0.25}\n"
+      "    limits: {in_flight_bytes: 64MiB}\n"
+      "  - match: 3\n"
+      "    schedule: {kind: serial}\n");
+  ASSERT_EQ(node->gpu_overrides.size(), 2u);
+  const auto& by_ordinal = node->ForGpu(node, 1, "GPU-99");
+  const auto& by_uuid = node->ForGpu(node, 0, "gpu-abcdef01-0000-0000-0000-000000000000");  // any case
+  const auto& serial = node->ForGpu(node, 3, "");
+  EXPECT_EQ(node->ForGpu(node, 0, "GPU-99"), node);
+  EXPECT_EQ(node->ForGpu(node, 2, ""), node);
+  EXPECT_EQ(by_ordinal, by_uuid);
+  ASSERT_NE(by_ordinal, node);
+  // What the override says...
+  EXPECT_EQ(by_ordinal->schedule, daemon::Schedule::kGeometric);
+  EXPECT_EQ(by_ordinal->ratio, 0.25);
+  EXPECT_EQ(by_ordinal->in_flight_bytes, 64ull << 20);
+  // ...over what the node's policy says, which it keeps otherwise.
+  EXPECT_EQ(by_ordinal->bulk_streams, 4u);
+  EXPECT_EQ(by_ordinal->latency_max_bytes, 512ull << 10);
+  EXPECT_EQ(by_ordinal->classes.size(), 1u);
+  EXPECT_EQ(by_ordinal->classes[0].weight, 2u);
+  EXPECT_TRUE(by_ordinal->gpu_overrides.empty());
+  EXPECT_EQ(node->schedule, daemon::Schedule::kChunked);
+  EXPECT_EQ(node->in_flight_bytes, 256ull << 20);
+  // A serial override takes its own streams and copies in flight, not the node's 4 streams.
+  EXPECT_EQ(serial->schedule, daemon::Schedule::kSerial);
+  EXPECT_EQ(serial->bulk_streams, 1u);
+  EXPECT_EQ(serial->max_copies_in_flight, 1u);
+  EXPECT_EQ(serial->in_flight_bytes, 256ull << 20);
+}
+
+TEST(Policy, GpuOverridesAreInTheHashTheDiffAndTheFileWritten) {
+  const std::string base = "schedule: {kind: chunked, chunk_size: 32MiB}\n";
+  auto plain = MustParse(base);
+  auto a = MustParse(base + "gpus: [{match: [2, 0], limits: {in_flight_bytes: 64MiB}}]\n");
+  auto same = MustParse(base + "gpus:\n  - match: [2, '0']\n    limits:\n      in_flight_bytes: 67108864\n");
+  auto other = MustParse(base + "gpus: [{match: [2, 0], limits: {in_flight_bytes: 32MiB}}]\n");
+  EXPECT_NE(a->Hash(), plain->Hash());
+  EXPECT_EQ(a->Hash(), same->Hash()) << a->Canonical() << same->Canonical();
+  EXPECT_NE(a->Hash(), other->Hash());
+  EXPECT_NE(a->Canonical().find("gpus.000.limits.in_flight_bytes: 64MiB\ngpus.000.match: 2, 0\n"), std::string::npos)
+      << a->Canonical();
+  // Only what the override changes is in the canonical text, not the settings it keeps.
+  EXPECT_EQ(a->Canonical().find("gpus.000.schedule"), std::string::npos) << a->Canonical();
+  auto diff = daemon::DiffPolicies(*a, *other);
+  // (client_in_flight_bytes follows in_flight_bytes where it is not set.)
+  EXPECT_EQ(diff, (std::vector<std::string>{"gpus.000.limits.client_in_flight_bytes: 64MiB -> 32MiB",
+                                            "gpus.000.limits.in_flight_bytes: 64MiB -> 32MiB"}));
+  for (const auto& p : {a, MustParse("schedule: {kind: serial}\ngpus: [{match: GPU-1, schedule: {kind: geometric}, "
+                                     "streams: {per_direction: 3}}, {match: 7, batching: {threshold: 0}}]\n")}) {
+    const std::string yaml = p->ToYaml();
+    auto back = ParsePolicy(yaml, "back.yaml");
+    ASSERT_TRUE(back.ok()) << back.status().ToString() << "\n" << yaml;
+    EXPECT_EQ((*back)->Canonical(), p->Canonical()) << yaml;
+  }
+}
+
 struct BadPolicy {
   const char* text;
   const char* message;
@@ -133,6 +198,20 @@ INSTANTIATE_TEST_SUITE_P(
         BadPolicy{"default_class: nope\n", "default_class 'nope' is not a defined class"},
         BadPolicy{"batching: {threshold: -1}\n", "bad.yaml:1:23"},
         BadPolicy{"- just\n- a list\n", "a policy is a map of settings"},
+        BadPolicy{"gpus: {match: 1}\n", "bad.yaml:1:7: gpus is a list of overrides"},
+        BadPolicy{"gpus: [{limits: {in_flight_bytes: 1MiB}}]\n", "bad.yaml:1:8: an override needs match"},
+        BadPolicy{"gpus: [{match: [], limits: {in_flight_bytes: 1MiB}}]\n", "bad.yaml:1:16: match names no GPU"},
+        BadPolicy{"gpus: [{match: tesla, limits: {in_flight_bytes: 1MiB}}]\n",
+                  "bad.yaml:1:16: 'tesla' is neither a GPU ordinal nor a GPU UUID"},
+        BadPolicy{"gpus: [{match: 1, limits: {in_flight_bytes: 1MiB}}, {match: [2, 1], batching: {threshold: 0}}]\n",
+                  "bad.yaml:1:65: GPU 1 is named by another override too"},
+        BadPolicy{"gpus: [{match: 1}]\n", "bad.yaml:1:8: the override changes nothing"},
+        BadPolicy{"gpus: [{match: 1, classes: [{name: b}]}]\n", "bad.yaml:1:19: unknown key 'classes'"},
+        BadPolicy{"gpus: [{match: 1, limits: 5}]\n", "bad.yaml:1:27: expected a mapping"},
+        BadPolicy{"limits: {client_in_flight_bytes: 64MiB}\ngpus: [{match: 1, limits: {in_flight_bytes: 1MiB}}]\n",
+                  "client_in_flight_bytes is above in_flight_bytes (in the override for GPU 1)"},
+        BadPolicy{"gpus: [{match: 0, schedule: {kind: chunked, chunk_size: 1KiB}}]\n",
+                  "bad.yaml:1:57: size 1KiB out of range [65536, 4294967296] bytes (in the override for GPU 0)"},
         BadPolicy{"schedule: {kind: chunked\n", "bad.yaml:"}),
     [](const ::testing::TestParamInfo<BadPolicy>& info) { return "case" + std::to_string(info.index); });
 

@@ -179,6 +179,51 @@ TEST_F(SchedulerTest, EachGpuHasItsOwnInFlightWindow) {
   EXPECT_EQ(counters_.gpu[0].copies_completed.load() + counters_.gpu[1].copies_completed.load(), 2u);
 }
 
+// A GPU named by a policy's override runs the override's schedule and in-flight window; the
+// other GPU runs the node's, and a switch to a policy without the override applies to both.
+TEST_F(SchedulerTest, AGpuOverrideCutsAndLimitsThatGpusCopiesOnly) {
+  auto node = daemon::ParsePolicy(
+      "schedule: {kind: chunked, chunk_size: 4MiB}\nlimits: {in_flight_bytes: 64MiB}\n"
+      "gpus: [{match: GPU-B, schedule: {kind: chunked, chunk_size: 1MiB}, limits: {in_flight_bytes: 2MiB}}]\n",
+      "t.yaml");
+  ASSERT_TRUE(node.ok()) << node.status().ToString();
+  Start(*node, 2);
+  policy_->SetGpus({{0, "GPU-A"}, {1, "GPU-B"}});
+  scheduler_->AddSession(1, 1);
+  scheduler_->AddSession(2, 1);
+  scheduler_->SetGpu(2, 1);
+  scheduler_->Submit(Copy(1, 1, 1 * kSessionSpan, 8 * kMiB));
+  CopyRequest b = Copy(2, 2, 2 * kSessionSpan, 8 * kMiB);
+  b.gpu = 1;
+  scheduler_->Submit(b);
+  scheduler_->Dispatch();
+  // GPU 0: both 4 MiB chunks at once; GPU 1: 1 MiB chunks, two in its 2 MiB window.
+  std::vector<uint64_t> gpu0, gpu1;
+  for (const auto& sub : backend_.submitted) {
+    for (const CopyPiece& piece : sub.plan.pieces) (sub.plan.gpu == 0 ? gpu0 : gpu1).push_back(piece.length);
+  }
+  EXPECT_EQ(gpu0, (std::vector<uint64_t>{4 * kMiB, 4 * kMiB}));
+  EXPECT_EQ(gpu1, (std::vector<uint64_t>{kMiB, kMiB}));
+  for (int round = 0; round < 8 && !scheduler_->idle(); ++round) {
+    backend_.FinishAll();
+    scheduler_->PollBackend();
+    scheduler_->Dispatch();
+  }
+  EXPECT_TRUE(scheduler_->idle());
+  uint64_t gpu1_pieces = 0;
+  for (const auto& sub : backend_.submitted) gpu1_pieces += sub.plan.gpu == 1 ? sub.plan.pieces.size() : 0;
+  EXPECT_EQ(gpu1_pieces, 8u);
+  EXPECT_EQ(counters_.gpu[1].bytes_h2d.load(), 8 * kMiB);
+
+  policy_->Switch(Chunked(4 * kMiB, 64 * kMiB));
+  backend_.submitted.clear();
+  CopyRequest c = Copy(3, 2, 2 * kSessionSpan, 8 * kMiB);
+  c.gpu = 1;
+  scheduler_->Submit(c);
+  scheduler_->Dispatch();
+  EXPECT_EQ(PieceLengths(), (std::vector<uint64_t>{4 * kMiB, 4 * kMiB})) << "GPU 1 runs the new policy";
+}
+
 TEST_F(SchedulerTest, ChunkedCopiesAreCutIntoChunksAndTheRemainder) {
   Start(Chunked(kMiB));
   scheduler_->AddSession(1, 1);
