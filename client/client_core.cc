@@ -37,32 +37,25 @@ Status ClientCore::Connect(const ConnectOptions& o) {
   timeout_ms_ = static_cast<int>(o.timeout.count());
   const std::string path = o.socket_path.empty() ? DefaultSocketPath() : o.socket_path;
   // A ferryd still building its pool answers "starting": wait for it, up to the timeout.
-  const auto deadline = std::chrono::steady_clock::now() + o.timeout;
-  ReceivedMessage m;
-  wire::HelloReply r{};
-  for (;;) {
-    FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(path, timeout_ms_));
-    wire::HelloRequest h{};
-    h.client_version = wire::kVersion;
-    std::string name = o.name;
-    if (name.empty()) name = program_invocation_short_name;
-    CopyCString(h.name, name);
-    auto hello = Call(wire::MsgType::kHello, h, wire::MsgType::kHelloReply);
-    if (!hello.ok() && hello.status().code() == Code::kUnavailable) {
-      return Unavailable("ferryd at " + path + " closed the connection before answering hello: it may be at its " +
-                         "limit of connections that have not said hello yet (limits.pending_connections*) or out " +
-                         "of file descriptors (its log says why), or it is a ferryd older than protocol " +
-                         std::to_string(wire::kVersion) + " that hangs up on a client of another version");
-    }
-    FERRY_ASSIGN_OR_RETURN(m, std::move(hello));
-    r = m.As<wire::HelloReply>();
-    if ((r.status.flags & wire::kReplyStarting) != 0 && std::chrono::steady_clock::now() < deadline) {
-      sock_.reset();
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      continue;
-    }
-    break;
+  wire::HelloRequest h{};
+  h.client_version = wire::kVersion;
+  CopyCString(h.name, o.name.empty() ? std::string(program_invocation_short_name) : o.name);
+  auto greeted = HelloUntilReady(path, h, o.timeout, std::chrono::milliseconds(20));
+  if (!greeted.ok() && greeted.status().code() == Code::kUnavailable &&
+      greeted.status().message().find("is not running") == std::string::npos) {
+    return Unavailable("ferryd at " + path + " closed the connection before answering hello: it may be at its " +
+                       "limit of connections that have not said hello yet (limits.pending_connections*) or out " +
+                       "of file descriptors (its log says why), or it is a ferryd older than protocol " +
+                       std::to_string(wire::kVersion) + " that hangs up on a client of another version");
   }
+  FERRY_RETURN_IF_ERROR(greeted.status());
+  {
+    std::lock_guard<std::mutex> l(ctl_mu_);
+    sock_ = std::move(greeted->sock);
+    seq_ = 1;
+  }
+  ReceivedMessage m = std::move(greeted->reply);
+  const auto r = m.As<wire::HelloReply>();
   FERRY_RETURN_IF_ERROR(FromWire(r.status).WithContext("ferryd refused the connection"));
   if (m.fds.size() != 3)
     return ProtocolError("hello reply carries " + std::to_string(m.fds.size()) + " fds, 3 expected");

@@ -12,21 +12,18 @@
 namespace ferry::ctl {
 
 Status Control::Open(const std::string& socket, std::chrono::milliseconds wait_for_start) {
-  const auto deadline = std::chrono::steady_clock::now() + wait_for_start;
-  wire::HelloReply reply{};
-  for (;;) {
-    FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(socket.empty() ? DefaultFerrydSocket() : socket, 10000));
-    wire::HelloRequest h{};
-    h.client_version = wire::kVersion;
-    CopyCString(h.name, "ferryctl");
-    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kHello, h));
-    if (m.type() != wire::MsgType::kHelloReply) return ProtocolError("unexpected reply to hello");
-    reply = m.As<wire::HelloReply>();
-    if ((reply.status.flags & wire::kReplyStarting) == 0 || std::chrono::steady_clock::now() >= deadline) break;
-    sock_.reset();
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  wire::HelloRequest h{};
+  h.client_version = wire::kVersion;
+  CopyCString(h.name, "ferryctl");
+  // Not waiting for the start: one hello, which waits as long as any other call.
+  const bool wait = wait_for_start.count() > 0;
+  const auto timeout = wait ? wait_for_start : std::chrono::milliseconds(10000);
+  FERRY_ASSIGN_OR_RETURN(Greeting g, HelloUntilReady(socket.empty() ? DefaultFerrydSocket() : socket, h, timeout,
+                                                     wait ? std::chrono::milliseconds(50) : timeout));
+  const auto reply = g.reply.As<wire::HelloReply>();
   FERRY_RETURN_IF_ERROR(FromWire(reply.status));
+  sock_ = std::move(g.sock);
+  seq_ = 1;
   backend_ = static_cast<wire::BackendKind>(reply.backend);
   return Status::Ok();
 }

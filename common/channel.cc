@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <thread>
 #include <cerrno>
 
 namespace ferry {
@@ -106,6 +107,32 @@ Result<UniqueFd> ConnectUnix(const std::string& path, int timeout_ms) {
   int flags = ::fcntl(fd.get(), F_GETFL);
   if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) return ErrnoStatus("fcntl(O_NONBLOCK)", errno);
   return fd;
+}
+
+Result<Greeting> HelloUntilReady(const std::string& path, const wire::HelloRequest& hello,
+                                 std::chrono::milliseconds timeout, std::chrono::milliseconds retry_every) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto left_ms = [&] {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    return static_cast<int>(std::max<int64_t>(left.count(), 1));
+  };
+  for (;;) {
+    Greeting g;
+    auto sock = ConnectUnix(path, left_ms());
+    if (!sock.ok() && sock.status().code() == Code::kTimeout) {
+      return Timeout("ferryd at " + path + " did not accept the connection within " + std::to_string(timeout.count()) +
+                     " ms (its listen backlog is full)");
+    }
+    FERRY_ASSIGN_OR_RETURN(g.sock, std::move(sock));
+    FERRY_RETURN_IF_ERROR(Send(g.sock.get(), wire::MsgType::kHello, 1, hello));
+    FERRY_ASSIGN_OR_RETURN(g.reply, RecvMessage(g.sock.get(), left_ms(), Sender::kFerryd));
+    if (g.reply.type() != wire::MsgType::kHelloReply || g.reply.header.seq != 1) {
+      return ProtocolError("ferryd at " + path + " answered hello with another message");
+    }
+    const auto starting = g.reply.As<wire::HelloReply>().status.flags & wire::kReplyStarting;
+    if (starting == 0 || std::chrono::steady_clock::now() + retry_every >= deadline) return g;
+    std::this_thread::sleep_for(retry_every);
+  }
 }
 
 Result<UniqueFd> AcceptUnix(int listen_fd) {

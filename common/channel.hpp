@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -68,6 +69,19 @@ enum class Sender { kClient, kFerryd };
 // is frozen: header.version tells ferryd to answer with both versions) and a kHelloReply from
 // ferryd, whose refusal names both versions and carries what ferryd said.
 Result<ReceivedMessage> RecvMessage(int fd, int timeout_ms = -1, Sender from = Sender::kClient);
+
+// A hello answered: the connection and ferryd's kHelloReply (sent with seq 1), whose status
+// the caller reads (a refusal, or "starting" when ferryd was still starting at the deadline).
+struct Greeting {
+  UniqueFd sock;
+  ReceivedMessage reply;
+};
+// Connects and says `hello`, again on a new connection every `retry_every` while ferryd
+// answers that it is starting (wire::kReplyStarting), until `timeout` has passed since the
+// call: each connect and each wait for a reply gets what is left of it, so the whole call
+// takes at most `timeout` (and one retry's sleep).
+Result<Greeting> HelloUntilReady(const std::string& path, const wire::HelloRequest& hello,
+                                 std::chrono::milliseconds timeout, std::chrono::milliseconds retry_every);
 
 // Sets a NUL-terminated message into a fixed wire buffer.
 template <size_t N>
