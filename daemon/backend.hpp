@@ -192,20 +192,23 @@ struct HostBackendOptions {
   std::function<void()> before_worker_start = nullptr;
 };
 Result<std::unique_ptr<Backend>> CreateHostBackend(const HostBackendOptions& options);
+// A GPU ferryd will serve, located before its backend is made (no CUDA context yet): its
+// ordinal, PCI bus id ("0000:19:00.0"; empty on the host backend) and NUMA node, which its
+// pool memory is placed on.
+struct GpuLocation {
+  int ordinal = 0;
+  int numa_node = -1;
+  std::string pci_bus_id;
+};
 // NotSupported when ferry was built without the CUDA toolkit; Unavailable when no GPU answers.
 // trace_engine: log each copy group's timeline on the engines (a diagnostic; costs two timing
 // events a stream and a log line per group).
-Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, uint32_t streams_per_direction,
+// `gpu`: from LocateCudaGpus (its PCI bus id and NUMA node are not read again).
+Result<std::unique_ptr<Backend>> CreateCudaBackend(const GpuLocation& gpu, uint32_t streams_per_direction,
                                                    bool trace_engine = false);
 // The CUDA ordinals that `devices` names (empty: every GPU), each once; ordinals that are not
 // there and UUIDs no GPU has are errors naming what is. Unavailable when no GPU answers.
 Result<std::vector<int>> ResolveCudaDevices(const std::vector<std::string>& devices);
-// A GPU ferryd will serve, located before its backend is made (no CUDA context yet): its
-// ordinal and NUMA node, which its pool memory is placed on.
-struct GpuLocation {
-  int ordinal = 0;
-  int numa_node = -1;
-};
 // The cuda GPUs that `devices` names (ResolveCudaDevices) and their NUMA nodes (PCI bus id, then
 // sysfs). Makes no context.
 Result<std::vector<GpuLocation>> LocateCudaGpus(const std::vector<std::string>& devices);

@@ -73,7 +73,8 @@ class CudaEvent : public SharedEvent {
 
 class CudaBackend : public Backend {
  public:
-  CudaBackend(int device, uint32_t streams, bool trace) : device_(device), streams_per_dir_(streams), trace_(trace) {}
+  CudaBackend(GpuLocation where, uint32_t streams, bool trace)
+      : device_(where.ordinal), where_(std::move(where)), streams_per_dir_(streams), trace_(trace) {}
 
   // ferryd drives all its GPUs from the same threads: every call that enqueues, opens or
   // registers something makes this backend's device current first. Remembered per thread, so a
@@ -94,10 +95,8 @@ class CudaBackend : public Backend {
     cudaDriverGetVersion(&driver);
     cudaRuntimeGetVersion(&runtime);
     const std::string uuid = FormatGpuUuid(reinterpret_cast<const uint8_t*>(prop.uuid.bytes));
-    char bus_id[32] = {};
-    if (cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device_) != cudaSuccess) cudaGetLastError();
     info_ = DeviceInfo{"cuda", device_, prop.name, uuid, std::to_string(driver), std::to_string(runtime), "",
-                       NumaNodeOfPciDevice(bus_id), bus_id};
+                       where_.numa_node, where_.pci_bus_id};
     describe_ = std::string("cuda: ") + prop.name + " (sm_" + std::to_string(prop.major) +
                 std::to_string(prop.minor) + ", " + uuid + ", NUMA node " + std::to_string(info_.numa_node) +
                 "), " + std::to_string(prop.asyncEngineCount) +
@@ -756,6 +755,7 @@ class CudaBackend : public Backend {
   using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
   int device_;
+  GpuLocation where_;  // where LocateCudaGpus found it
   uint32_t streams_per_dir_;
   bool flag_waits_ = false;  // stream memory operations work (ProbeFlagWaits)
   WaitValue32 wait_value_ = nullptr;
@@ -843,12 +843,14 @@ Result<std::vector<GpuLocation>> LocateCudaGpus(const std::vector<std::string>& 
       cudaGetLastError();
       bus_id[0] = 0;
     }
-    out.push_back({ordinal, NumaNodeOfPciDevice(bus_id)});
+    out.push_back({ordinal, NumaNodeOfPciDevice(bus_id), bus_id});
   }
   return out;
 }
 
-Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, uint32_t streams_per_direction, bool trace_engine) {
+Result<std::unique_ptr<Backend>> CreateCudaBackend(const GpuLocation& gpu, uint32_t streams_per_direction,
+                                                   bool trace_engine) {
+  const int device = gpu.ordinal;
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
@@ -857,7 +859,7 @@ Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, uint32_t streams_
   }
   if (device >= count) return Unavailable("device " + std::to_string(device) + " asked, " + std::to_string(count) + " present");
   if (streams_per_direction == 0 || streams_per_direction > 31) return InvalidArgument("1 to 31 streams per direction");
-  auto b = std::make_unique<CudaBackend>(device, streams_per_direction, trace_engine);
+  auto b = std::make_unique<CudaBackend>(gpu, streams_per_direction, trace_engine);
   FERRY_RETURN_IF_ERROR(b->Init());
   return std::unique_ptr<Backend>(std::move(b));
 }

@@ -3,7 +3,7 @@
 
 namespace ferry::daemon {
 
-Result<std::unique_ptr<Backend>> CreateCudaBackend(int, uint32_t, bool) {
+Result<std::unique_ptr<Backend>> CreateCudaBackend(const GpuLocation&, uint32_t, bool) {
   return NotSupported("this ferryd was built without the CUDA toolkit (host backend only)");
 }
 

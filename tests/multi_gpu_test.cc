@@ -18,50 +18,6 @@ namespace {
 constexpr size_t kMiB = 1 << 20;
 
 // A ferryd on `gpus` simulated GPUs over two simulated NUMA nodes, serving `devices` of them.
-class MultiGpuDaemon {
- public:
-  explicit MultiGpuDaemon(uint32_t gpus, std::vector<std::string> devices = {}) {
-    dir_ = MakeTempDir("rt");
-    daemon::DaemonConfig c = DaemonHarness::SmallConfig();
-    c.runtime_dir = dir_;
-    c.host_gpus = gpus;
-    c.host_numa_nodes = 2;
-    c.devices = std::move(devices);
-    std::string why;
-    auto backends = daemon::CreateBackends(c, &why);
-    EXPECT_TRUE(backends.ok()) << backends.status().ToString();
-    if (!backends.ok()) return;
-    auto s = daemon::Server::Create(c, std::move(*backends),
-                                    {.policy = DaemonHarness::SmallChunks(), .policy_source = "the test"});
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
-    if (!s.ok()) return;
-    server_ = std::move(*s);
-    thread_ = std::thread([this] { run_ = server_->Run(); });
-  }
-  ~MultiGpuDaemon() {
-    if (thread_.joinable()) {
-      server_->Stop();
-      thread_.join();
-      EXPECT_TRUE(run_.ok()) << run_.ToString();
-    }
-    std::filesystem::remove_all(dir_);
-  }
-  std::string socket() const { return server_->config().SocketPath(); }
-  const daemon::ServerCounters& counters() const { return server_->counters(); }
-  Result<std::unique_ptr<Client>> Connect(int device) {
-    ConnectOptions o;
-    o.socket_path = socket();
-    o.name = "gpu" + std::to_string(device);
-    o.device = device;
-    return Client::Connect(o);
-  }
-
- private:
-  std::string dir_;
-  std::unique_ptr<daemon::Server> server_;
-  std::thread thread_;
-  Status run_;
-};
 
 // Round trips through the pool to the client's GPU and back, random data each time, the
 // destinations poisoned first, every byte checked. Returns the bytes it copied each way.
@@ -92,9 +48,10 @@ void RoundTrips(Client& c, size_t bytes, int rounds, uint32_t seed, uint64_t* co
 }
 
 TEST(MultiGpu, ClientsOfTwoGpusCopyAtOnceEachOnItsOwnGpu) {
-  MultiGpuDaemon d(2);
-  auto c0 = d.Connect(0);
-  auto c1 = d.Connect(1);
+  auto harness = DaemonHarness::SimulatedGpus(2);
+  DaemonHarness& d = *harness;
+  auto c0 = d.Connect("gpu0", 0);
+  auto c1 = d.Connect("gpu1", 1);
   ASSERT_TRUE(c0.ok()) << c0.status().ToString();
   ASSERT_TRUE(c1.ok()) << c1.status().ToString();
   EXPECT_EQ((*c0)->gpu_uuid(), "host-gpu-0");
@@ -161,20 +118,21 @@ class RawGpuSession : public RawConnection {
 // The pool has a part per NUMA node of the GPUs, half each here; a client's buffers come from
 // its GPU's part.
 TEST(MultiGpu, EachClientsBuffersComeFromItsGpusNumaNode) {
-  MultiGpuDaemon d(2);
+  auto harness = DaemonHarness::SimulatedGpus(2);
+  DaemonHarness& d = *harness;
   const auto& parts = d.counters().pool_part;
   ASSERT_EQ(d.counters().pool_parts.load(), 2u);
   EXPECT_EQ(parts[0].numa_node.load(), 0);
   EXPECT_EQ(parts[1].numa_node.load(), 1);
   EXPECT_EQ(parts[0].bytes.load() + parts[1].bytes.load(), 64u * kMiB);
   EXPECT_EQ(parts[0].bytes.load(), 32u * kMiB);
-  auto c1 = d.Connect(1);
+  auto c1 = d.Connect("gpu1", 1);
   ASSERT_TRUE(c1.ok()) << c1.status().ToString();
   auto b1 = (*c1)->AllocateHost(5 * kMiB);
   ASSERT_TRUE(b1.ok());
   EXPECT_EQ(parts[1].free_bytes.load(), 27u * kMiB);
   EXPECT_EQ(parts[0].free_bytes.load(), 32u * kMiB);
-  auto c0 = d.Connect(0);
+  auto c0 = d.Connect("gpu0", 0);
   ASSERT_TRUE(c0.ok());
   auto b0 = (*c0)->AllocateHost(3 * kMiB);
   ASSERT_TRUE(b0.ok());
@@ -190,9 +148,10 @@ TEST(MultiGpu, EachClientsBuffersComeFromItsGpusNumaNode) {
 }
 
 TEST(MultiGpu, MemoryOfAnotherGpuIsRefusedWhateverTheClientClaims) {
-  MultiGpuDaemon d(2);
+  auto harness = DaemonHarness::SimulatedGpus(2);
+  DaemonHarness& d = *harness;
   RawGpuSession s;
-  ASSERT_OK(s.Open(d.socket()));
+  ASSERT_OK(s.Open(d.socket_path()));
   auto use = s.UseGpu(0);
   ASSERT_TRUE(use.ok()) << use.status().ToString();
   ASSERT_OK(FromWire(use->status));
@@ -205,7 +164,7 @@ TEST(MultiGpu, MemoryOfAnotherGpuIsRefusedWhateverTheClientClaims) {
   // Its own GPU's memory is taken, whatever ordinal the request claims.
   ASSERT_OK(s.RegisterMemoryOf(0, 7));
   // The refusal cost the session nothing: it still copies.
-  auto c = d.Connect(1);
+  auto c = d.Connect("gpu1", 1);
   ASSERT_TRUE(c.ok());
   uint64_t copied = 0;
   RoundTrips(**c, 64 << 10, 2, 3, &copied);
@@ -213,9 +172,10 @@ TEST(MultiGpu, MemoryOfAnotherGpuIsRefusedWhateverTheClientClaims) {
 }
 
 TEST(MultiGpu, AGpuIsNamedBeforeTheSessionUsesAnything) {
-  MultiGpuDaemon d(2);
+  auto harness = DaemonHarness::SimulatedGpus(2);
+  DaemonHarness& d = *harness;
   RawGpuSession s;
-  ASSERT_OK(s.Open(d.socket()));
+  ASSERT_OK(s.Open(d.socket_path()));
   ASSERT_OK(s.Alloc());
   auto use = s.UseGpu(1);
   ASSERT_TRUE(use.ok());
@@ -271,14 +231,15 @@ TEST(MultiGpu, NamingTheGpuAgainDoesNotEscapeTheSessionQuota) {
 }
 
 TEST(MultiGpu, OnlyTheConfiguredGpusAreServed) {
-  MultiGpuDaemon d(3, {"2", "0"});
-  auto c1 = d.Connect(1);
+  auto harness = DaemonHarness::SimulatedGpus(3, 2, {"2", "0"});
+  DaemonHarness& d = *harness;
+  auto c1 = d.Connect("gpu1", 1);
   ASSERT_FALSE(c1.ok());
   EXPECT_EQ(c1.status().code(), Code::kNotFound);
   EXPECT_NE(c1.status().message().find("host-gpu-1 is not one this ferryd serves"), std::string::npos)
       << c1.status().ToString();
   EXPECT_NE(c1.status().message().find("host-gpu-2, host-gpu-0"), std::string::npos) << c1.status().ToString();
-  auto c2 = d.Connect(2);
+  auto c2 = d.Connect("gpu2", 2);
   ASSERT_TRUE(c2.ok()) << c2.status().ToString();
   EXPECT_EQ((*c2)->gpu_uuid(), "host-gpu-2");
   uint64_t copied = 0;

@@ -120,19 +120,32 @@ class DaemonHarness {
                          std::unique_ptr<daemon::Backend> backend = nullptr,
                          std::shared_ptr<const daemon::Policy> policy = SmallChunks(),
                          daemon::ServerObserver* observer = nullptr) {
-    dir_ = MakeTempDir("rt");
-    config.runtime_dir = dir_;
     if (!backend) {
       auto b = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
       EXPECT_TRUE(b.ok()) << b.status().ToString();
       backend = std::move(*b);
     }
-    backend_ = backend.get();
-    auto s = daemon::Server::Create(config, std::move(backend), {.policy = std::move(policy), .policy_source = "the test", .observer = observer});
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
-    if (!s.ok()) return;
-    server_ = std::move(*s);
-    thread_ = std::thread([this] { run_status_ = server_->Run(); });
+    std::vector<std::unique_ptr<daemon::Backend>> gpus;
+    gpus.push_back(std::move(backend));
+    Start(std::move(config), std::move(gpus), std::move(policy), observer);
+  }
+  // A ferryd of `gpus` simulated GPUs over `numa_nodes` simulated NUMA nodes (host backend),
+  // serving those `devices` names (empty: all).
+  static std::unique_ptr<DaemonHarness> SimulatedGpus(uint32_t gpus, uint32_t numa_nodes = 2,
+                                                      std::vector<std::string> devices = {}) {
+    daemon::DaemonConfig c = SmallConfig();
+    c.host_gpus = gpus;
+    c.host_numa_nodes = numa_nodes;
+    c.devices = std::move(devices);
+    std::string why;
+    auto backends = daemon::CreateBackends(c, &why);
+    EXPECT_TRUE(backends.ok()) << backends.status().ToString();
+    return std::make_unique<DaemonHarness>(std::move(c), backends.ok() ? std::move(*backends) : std::vector<std::unique_ptr<daemon::Backend>>{});
+  }
+  // A backend per GPU (daemon::CreateBackends).
+  DaemonHarness(daemon::DaemonConfig config, std::vector<std::unique_ptr<daemon::Backend>> gpus,
+                std::shared_ptr<const daemon::Policy> policy = SmallChunks()) {
+    Start(std::move(config), std::move(gpus), std::move(policy), nullptr);
   }
   ~DaemonHarness() { Stop(); }
 
@@ -171,10 +184,12 @@ class DaemonHarness {
   daemon::Backend& backend() { return *backend_; }
   const daemon::ServerCounters& counters() const { return server_->counters(); }
 
-  Result<std::unique_ptr<Client>> Connect(const std::string& name = "test") {
+  // device: the client's GPU (a simulated one's ordinal); -1: the default.
+  Result<std::unique_ptr<Client>> Connect(const std::string& name = "test", int device = -1) {
     ConnectOptions o;
     o.socket_path = socket_path();
     o.name = name;
+    o.device = device;
     return Client::Connect(o);
   }
 
@@ -189,6 +204,19 @@ class DaemonHarness {
   }
 
  private:
+  void Start(daemon::DaemonConfig config, std::vector<std::unique_ptr<daemon::Backend>> gpus,
+             std::shared_ptr<const daemon::Policy> policy, daemon::ServerObserver* observer) {
+    dir_ = MakeTempDir("rt");
+    config.runtime_dir = dir_;
+    backend_ = gpus.empty() ? nullptr : gpus.front().get();
+    auto s = daemon::Server::Create(config, std::move(gpus),
+                                    {.policy = std::move(policy), .policy_source = "the test", .observer = observer});
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) return;
+    server_ = std::move(*s);
+    thread_ = std::thread([this] { run_status_ = server_->Run(); });
+  }
+
   std::string dir_;
   std::unique_ptr<daemon::Server> server_;
   daemon::Backend* backend_ = nullptr;
