@@ -192,6 +192,9 @@ struct HostBackendOptions {
   std::function<void()> before_worker_start = nullptr;
 };
 Result<std::unique_ptr<Backend>> CreateHostBackend(const HostBackendOptions& options);
+// The cuBLAS library this node's clients load ("13.0.2.14"; "unknown" when none is found,
+// "none" without the CUDA toolkit). Loads it for the asking: slow, and never on the start's path.
+std::string CublasVersion();
 // A GPU ferryd will serve, located before its backend is made (no CUDA context yet): its
 // ordinal, PCI bus id ("0000:19:00.0"; empty on the host backend) and NUMA node, which its
 // pool memory is placed on.

@@ -214,27 +214,7 @@ class CudaBackend : public Backend {
 
   wire::BackendKind kind() const override { return wire::BackendKind::kCuda; }
   std::string Describe() const override { return describe_; }
-  DeviceInfo device_info() const override {
-    DeviceInfo d = info_;
-    d.cublas = CublasVersion();
-    return d;
-  }
-
-  // The cuBLAS this node's clients get: looked up only when asked (snapshots), because loading
-  // the library costs ferryd seconds at start and memory it does not otherwise need.
-  static std::string CublasVersion() {
-    for (const char* name : {"libcublas.so", "libcublas.so.13", "libcublas.so.12"}) {
-      void* h = ::dlopen(name, RTLD_LAZY | RTLD_LOCAL);
-      if (h == nullptr) continue;
-      using GetProperty = int (*)(int, int*);
-      auto get = reinterpret_cast<GetProperty>(::dlsym(h, "cublasGetProperty"));
-      int v[3] = {0, 0, 0};
-      const bool ok = get != nullptr && get(0, &v[0]) == 0 && get(1, &v[1]) == 0 && get(2, &v[2]) == 0;
-      ::dlclose(h);
-      if (ok) return std::to_string(v[0]) + "." + std::to_string(v[1]) + "." + std::to_string(v[2]);
-    }
-    return "unknown";
-  }
+  DeviceInfo device_info() const override { return info_; }
   int device_ordinal() const override { return device_; }
   uint32_t streams_per_direction() const override { return streams_per_dir_; }
 
@@ -832,6 +812,22 @@ Result<std::vector<int>> ResolveCudaDevices(const std::vector<std::string>& devi
     out.push_back(ordinal);
   }
   return out;
+}
+
+// Loading cuBLAS (and cuBLASLt) costs a fraction of a second and memory ferryd does not otherwise
+// need: only the snapshot writer asks, on its own thread.
+std::string CublasVersion() {
+  for (const char* name : {"libcublas.so", "libcublas.so.13", "libcublas.so.12"}) {
+    void* h = ::dlopen(name, RTLD_LAZY | RTLD_LOCAL);
+    if (h == nullptr) continue;
+    using GetProperty = int (*)(int, int*);
+    auto get = reinterpret_cast<GetProperty>(::dlsym(h, "cublasGetProperty"));
+    int v[3] = {0, 0, 0};
+    const bool ok = get != nullptr && get(0, &v[0]) == 0 && get(1, &v[1]) == 0 && get(2, &v[2]) == 0;
+    ::dlclose(h);
+    if (ok) return std::to_string(v[0]) + "." + std::to_string(v[1]) + "." + std::to_string(v[2]);
+  }
+  return "unknown";
 }
 
 Result<std::vector<GpuLocation>> LocateCudaGpus(const std::vector<std::string>& devices) {

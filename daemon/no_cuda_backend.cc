@@ -3,6 +3,8 @@
 
 namespace ferry::daemon {
 
+std::string CublasVersion() { return "none"; }
+
 Result<std::unique_ptr<Backend>> CreateCudaBackend(const GpuLocation&, uint32_t, bool) {
   return NotSupported("this ferryd was built without the CUDA toolkit (host backend only)");
 }

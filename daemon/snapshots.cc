@@ -166,6 +166,11 @@ Status SnapshotWriter::Continue() {
 
 void SnapshotWriter::Start() {
   thread_ = std::thread([this] {
+    if (opt_.cublas_version) {
+      std::string cublas = opt_.cublas_version();
+      std::lock_guard<std::mutex> l(mu_);
+      opt_.device.cublas = std::move(cublas);
+    }
     std::unique_lock<std::mutex> l(mu_);
     while (!stop_) {
       if (cv_.wait_for(l, opt_.interval, [this] { return stop_; })) break;

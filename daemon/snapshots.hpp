@@ -29,6 +29,9 @@ struct SnapshotOptions {
   std::string host_id;  // empty: /etc/machine-id
   std::string version;
   DeviceInfo device;
+  // Fills device.cublas, on the writer's thread (loading cuBLAS to ask takes a fraction of a
+  // second, kept off ferryd's start); null: device.cublas as given.
+  std::function<std::string()> cublas_version;
   // Told (on the writer's thread) about each record written, and each one not written with a
   // bounded reason ("key_permissions", "write"); the metrics exporter listens.
   std::function<void(uint64_t seq, const std::string& record_id, const std::string& chain)> on_written;
