@@ -26,8 +26,8 @@ void Mapping::reset() {
   len_ = 0;
 }
 
-Result<UniqueFd> CreateSealedMemfd(const std::string& name, size_t size) {
-  UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+Result<UniqueFd> CreateSealedMemfd(const std::string& name, size_t size, unsigned int flags) {
+  UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING | flags));
   if (!fd.valid()) return ErrnoStatus("memfd_create(" + name + ")", errno);
   // memfds are created 0777 & ~umask; make the mode explicit anyway (it matters for
   // /proc/<pid>/fd re-opens, which also need ptrace rights over us).

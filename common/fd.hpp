@@ -66,7 +66,7 @@ class Mapping {
 // whatever happens to the process, and it is reachable only by whoever is handed the fd.
 // Sealed against shrinking and growing, so a peer holding the fd cannot truncate it under us
 // (which would turn our next access into SIGBUS).
-Result<UniqueFd> CreateSealedMemfd(const std::string& name, size_t size);
+Result<UniqueFd> CreateSealedMemfd(const std::string& name, size_t size, unsigned int flags = 0);  // flags: MFD_HUGETLB
 // Checks that a peer's fd is a memfd sealed against shrinking and at least min_size long.
 Status CheckSealedMemfd(int fd, size_t min_size);
 Result<Mapping> MapShared(int fd, size_t size, size_t offset = 0);

@@ -60,7 +60,13 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
     if (auto n = h["numa_nodes"]) { FERRY_ASSIGN_OR_RETURN(c.host_numa_nodes, GetInt(file, n, 1, 8)); }
   }
   if (auto pool = root["pool"]) {
-    FERRY_RETURN_IF_ERROR(CheckKeys(file, pool, {"size", "slab", "register"}));
+    FERRY_RETURN_IF_ERROR(CheckKeys(file, pool, {"size", "slab", "register", "huge_pages"}));
+    if (auto n = pool["huge_pages"]) {
+      FERRY_ASSIGN_OR_RETURN(std::string v, GetString(file, n));
+      auto pages = ParsePoolPages(v);
+      if (!pages.ok()) return ErrorAt(file, n, pages.status().message());
+      c.pool_pages = *pages;
+    }
     if (auto n = pool["register"]) {
       FERRY_ASSIGN_OR_RETURN(std::string r, GetString(file, n));
       auto mode = ParsePoolRegistration(r);
@@ -203,6 +209,14 @@ Result<PoolRegistration> ParsePoolRegistration(std::string_view text) {
   if (text == "per_slab") return PoolRegistration::kPerSlab;
   return InvalidArgument("pool.register '" + std::string(text) + "' unknown (expected auto, whole or per_slab)");
 }
+
+Result<PoolPages> ParsePoolPages(std::string_view text) {
+  if (text == "transparent") return PoolPages::kTransparent;
+  if (text == "hugetlb") return PoolPages::kHugetlb;
+  return InvalidArgument("pool.huge_pages '" + std::string(text) + "' unknown (expected transparent or hugetlb)");
+}
+
+std::string_view PoolPagesName(PoolPages pages) { return pages == PoolPages::kHugetlb ? "hugetlb" : "transparent"; }
 
 bool RegistersSlabBySlab(const DaemonConfig& c) {
   switch (c.pool_registration) {

@@ -19,6 +19,11 @@ enum class BackendChoice { kAuto, kCuda, kHost };
 // reclaimed slabs are zeroed in place: right when one trust domain uses ferryd. auto: slab by
 // slab when allowed_group lets other users in, whole otherwise.
 enum class PoolRegistration { kAuto, kWhole, kPerSlab };
+// Where the pool's huge pages come from (config key pool.huge_pages): transparent huge pages for
+// shared memory, granted when /sys/kernel/mm/transparent_hugepage/shmem_enabled allows
+// (advise, within_size, always), else 4 KiB pages; or hugetlb: the kernel's reserved huge pages
+// (vm.nr_hugepages), every page huge or the start fails saying how many are missing.
+enum class PoolPages { kTransparent, kHugetlb };
 
 // What one client, and one user, may take of ferryd (config key `limits`). Every limit refuses
 // the request that would pass it with a clear error; none evicts a well-behaved client.
@@ -48,6 +53,7 @@ struct DaemonConfig {
   uint64_t pool_bytes = 1ull << 30;
   uint64_t slab_bytes = 8ull << 20;
   PoolRegistration pool_registration = PoolRegistration::kAuto;
+  PoolPages pool_pages = PoolPages::kTransparent;
   uint64_t session_quota_bytes = 0;  // 0: the whole pool
   uint32_t max_sessions = 64;
   Limits limits;
@@ -76,6 +82,8 @@ std::string_view BackendChoiceName(BackendChoice b);
 // "auto", "cuda" or "host".
 Result<BackendChoice> ParseBackendChoice(std::string_view text);
 Result<PoolRegistration> ParsePoolRegistration(std::string_view text);
+Result<PoolPages> ParsePoolPages(std::string_view text);  // "transparent" | "hugetlb"
+std::string_view PoolPagesName(PoolPages pages);
 // "all" (or "") or a comma-separated list of ordinals and UUIDs, as --devices takes it.
 Result<std::vector<std::string>> ParseDeviceList(std::string_view text);
 // "all", or the list as written.

@@ -55,6 +55,7 @@ options:
   --pool-size SIZE     override pool.size, e.g. 256MiB
   --slab-size SIZE     override pool.slab, e.g. 8MiB
   --pool-register MODE override pool.register: auto, whole or per_slab (how the GPU pins the pool)
+  --pool-huge-pages K  override pool.huge_pages: transparent or hugetlb (the kernel's reserved pages)
   --policy FILE        override policy: the scheduling policy (policies/*.yaml)
   --metrics-address A  override metrics.address: host:port for /metrics (port 0: any free
                        port, logged); "" turns the exporter off
@@ -75,7 +76,7 @@ options:
 int main(int argc, char** argv) {
   using namespace ferry;
   std::string config_path;
-  std::string runtime_dir, backend, pool_size, slab_size, policy, pool_register, handoff;
+  std::string runtime_dir, backend, pool_size, slab_size, policy, pool_register, pool_pages, handoff;
   std::optional<std::string> devices;
   std::optional<std::string> metrics_address;
   bool check_only = false, trace_engine = false;
@@ -108,6 +109,7 @@ int main(int argc, char** argv) {
     else if (a.Is("--pool-size")) ok = value(pool_size);
     else if (a.Is("--slab-size")) ok = value(slab_size);
     else if (a.Is("--pool-register")) ok = value(pool_register);
+    else if (a.Is("--pool-huge-pages")) ok = value(pool_pages);
     else if (a.Is("--handoff")) ok = value(handoff);
     else if (a.Is("--metrics-address")) {
       ok = value(address);
@@ -155,6 +157,14 @@ int main(int argc, char** argv) {
     if (handoff != "gpu" && handoff != "host") return usage_error("--handoff takes gpu or host (not '" + handoff + "')");
     config.handoff_on_gpu = handoff == "gpu";
   }
+  if (!pool_pages.empty()) {
+    auto pages = daemon::ParsePoolPages(pool_pages);
+    if (!pages.ok()) {
+      std::fprintf(stderr, "ferryd: --pool-huge-pages: %s\n", pages.status().message().c_str());
+      return 2;
+    }
+    config.pool_pages = *pages;
+  }
   if (!pool_register.empty()) {
     auto mode = daemon::ParsePoolRegistration(pool_register);
     if (!mode.ok()) {
@@ -180,10 +190,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (check_only) {
-    std::printf("socket %s\nbackend %s\ndevices %s\npool %llu bytes in slabs of %llu\nring_entries %u\npolicy %s (%s)\n",
+    std::printf("socket %s\nbackend %s\ndevices %s\npool %llu bytes in slabs of %llu (huge pages: %s)\nring_entries %u\npolicy %s (%s)\n",
                 config.SocketPath().c_str(), std::string(daemon::BackendChoiceName(config.backend)).c_str(),
                 daemon::DeviceListText(config.devices).c_str(), static_cast<unsigned long long>(config.pool_bytes), static_cast<unsigned long long>(config.slab_bytes),
-                config.ring_entries, config.policy_path.empty() ? "built-in default" : config.policy_path.c_str(),
+                std::string(daemon::PoolPagesName(config.pool_pages)).c_str(), config.ring_entries, config.policy_path.empty() ? "built-in default" : config.policy_path.c_str(),
                 checked->policy->Hash().c_str());
     if (config.spin_max_us == 0) {
       std::printf("polls %u us after its last activity, then sleeps\n", config.spin_us);

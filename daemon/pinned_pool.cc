@@ -175,7 +175,7 @@ enum class Binding : uint8_t { kNoNode, kNotOnline, kTooLarge, kRefused, kBound 
 
 // Fills `fds` with sealed memfds of slab_bytes, a share of them per thread (up to one per usable
 // CPU, at least 256 slabs each); the first error, if any.
-Status MakeSlabs(std::vector<UniqueFd>& fds, uint64_t slab_bytes) {
+Status MakeSlabs(std::vector<UniqueFd>& fds, uint64_t slab_bytes, bool hugetlb) {
   constexpr size_t kMinShare = 256;
   const size_t n = fds.size();
   const size_t threads = std::clamp<size_t>(n / kMinShare, 1, UsableCpus());
@@ -183,7 +183,7 @@ Status MakeSlabs(std::vector<UniqueFd>& fds, uint64_t slab_bytes) {
   std::vector<Status> status(threads);
   auto make = [&](size_t t) {
     for (size_t i = t * share; i < std::min(n, (t + 1) * share); ++i) {
-      auto fd = CreateSealedMemfd("ferry-pool-slab-" + std::to_string(i), slab_bytes);
+      auto fd = CreateSealedMemfd("ferry-pool-slab-" + std::to_string(i), slab_bytes, hugetlb ? MFD_HUGETLB : 0);
       if (!fd.ok()) {
         status[t] = fd.status();
         return;
@@ -294,7 +294,7 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(uint64_t pool_bytes, uint
 Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(std::vector<PoolPartSpec> specs, uint64_t slab_bytes,
                                                        SlabReclaimHooks hooks, const FaultProgress& progress,
                                                        const FaultStop& stop,
-                                                       const std::function<Status()>& before_fault_in) {
+                                                       const std::function<Status()>& before_fault_in, bool hugetlb) {
   if (slab_bytes == 0 || slab_bytes % static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) != 0) {
     return InvalidArgument("slab size must be a positive multiple of the page size");
   }
@@ -314,12 +314,31 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(std::vector<PoolPartSpec>
     slabs += count;
   }
   if (slabs > UINT64_MAX / slab_bytes) return InvalidArgument("pool larger than the address space");
+  if (hugetlb) {
+    const uint64_t page = HugetlbPageBytes();
+    if (page == 0) return NotSupported("pool.huge_pages is hugetlb, but this kernel has no hugetlb pages");
+    if (slab_bytes % page != 0) {
+      return InvalidArgument("pool.huge_pages is hugetlb: pool.slab (" + std::to_string(slab_bytes >> 10) +
+                             " KiB) must be a multiple of the huge page size (" + std::to_string(page >> 10) + " KiB)");
+    }
+    uint64_t all = 0;
+    for (const PoolPart& p : parts) all += p.bytes;
+    FERRY_RETURN_IF_ERROR(CheckHugetlbPages(all));
+    // A part bound to a node faults its pages in there: a node short of free huge pages would
+    // end the build with SIGBUS, so each is checked first.
+    const std::vector<int> online = OnlineNumaNodes();
+    for (const PoolPart& p : parts) {
+      if (p.numa_node >= 0 && std::find(online.begin(), online.end(), p.numa_node) != online.end()) {
+        FERRY_RETURN_IF_ERROR(CheckHugetlbPages(p.bytes, p.numa_node));
+      }
+    }
+  }
   const uint64_t pool_bytes = slabs * slab_bytes;
   const size_t n = slabs;
   const uint64_t t0 = MonotonicNanos();
   // The slabs' memfds are made by several threads (43 us a slab, 6144 slabs for 48 GiB).
   std::vector<UniqueFd> fds(n);
-  FERRY_RETURN_IF_ERROR(MakeSlabs(fds, slab_bytes));
+  FERRY_RETURN_IF_ERROR(MakeSlabs(fds, slab_bytes, hugetlb));
   std::vector<int> raw;
   raw.reserve(n);
   for (const UniqueFd& fd : fds) raw.push_back(fd.get());
@@ -327,7 +346,7 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(std::vector<PoolPartSpec>
   // Ask for huge pages before the first touch: the copy engines then walk 2 MiB pages instead
   // of 4 KiB ones. The kernel grants them to shared memory only when
   // /sys/kernel/mm/transparent_hugepage/shmem_enabled allows it (advise, within_size, always).
-  ::madvise(m.data(), pool_bytes, MADV_HUGEPAGE);
+  if (!hugetlb) ::madvise(m.data(), pool_bytes, MADV_HUGEPAGE);
   std::vector<Binding> binding;
   const std::vector<FaultRange> ranges = BindParts(parts, m.data(), slab_bytes, &binding);
   const uint64_t t1 = MonotonicNanos();
@@ -340,6 +359,7 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(std::vector<PoolPartSpec>
   DescribePlacement(parts, m.data(), slab_bytes, ranges, binding);
   auto pool = std::unique_ptr<PinnedPool>(new PinnedPool(std::move(fds), std::move(m), slab_bytes, std::move(hooks)));
   pool->fault_threads_ = 0;
+  pool->hugetlb_ = hugetlb;
   for (PoolPart& p : parts) {
     pool->fault_threads_ += p.fault_threads;
     const uint32_t free_slabs = p.slab_count;
@@ -355,6 +375,45 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(std::vector<PoolPartSpec>
   return pool;
 }
 
+uint64_t HugetlbPageBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);) {
+    unsigned long long kib = 0;
+    if (std::sscanf(line.c_str(), "Hugepagesize: %llu kB", &kib) == 1) return kib << 10;
+  }
+  return 0;
+}
+
+uint64_t FreeHugetlbPages(int node) {
+  const uint64_t page = HugetlbPageBytes();
+  if (page == 0) return 0;
+  const std::string path = node < 0 ? "/proc/meminfo"
+                                    : "/sys/devices/system/node/node" + std::to_string(node) + "/hugepages/hugepages-" +
+                                          std::to_string(page >> 10) + "kB/free_hugepages";
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    unsigned long long n = 0;
+    if (node >= 0 && std::sscanf(line.c_str(), "%llu", &n) == 1) return n;
+    if (node < 0 && std::sscanf(line.c_str(), "HugePages_Free: %llu", &n) == 1) return n;
+  }
+  return 0;
+}
+
+Status CheckHugetlbPages(uint64_t bytes, int node) {
+  const uint64_t page = HugetlbPageBytes();
+  if (page == 0) return NotSupported("this kernel has no hugetlb pages");
+  const uint64_t need = (bytes + page - 1) / page, free = FreeHugetlbPages(node);
+  if (free >= need) return Status::Ok();
+  const std::string where = node < 0 ? "" : " on NUMA node " + std::to_string(node);
+  return ResourceExhausted(
+      "the pool needs " + std::to_string(need) + " hugetlb pages of " + std::to_string(page >> 10) + " KiB" + where +
+      ", and " + std::to_string(free) + " are free (" +
+      (node < 0 ? std::string("HugePages_Free in /proc/meminfo")
+                : "/sys/devices/system/node/node" + std::to_string(node) + "/hugepages") +
+      "): reserve more (sysctl vm.nr_hugepages, or hugepages= on the kernel's command line), or use pool.huge_pages: "
+      "transparent");
+}
+
 uint64_t MappedHugePageBytes(const std::byte* base, uint64_t size) {
   std::ifstream smaps("/proc/self/smaps");
   const auto lo = reinterpret_cast<uintptr_t>(base), hi = lo + size;
@@ -367,7 +426,12 @@ uint64_t MappedHugePageBytes(const std::byte* base, uint64_t size) {
       continue;
     }
     unsigned long long v = 0;
-    if (inside && std::sscanf(line.c_str(), "ShmemPmdMapped: %llu kB", &v) == 1) kib += v;
+    // hugetlb pages mapped once count as private whatever the mapping's kind.
+    if (inside && (std::sscanf(line.c_str(), "ShmemPmdMapped: %llu kB", &v) == 1 ||
+                   std::sscanf(line.c_str(), "Shared_Hugetlb: %llu kB", &v) == 1 ||
+                   std::sscanf(line.c_str(), "Private_Hugetlb: %llu kB", &v) == 1)) {
+      kib += v;
+    }
   }
   return kib << 10;
 }

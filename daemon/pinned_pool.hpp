@@ -68,7 +68,16 @@ std::vector<unsigned> FaultInParallel(const std::vector<FaultRange>& ranges, uin
 unsigned FaultInParallel(std::byte* p, uint64_t n, uint64_t min_share, const FaultProgress& progress = {},
                          std::chrono::milliseconds interval = std::chrono::seconds(1));
 
-// Bytes of [base, base + size) that this process maps with huge (PMD) pages, from /proc/self/smaps.
+// The kernel's reserved huge pages (hugetlb): their size (Hugepagesize in /proc/meminfo; 0 when
+// the kernel has none), and how many are free, on the whole machine (node -1) or on one NUMA node.
+uint64_t HugetlbPageBytes();
+uint64_t FreeHugetlbPages(int node = -1);
+// Whether `bytes` of hugetlb pages can be had (on `node`, or anywhere for -1): OK, or
+// ResourceExhausted saying how many are free and how to reserve more.
+Status CheckHugetlbPages(uint64_t bytes, int node = -1);
+
+// Bytes of [base, base + size) that this process maps with huge (PMD) pages, from /proc/self/smaps
+// (transparent huge pages and hugetlb pages both).
 uint64_t MappedHugePageBytes(const std::byte* base, uint64_t size);
 // The kernel's transparent huge page setting for shared memory ("never", "advise", ...).
 std::string ShmemHugePageSetting();
@@ -145,10 +154,15 @@ class PinnedPool {
   // before_fault_in runs once the slabs are made and mapped, before any page is faulted in: the
   // caller finishes there what must not run alongside the fault-in (a CUDA context being made
   // stalls it: both work on the process's memory map); its error ends the build.
+  // hugetlb: the slabs are memfds of the kernel's reserved huge pages (MFD_HUGETLB; slab_bytes
+  // a multiple of their size), each part's checked against its node's free ones first; else
+  // shared memory that asks for transparent huge pages (MADV_HUGEPAGE).
   static Result<std::unique_ptr<PinnedPool>> Create(std::vector<PoolPartSpec> parts, uint64_t slab_bytes,
                                                     SlabReclaimHooks hooks = {}, const FaultProgress& progress = {},
                                                     const FaultStop& stop = {},
-                                                    const std::function<Status()>& before_fault_in = {});
+                                                    const std::function<Status()>& before_fault_in = {},
+                                                    bool hugetlb = false);
+  bool hugetlb() const { return hugetlb_; }
   // One part of no node, of exactly pool_bytes (a multiple of slab_bytes).
   static Result<std::unique_ptr<PinnedPool>> Create(uint64_t pool_bytes, uint64_t slab_bytes,
                                                     SlabReclaimHooks hooks = {}, const FaultProgress& progress = {});
@@ -221,6 +235,7 @@ class PinnedPool {
 
   PoolBuildTimes build_times_;
   unsigned fault_threads_ = 1;
+  bool hugetlb_ = false;
   std::vector<UniqueFd> slab_fds_;  // the descriptions memfd_create() returned: never sent
   Mapping mapping_;
   uint64_t slab_bytes_;

@@ -155,7 +155,7 @@ class Server::Impl {
     // Told to stop, the build stops at once: a pool may take minutes to build.
     const FaultStop stop_build = [this] { return stop_requested_ && stop_requested_(); };
     auto built = PinnedPool::Create(PoolParts(), config_.slab_bytes, std::move(hooks), building, stop_build,
-                                    backends_made);
+                                    backends_made, config_.pool_pages == PoolPages::kHugetlb);
     if (!built.ok() && built.status().code() == Code::kAborted) return Aborted("ferryd was stopped while it started");
     FERRY_RETURN_IF_ERROR(built.status());
     pool_ = std::move(*built);
@@ -195,7 +195,10 @@ class Server::Impl {
         const uint64_t huge = pool_->huge_page_bytes();
         counters_.pool_huge_page_bytes = huge;
         FERRY_LOG(kInfo) << "pool: " << (huge >> 20) << " of " << (pool_->size() >> 20)
-                         << " MiB on huge pages (transparent_hugepage/shmem_enabled: " << ShmemHugePageSetting() << ")";
+                         << " MiB on huge pages ("
+                         << (pool_->hugetlb() ? std::string("hugetlb, pool.huge_pages: hugetlb")
+                                              : "transparent_hugepage/shmem_enabled: " + ShmemHugePageSetting())
+                         << ")";
       });
     } catch (const std::system_error&) {
       counters_.pool_huge_page_bytes = pool_->huge_page_bytes();
