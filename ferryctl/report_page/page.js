@@ -65,7 +65,7 @@
     $('record-id').textContent = entries.length + ' records';
     $('issued-at').textContent = entries.length ? (entries[0].record || {}).issued_at + ' to ' + (entries[entries.length - 1].record || {}).issued_at : '-';
     $('record-kind').textContent = 'snapshot chain';
-    $('record-file').textContent = entries.length ? entries[0].file.replace(/[^/]*$/, '') : '-';
+    $('record-file').textContent = entries.length ? entries[0].file + ' .. ' + entries[entries.length - 1].file : '-';
     const problems = R.el('ul', { id: 'chain-problems' }, chain.problems.map((p) => R.el('li', { class: 'fail' }, (p.file ? p.file + ': ' : '') + p.text)));
     const notes = R.el('ul', { id: 'chain-notes' }, chain.notes.map((n) => R.el('li', {}, n)));
     const rows = entries.map((e) => {

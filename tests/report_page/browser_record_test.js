@@ -58,6 +58,18 @@ function expect(what, cond, got) {
     v.sig = l.join('\n');
   });
 
+  // The page holds the record and its signature byte for byte, loads nothing, and lets only its
+  // own script and style run.
+  const html = fs.readFileSync(out('genuine'), 'utf8');
+  const data = JSON.parse(/<script type="application\/json" id="ferry-data">(.*?)<\/script>/s.exec(html)[1]);
+  expect('the record embedded exactly', Buffer.from(data.records[0].data_b64, 'base64').equals(fs.readFileSync(record)), null);
+  expect('the signature embedded exactly', Buffer.from(data.records[0].sig_b64, 'base64').equals(fs.readFileSync(record + '.minisig')), null);
+  expect('the key embedded exactly', Buffer.from(data.pub_b64, 'base64').equals(fs.readFileSync(pub)), null);
+  const csp = /<meta http-equiv="Content-Security-Policy" content="([^"]*)">/.exec(html);
+  expect('a Content-Security-Policy that fetches nothing', csp && /default-src 'none'/.test(csp[1]) && /connect-src 'none'/.test(csp[1]) &&
+    /script-src 'sha256-[A-Za-z0-9+/=]+'/.test(csp[1]) && !/unsafe/.test(csp[1]), csp && csp[1]);
+  expect('no external resource in the markup', !/\s(src|href)\s*=/i.test(html) && !/<link\b/i.test(html) && !/@import|url\(/i.test(html), null);
+
   const browser = await launch(chromium);
   const t0 = Date.now();
   try {
