@@ -42,6 +42,29 @@ echo "minisign -V: all $n verified"
 "$ctl" verify --pub "$dir/ferry.pub" "$dir/snaps" >"$dir/ok.txt" || { cat "$dir/ok.txt"; fail "ferryctl verify rejects the untouched chain"; }
 tail -1 "$dir/ok.txt"
 grep -q '"copies": [1-9]' "$dir"/snaps/snapshot-*.json || fail "no snapshot counted the copies"
+# Each names its environment as the reports do (common/environment): no GPU values on the host
+# backend, each with its reason, and a stable host id that is a hash, not /etc/machine-id.
+python3 - "$dir"/snaps/snapshot-*.json <<'PY' || fail "the snapshots' environment block"
+import json, sys
+ids = set()
+for f in sys.argv[1:]:
+    r = json.load(open(f))
+    assert r["format"] == "ferry-snapshot/3", r["format"]
+    env = r["environment"]
+    for k in ("driver", "driver_cuda", "cuda_runtime", "cublas"):
+        assert env[k] == "none" and "host backend" in env[k + "_reason"], (f, k, env)
+    assert env["chip"] == "host" and env["gpu_uuid"] == "host-gpu-0", env
+    try:
+        machine_id = open("/etc/machine-id").read().strip()
+    except OSError:
+        machine_id = ""
+    if machine_id:
+        assert len(env["host_id"]) == 32 and env["host_id"] not in machine_id, env
+    else:
+        assert env["host_id"] == "unknown" and env["host_id_reason"], env
+    ids.add(env["host_id"])
+assert len(ids) == 1, ids
+PY
 
 # Each tampering must fail, with the reason, in ferryctl verify (and in minisign where it applies).
 expect_fail() {  # what, expected-reason, ferryctl-args...
