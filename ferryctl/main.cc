@@ -254,8 +254,10 @@ int main(int argc, char** argv) {
   if (cmd == "tune") return ctl::RunBench("tune", rest, socket);
   if (cmd == "keygen") return Keygen(rest);
   if (cmd == "verify") return ctl::Verify(rest);
-  if (cmd == "report" && !rest.empty() && rest[0] == "html") {
-    return ctl::ReportHtml(std::vector<std::string>(rest.begin() + 1, rest.end()));
+  if (cmd == "report") {
+    if (!rest.empty() && rest[0] == "html") return ctl::ReportHtml(std::vector<std::string>(rest.begin() + 1, rest.end()));
+    std::fprintf(stderr, "ferryctl: report takes html (try ferryctl report html --help)\n");
+    return 64;
   }
   if (cmd == "policy" && !rest.empty()) {
     const std::string sub = rest[0];

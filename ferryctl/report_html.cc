@@ -64,7 +64,7 @@ Result<PageRecord> ReadSigned(const std::string& path) {
   r.file = BaseName(path);
   FERRY_ASSIGN_OR_RETURN(r.record, ReadFile(path, kMaxRecordBytes));
   auto sig = ReadFile(path + ".minisig", 4096);
-  if (!sig.ok()) return NotFound(path + ".minisig: " + sig.status().message() + " (no signature beside the record)");
+  if (!sig.ok()) return NotFound(sig.status().message() + " (no signature beside the record)");
   r.minisig = std::move(*sig);
   return r;
 }
@@ -194,7 +194,7 @@ Result<std::string> BuildReportPage(const PageInput& in) {
 
 int ReportHtml(const std::vector<std::string>& args) {
   std::string file, chain_dir, pub, out = "record.html";
-  bool allow_unverified = false;
+  bool allow_unverified = false, unverified = false;
   cli::Args a(args);
   while (a.Next()) {
     if (a.IsHelp()) return cli::Help(kUsage);
@@ -226,13 +226,14 @@ int ReportHtml(const std::vector<std::string>& args) {
   }
   if (!pub.empty()) {
     auto text = ReadFile(pub, 4096);
-    if (!text.ok()) return Fail(text.status().message());
+    if (!text.ok()) return Fail(pub + ": " + text.status().message() + " (not a public key file)");
     auto pk = signing::ParsePublicKey(*text);
     if (!pk.ok()) return Fail(pub + ": " + pk.status().message());
     in.public_key = *text;
     for (const PageRecord& r : in.records) {
       Status st = CheckRecord(*pk, r);
       if (st.ok()) continue;
+      unverified = true;
       if (!allow_unverified) {
         return Fail(r.file + " does not verify against " + pub + ": " + st.message() +
                     " (nothing written; --allow-unverified writes a page that says so)");
@@ -244,11 +245,13 @@ int ReportHtml(const std::vector<std::string>& args) {
   auto page = BuildReportPage(in);
   if (!page.ok()) return Fail(page.status().message());
   if (Status st = WriteAtomically(out, *page); !st.ok()) return Fail(st.message());
+  std::string key_note = ", no key embedded (the reader pastes the operator's published key)";
+  if (!pub.empty()) {
+    key_note = std::string(unverified ? ", NOT verified by key " : ", verified by key ") +
+               signing::KeyIdHex(signing::ParsePublicKey(in.public_key)->id) + ", which is embedded";
+  }
   std::printf("wrote %s: %zu record%s%s\n", out.c_str(), in.records.size(), in.records.size() == 1 ? "" : "s",
-              pub.empty() ? ", no key embedded (the reader pastes the operator's published key)"
-                          : (", checked against key " + signing::KeyIdHex(signing::ParsePublicKey(in.public_key)->id) +
-                             ", embedded")
-                                .c_str());
+              key_note.c_str());
   return 0;
 }
 

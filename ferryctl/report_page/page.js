@@ -42,9 +42,9 @@
     let line;
     try {
       const k = M.parsePublicKey(pubText);
-      line = 'Checked against key ' + k.idHex + (source === 'embedded'
-        ? ', the key embedded in this file by whoever made it (it proves the record is intact, not who signed it).'
-        : ', the key you gave.');
+      line = 'Key ' + k.idHex + (source === 'embedded'
+        ? ': embedded in this file by whoever made it, so it can prove the record is intact, not who signed it.'
+        : ': the key you gave.');
     } catch (e) {
       line = pubText ? 'The key ' + (source === 'embedded' ? 'embedded in this file' : 'you gave') + ' is not usable: ' + e.message
         : 'No key yet: this file carries none.';

@@ -73,8 +73,8 @@ function expect(what, cond, got) {
   const browser = await launch(chromium);
   const t0 = Date.now();
   try {
-    const check = async (name, want, extra) => {
-      const page = await browser.open('file://' + out(name));
+    const check = async (name, want, extra, before) => {
+      const page = await browser.open('file://' + out(name.replace(/^no-ed25519$/, 'genuine')), before);
       const v = await page.verdict();
       await page.screenshot(path.join(artifacts, name + '.png'));
       expect(name + ': the checks finished', v.settled, v);
@@ -114,6 +114,23 @@ function expect(what, cond, got) {
       await page.screenshot(path.join(artifacts, 'no-key-then-pasted.png'));
       expect('no key, then the published key pasted: verified', v.status === 'verified' && v.title === 'Verified by key C5EECC22AF91BEFE', v.title);
     });
+    // A browser whose WebCrypto has no Ed25519 (as older ones): said plainly, never verified.
+    const noEd25519 = `{ const real = crypto.subtle.importKey.bind(crypto.subtle);
+      crypto.subtle.importKey = (f, k, alg, ...rest) => (alg && alg.name === 'Ed25519')
+        ? Promise.reject(new DOMException('Algorithm: Unrecognized name', 'NotSupportedError')) : real(f, k, alg, ...rest); }`;
+    await check('no-ed25519', { status: 'unsupported', title: 'Cannot check here: this browser has no Ed25519 signatures', detail: /Nothing on this page is verified/ }, null, noEd25519);
+    // A page whose embedded data is damaged stops before any check: it stays "Not verified".
+    fs.writeFileSync(out('damaged-data'), fs.readFileSync(out('genuine'), 'utf8').replace('"data_b64":"', '"data_b64":"%'));
+    {
+      const page = await browser.open('file://' + out('damaged-data'));
+      await new Promise((r) => setTimeout(r, 300));
+      const v = await page.verdict(false);
+      await page.screenshot(path.join(artifacts, 'damaged-data.png'));
+      expect('damaged data: not verified, the check did not run', v.status === 'not-run' && /^Not verified/.test(v.title) && /\bbad\b/.test(v.cls), v);
+      expect('damaged data: the error is on the console', v.console.some((c) => /damaged/.test(c)), v.console);
+      await page.close();
+      console.log('ok damaged-data: ' + v.title);
+    }
     await check('tune', { status: 'verified', title: 'Verified by key 075CBEA50F44E75E' }, async (page, v) => {
       expect('tune: shows the tuned policy hash', v.text.includes('a5dff7bbe9ced66a'), null);
     });

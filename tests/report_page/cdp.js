@@ -42,7 +42,8 @@ async function launch(chromium) {
     toChrome.write(JSON.stringify({ id, method, params: params || {}, sessionId }) + '\0');
   });
 
-  async function open(url) {
+  // before: a script run in the page before its own (to take a browser feature away).
+  async function open(url, before) {
     const { targetId } = await send('Target.createTarget', { url: 'about:blank' });
     const { sessionId } = await send('Target.attachToTarget', { targetId, flatten: true });
     const s = (method, params) => send(method, params, sessionId);
@@ -57,6 +58,7 @@ async function launch(chromium) {
     await s('Log.enable');
     await s('Page.enable');
     await s('Emulation.setDeviceMetricsOverride', { width: 1000, height: 1100, deviceScaleFactor: 1, mobile: false });
+    if (before) await s('Page.addScriptToEvaluateOnNewDocument', { source: before });
     await s('Page.navigate', { url });
     const evaluate = async (expr) => (await s('Runtime.evaluate', { expression: expr, returnByValue: true, awaitPromise: true })).result.value;
     async function settled() {
@@ -66,9 +68,9 @@ async function launch(chromium) {
       }
       return false;
     }
-    async function verdict() {
+    async function verdict(untilDone = true) {
       return {
-        settled: await settled(),
+        settled: untilDone ? await settled() : false,
         status: await evaluate('document.getElementById("verdict").dataset.status'),
         cls: await evaluate('document.getElementById("verdict").className'),
         title: await evaluate('document.getElementById("verdict-title").textContent'),
