@@ -85,7 +85,8 @@ class CudaStepEngine : public StepEngine {
     cudaRuntimeGetVersion(&f.cuda_runtime);
     int cublas = 0;
     if (cublasGetVersion(blas_, &cublas) == CUBLAS_STATUS_SUCCESS) {
-      f.cublas = std::to_string(cublas / 10000) + "." + std::to_string(cublas / 100 % 100) + "." + std::to_string(cublas % 100);
+      f.cublas = std::to_string(cublas / 10000) + "." + std::to_string(cublas / 100 % 100) + "." +
+                 std::to_string(cublas % 100);
     }
     f.host_id = environment::HostIdFromEnv();
     environment::Block b = environment::Build(f);

@@ -267,8 +267,11 @@ Status SnapshotWriter::WriteNow() {
   env.gpu_uuid = opt_.device.uuid;
   env.cuda_driver = opt_.device.cuda_driver;
   env.cuda_runtime = opt_.device.cuda_runtime;
-  if (opt_.device.backend == "cuda") env.cublas = opt_.device.cublas;
-  else env.no_gpu = "the host backend: copies in host memory, no GPU (" + opt_.device.uuid + " is simulated)";
+  if (opt_.device.backend == "cuda") {
+    env.cublas = opt_.device.cublas;
+  } else {
+    env.no_gpu = "the host backend: copies in host memory, no GPU (" + opt_.device.uuid + " is simulated)";
+  }
   env.host_id = opt_.host_id;
   std::ostringstream j;
   j << "{\n"

@@ -24,7 +24,8 @@ extern const std::string_view kTemplate, kStyle, kBlake2b, kMinisign, kVerdict, 
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: ferryctl report html FILE.json [--pub KEY.pub] [-o OUT.html] [--allow-unverified]
+constexpr const char* kUsage =
+    R"(usage: ferryctl report html FILE.json [--pub KEY.pub] [-o OUT.html] [--allow-unverified]
        ferryctl report html --chain DIR [--pub KEY.pub] [-o OUT.html] [--allow-unverified]
 
 Writes one self-contained HTML page that a reader opens in a browser to check a signed record:
@@ -82,7 +83,9 @@ Result<std::vector<std::string>> SnapshotFiles(const std::string& dir) {
   }
   ::closedir(d);
   if (found.empty()) return NotFound("no snapshot-*.json records in " + dir);
-  if (found.size() > kMaxChainRecords) return InvalidArgument(dir + " holds more than 10000 snapshots; copy the range to show into a directory of its own");
+  if (found.size() > kMaxChainRecords)
+    return InvalidArgument(dir +
+                           " holds more than 10000 snapshots; copy the range to show into a directory of its own");
   std::sort(found.begin(), found.end());
   std::vector<std::string> out;
   for (auto& f : found) out.push_back(std::move(f.second));
@@ -95,10 +98,14 @@ Status CheckRecord(const signing::PublicKey& pk, const PageRecord& r) {
   FERRY_ASSIGN_OR_RETURN(std::string trusted, signing::Verify(pk, r.record, r.minisig));
   char a[64] = {0}, b[64] = {0};
   std::string id;
-  if (std::sscanf(trusted.c_str(), "ferry report %63s %63s", a, b) == 2) id = b;
-  else if (std::sscanf(trusted.c_str(), "ferry snapshot %63s seq", a) == 1) id = a;
-  else return InvalidArgument("trusted comment is not a ferry record's: '" + trusted + "'");
-  if (signing::RecordId(r.record) != id) return InvalidArgument("record id " + id + " does not match the record's hash");
+  if (std::sscanf(trusted.c_str(), "ferry report %63s %63s", a, b) == 2)
+    id = b;
+  else if (std::sscanf(trusted.c_str(), "ferry snapshot %63s seq", a) == 1)
+    id = a;
+  else
+    return InvalidArgument("trusted comment is not a ferry record's: '" + trusted + "'");
+  if (signing::RecordId(r.record) != id)
+    return InvalidArgument("record id " + id + " does not match the record's hash");
   return Status::Ok();
 }
 
@@ -131,11 +138,20 @@ std::string HtmlText(std::string_view s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -188,8 +204,11 @@ Result<std::string> BuildReportPage(const PageInput& in) {
   const std::string csp = "default-src 'none'; script-src 'sha256-" + signing::Sha256Base64(script) +
                           "'; style-src 'sha256-" + signing::Sha256Base64(kStyle) +
                           "'; img-src 'none'; connect-src 'none'; font-src 'none'; form-action 'none'; base-uri 'none'";
-  return Fill(kTemplate, {{"CSP", csp}, {"TITLE", HtmlText(in.title)}, {"STYLE", std::string(kStyle)},
-                          {"SCRIPT", script}, {"DATA", data}});
+  return Fill(kTemplate, {{"CSP", csp},
+                          {"TITLE", HtmlText(in.title)},
+                          {"STYLE", std::string(kStyle)},
+                          {"SCRIPT", script},
+                          {"DATA", data}});
 }
 
 int ReportHtml(const std::vector<std::string>& args) {
@@ -198,13 +217,20 @@ int ReportHtml(const std::vector<std::string>& args) {
   cli::Args a(args);
   while (a.Next()) {
     if (a.IsHelp()) return cli::Help(kUsage);
-    if (a.Is("--pub") && a.HasValue()) pub = a.Value();
-    else if (a.Is("--chain") && a.HasValue()) chain_dir = a.Value();
-    else if (a.Is("-o") && a.HasValue()) out = a.Value();
-    else if (a.Is("--allow-unverified")) allow_unverified = true;
-    else if (a.current().rfind("-", 0) == 0) return Fail("unknown option " + a.current() + " (try --help)");
-    else if (file.empty()) file = a.current();
-    else return Fail("one record at a time (or --chain DIR); '" + a.current() + "' is one too many");
+    if (a.Is("--pub") && a.HasValue())
+      pub = a.Value();
+    else if (a.Is("--chain") && a.HasValue())
+      chain_dir = a.Value();
+    else if (a.Is("-o") && a.HasValue())
+      out = a.Value();
+    else if (a.Is("--allow-unverified"))
+      allow_unverified = true;
+    else if (a.current().rfind("-", 0) == 0)
+      return Fail("unknown option " + a.current() + " (try --help)");
+    else if (file.empty())
+      file = a.current();
+    else
+      return Fail("one record at a time (or --chain DIR); '" + a.current() + "' is one too many");
   }
   if (file.empty() == chain_dir.empty()) return Fail("give a record FILE.json or --chain DIR (try --help)");
   PageInput in;

@@ -2,15 +2,14 @@
 // from the kernel module's version file, CUDA versions as "13.0", a host id that is a stable
 // hash of the machine id (never the id itself) or a configured name, and a reason beside every
 // value that is not known.
-#include <gtest/gtest.h>
+#include "common/environment.hpp"
 
+#include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <filesystem>
 #include <fstream>
 #include <map>
-
-#include "common/environment.hpp"
 
 namespace ferry {
 namespace {
@@ -47,8 +46,8 @@ TEST_F(EnvironmentBlock, AGpuRunNamesDriverCudaCublasGpuAndHost) {
   const Block b = environment::Build(f_);
   std::vector<std::string> keys;
   for (const auto& [k, v] : b) keys.push_back(k);
-  EXPECT_EQ(keys, (std::vector<std::string>{"chip", "gpu_uuid", "driver", "driver_cuda", "cuda_runtime", "cublas", "host_id",
-                                            "host_id_source"}));
+  EXPECT_EQ(keys, (std::vector<std::string>{"chip", "gpu_uuid", "driver", "driver_cuda", "cuda_runtime", "cublas",
+                                            "host_id", "host_id_source"}));
   auto m = AsMap(b);
   EXPECT_EQ(m["chip"], "NVIDIA H200");
   EXPECT_EQ(m["gpu_uuid"], "GPU-322a5733-de08-66e5-eec8-d9ca754716fb");
@@ -66,7 +65,8 @@ TEST_F(EnvironmentBlock, AGpuRunNamesDriverCudaCublasGpuAndHost) {
 }
 
 TEST_F(EnvironmentBlock, TheProprietaryModulesVersionLineToo) {
-  Write(f_.nvidia_version_path, "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n");
+  Write(f_.nvidia_version_path,
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n");
   EXPECT_EQ(AsMap(environment::Build(f_))["driver"], "550.54.15");
 }
 

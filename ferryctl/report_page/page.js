@@ -22,6 +22,7 @@
   }
 
   function failClosed(err) {
+    generation++;
     showVerdict({ cls: 'bad', status: 'error', title: 'Not verified: the check did not complete', detail: String(err && err.message || err) });
     document.body.dataset.state = 'done';
   }
@@ -83,14 +84,20 @@
     if (last) $('content').append(R.section('The latest record (sequence ' + last.record.seq + ')', R.record(last.record)));
   }
 
+  // Each check has a number; only the newest one's results are shown (a key pasted while an
+  // earlier check still runs must not be answered by that earlier check).
+  let generation = 0;
   async function check(pubText, source) {
+    const gen = ++generation;
     document.body.dataset.state = 'checking';
     showVerdict({ cls: 'warn', status: 'checking', title: 'Checking...', detail: 'checking the signatures' });
     showKey(pubText, source);
     const results = [];
     for (const e of records) results.push(await M.verifyRecord(subtle, e.bytes, e.sig, pubText));
+    const hashes = data.kind === 'chain' ? await Promise.all(records.map((e) => M.sha256Hex(subtle, e.bytes))) : [];
+    if (gen !== generation) return;
     if (data.kind === 'chain') {
-      const entries = await Promise.all(records.map(async (e, i) => Object.assign({}, e, { result: results[i], sha256: await M.sha256Hex(subtle, e.bytes) })));
+      const entries = records.map((e, i) => Object.assign({}, e, { result: results[i], sha256: hashes[i] }));
       const chain = V.checkChain(entries);
       renderChain(entries, chain);
       const firstBad = results.find((r) => r.status !== 'verified');
