@@ -20,6 +20,7 @@ class HostStepEngine : public StepEngine {
   int n() const override { return n_; }
   std::vector<std::pair<std::string, std::string>> Environment() override {
     environment::Facts f;
+    f.chip = "host CPU (no GPU)";
     f.no_gpu = "the host engine: the math runs on this CPU, no GPU";
     f.host_id = environment::HostIdFromEnv();
     return environment::Build(f);

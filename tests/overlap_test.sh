@@ -27,7 +27,8 @@ assert r["checks_passed"] is True
 # The environment block shared with snapshots and tune reports: on the host engine no GPU
 # values, each "none" with its reason, and a host id from the machine id or FERRY_HOST_ID.
 env = r["environment"]
-for k in ("chip", "gpu_uuid", "driver", "driver_cuda", "cuda_runtime", "cublas"):
+assert env["chip"] == "host CPU (no GPU)", env
+for k in ("gpu_uuid", "driver", "driver_cuda", "cuda_runtime", "cublas"):
     assert env[k] == "none" and "no GPU" in env[k + "_reason"], (k, env)
 assert env["host_id"] == "overlap-test-host" and env["host_id_source"] == "configured", env
 assert len(r["checks"]) == 9 and all(c["pass"] for c in r["checks"]), r["checks"]

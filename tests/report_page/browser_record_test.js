@@ -109,6 +109,9 @@ function expect(what, cond, got) {
     await check('wrong-key', { status: 'failed', title: 'Does not verify: another key', detail: new RegExp('signed by key C5EECC22AF91BEFE, not by key ' + otherId) });
     await check('truncated-signature', { status: 'failed', title: 'Does not verify: the signature is damaged', detail: /truncated or malformed/ });
     await check('no-key', { status: 'no-key', title: 'Not checked: no public key', detail: /signature names key C5EECC22AF91BEFE/ }, async (page) => {
+      await page.dropKey(otherPub);
+      const d = await page.verdict();
+      expect('no key, then another key dropped: does not verify', d.status === 'failed' && d.title === 'Does not verify: another key', d.title);
       await page.pasteKey(fs.readFileSync(pub, 'utf8'));
       const v = await page.verdict();
       await page.screenshot(path.join(artifacts, 'no-key-then-pasted.png'));

@@ -85,6 +85,13 @@ async function launch(chromium) {
       await evaluate('(() => { const t = document.getElementById("pub-input"); t.value = ' + JSON.stringify(text) +
         '; document.getElementById("pub-check").click(); })()');
     }
+    // Drags text onto the key panel and drops it there, as a reader drops a .pub's text.
+    async function dropKey(text) {
+      const box = await evaluate('(() => { const r = document.getElementById("key-panel").getBoundingClientRect(); ' +
+        'return [r.x + r.width / 2, r.y + r.height / 2]; })()');
+      const data = { items: [{ mimeType: 'text/plain', data: text }], dragOperationsMask: 1 };
+      for (const type of ['dragEnter', 'dragOver', 'drop']) await s('Input.dispatchDragEvent', { type, x: box[0], y: box[1], data });
+    }
     // The viewport (the verdict is at the top), or with `full` the whole page.
     async function screenshot(file, full) {
       let params = { format: 'png' };
@@ -96,7 +103,7 @@ async function launch(chromium) {
       fs.writeFileSync(file, Buffer.from(data, 'base64'));
     }
     const close = () => send('Target.closeTarget', { targetId });
-    return { verdict, pasteKey, screenshot, evaluate, close };
+    return { verdict, pasteKey, dropKey, screenshot, evaluate, close };
   }
 
   async function close() {
