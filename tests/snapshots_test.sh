@@ -151,7 +151,8 @@ echo "key readable by others: signing refused and counted, copies served"
 # A restart continues the chain.
 "$ferryd" --config "$dir/ferryd.yaml" >"$dir/ferryd2.log" 2>&1 &
 pid=$!
-sleep 1
+# Ready, not a fixed second: a SIGTERM while the pool is built ends the start before any record.
+for _ in $(seq 400); do grep -q '\[info\] ready' "$dir/ferryd2.log" && break; sleep 0.05; done
 kill -TERM $pid; wait $pid
 "$ctl" verify --pub "$dir/ferry.pub" "$dir/snaps" >"$dir/ok2.txt" || { cat "$dir/ok2.txt"; fail "the chain broke across a restart"; }
 grep -q "continuing the chain" "$dir/ferryd2.log" || fail "restart did not continue the chain"
@@ -161,7 +162,8 @@ tail -1 "$dir/ok2.txt"
 echo '{"seq": 999999}' >"$dir/snaps/snapshot-999999.json"
 "$ferryd" --config "$dir/ferryd.yaml" >"$dir/ferryd5.log" 2>&1 &
 pid=$!
-sleep 1
+# Ready, not a fixed second: a SIGTERM while the pool is built ends the start before any record.
+for _ in $(seq 400); do grep -q '\[info\] ready' "$dir/ferryd5.log" && break; sleep 0.05; done
 kill -TERM $pid; wait $pid
 grep -q "not continuing the chain.*snapshot-999999.json does not verify" "$dir/ferryd5.log" || { cat "$dir/ferryd5.log"; fail "no warning about the planted file"; }
 grep -q '"previous_chain_broken": "snapshot-999999.json' "$dir/snaps/snapshot-1000000.json" || fail "the new chain does not say why"
