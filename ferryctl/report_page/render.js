@@ -38,7 +38,8 @@
   // The environment block, whichever record it came in (environment, or a snapshot's gpu).
   const ENV_LABELS = [
     ['chip', 'GPU'], ['gpu_uuid', 'GPU UUID'], ['driver', 'NVIDIA driver'], ['driver_cuda', 'CUDA (driver)'],
-    ['cuda_runtime', 'CUDA runtime'], ['cublas', 'cuBLAS'], ['ferry', 'ferry'], ['host_id', 'host id'],
+    ['cuda_runtime', 'CUDA runtime'], ['cublas', 'cuBLAS'], ['copy_engines', 'copy engines'], ['ferry', 'ferry'],
+    ['daemon_backend', 'ferryd backend'], ['host_id', 'host id'], ['host_id_source', 'host id from'],
   ];
   function environmentSection(env, extra) {
     const rows = [];
