@@ -46,8 +46,21 @@ function expect(what, cond, got) {
       fs.copyFileSync(path.join(d, 'snapshot-000002.json.minisig'), path.join(d, 'snapshot-000004.json.minisig'));
     }),
   };
+  // One snapshot on its own is a record page like a report's.
+  const single = path.join(artifacts, 'snapshot-000002.html');
+  execFileSync(ferryctl, ['report', 'html', path.join(snaps, 'snapshot-000002.json'), '--pub', pub, '-o', single], { stdio: ['ignore', 'pipe', 'pipe'] });
   const browser = await launch(chromium);
   try {
+    {
+      const page = await browser.open('file://' + single);
+      const v = await page.verdict();
+      await page.screenshot(path.join(artifacts, 'snapshot-000002.png'), true);
+      expect('one snapshot: verified', v.status === 'verified' && v.title === 'Verified by key ' + keyId, v.title);
+      expect('one snapshot: its window, environment and policy shown', /sequence\s+2/.test(v.text) && /host id/.test(v.text) && /chunked/.test(v.text), v.text);
+      expect('one snapshot: nothing on the console', v.console.length === 0, v.console);
+      console.log('ok snapshot-000002: ' + v.title);
+      await page.close();
+    }
     for (const [name, file] of Object.entries(pages)) {
       const page = await browser.open('file://' + file);
       const v = await page.verdict();
