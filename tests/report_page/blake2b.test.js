@@ -37,6 +37,20 @@ test('random data around every block boundary equals OpenSSL\'s BLAKE2b-512', ()
   }
 });
 
+// FERRY_SODIUM_BLAKE2B: tests/report_page/sodium_blake2b.c, built by ctest's build.
+test('equals libsodium\'s crypto_generichash (BLAKE2b-512) for lengths around every block boundary', (t) => {
+  const tool = process.env.FERRY_SODIUM_BLAKE2B;
+  if (!tool) return t.skip('FERRY_SODIUM_BLAKE2B not set (run through ctest)');
+  const sizes = [0, 1, 3, 127, 128, 129, 255, 256, 257, 1000, 4096, 100003];
+  const out = require('node:child_process').execFileSync(tool, sizes.map(String)).toString().trim().split('\n');
+  assert.strictEqual(out.length, sizes.length);
+  for (const line of out) {
+    const [n, want] = line.split(' ');
+    const data = new Uint8Array(Number(n)).map((_, j) => j % 251);
+    assert.strictEqual(hex(blake2b(data)), want, 'length ' + n);
+  }
+});
+
 test('a one-bit change anywhere changes the hash', () => {
   const data = new Uint8Array(crypto.randomBytes(300));
   const base = hex(blake2b(data));
