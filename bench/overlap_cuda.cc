@@ -4,12 +4,11 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
-#include <cctype>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "common/cuda_status.hpp"
+#include "common/environment.hpp"
+#include "common/gpu_uuid.hpp"
 #include "bench/overlap.hpp"
 #include "common/status_macros.hpp"
 
@@ -20,24 +19,6 @@ Status CublasStatus(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return Status::Ok();
   return Internal(std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(s)));
 }
-
-std::string DriverVersion() {
-  // "NVRM version: NVIDIA UNIX [Open ]Kernel Module [for x86_64]  580.159.04  Release Build ...":
-  // the first token after "Module" that is digits and dots names the driver release.
-  std::ifstream f("/proc/driver/nvidia/version");
-  std::string line;
-  if (!std::getline(f, line)) return "unknown";
-  const auto k = line.find("Module");
-  std::istringstream words(k == std::string::npos ? line : line.substr(k));
-  for (std::string w; words >> w;) {
-    if (!w.empty() && std::isdigit(static_cast<unsigned char>(w[0])) &&
-        w.find_first_not_of("0123456789.") == std::string::npos)
-      return w;
-  }
-  return "unknown";
-}
-
-std::string CudaVersionText(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
 
 class CudaStepEngine : public StepEngine {
  public:
@@ -97,22 +78,20 @@ class CudaStepEngine : public StepEngine {
   std::vector<std::pair<std::string, std::string>> Environment() override {
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, device_);
-    int driver = 0, runtime = 0, cublas = 0;
-    cudaDriverGetVersion(&driver);
-    cudaRuntimeGetVersion(&runtime);
-    cublasGetVersion(blas_, &cublas);
-    char uuid[64];
-    const auto* u = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
-    std::snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
-                  u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
-    return {{"chip", prop.name},
-            {"gpu_uuid", uuid},
-            {"driver", DriverVersion()},
-            {"driver_cuda", CudaVersionText(driver)},
-            {"cuda_runtime", CudaVersionText(runtime)},
-            {"cublas", std::to_string(cublas / 10000) + "." + std::to_string(cublas / 100 % 100) + "." +
-                           std::to_string(cublas % 100)},
-            {"copy_engines", std::to_string(prop.asyncEngineCount)}};
+    environment::Facts f;
+    f.chip = prop.name;
+    f.gpu_uuid = FormatGpuUuid(reinterpret_cast<const uint8_t*>(prop.uuid.bytes));
+    cudaDriverGetVersion(&f.cuda_driver);
+    cudaRuntimeGetVersion(&f.cuda_runtime);
+    int cublas = 0;
+    if (cublasGetVersion(blas_, &cublas) == CUBLAS_STATUS_SUCCESS) {
+      f.cublas = std::to_string(cublas / 10000) + "." + std::to_string(cublas / 100 % 100) + "." +
+                 std::to_string(cublas % 100);
+    }
+    f.host_id = environment::HostIdFromEnv();
+    environment::Block b = environment::Build(f);
+    b.emplace_back("copy_engines", std::to_string(prop.asyncEngineCount));
+    return b;
   }
 
   Status SetInputs(const std::vector<float>& a, const std::vector<float>& b) override {

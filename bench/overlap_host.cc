@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "bench/overlap.hpp"
+#include "common/environment.hpp"
 
 namespace ferry::overlap {
 namespace {
@@ -18,7 +19,11 @@ class HostStepEngine : public StepEngine {
   std::string kind() const override { return "host"; }
   int n() const override { return n_; }
   std::vector<std::pair<std::string, std::string>> Environment() override {
-    return {{"chip", "host CPU (no GPU)"}, {"driver", "none"}, {"cuda_runtime", "none"}, {"cublas", "none"}};
+    environment::Facts f;
+    f.chip = "host CPU (no GPU)";
+    f.no_gpu = "the host engine: the math runs on this CPU, no GPU";
+    f.host_id = environment::HostIdFromEnv();
+    return environment::Build(f);
   }
   Status SetInputs(const std::vector<float>& a, const std::vector<float>& b) override {
     if (a.size() != Size() || b.size() != Size()) return InvalidArgument("inputs are not n x n");

@@ -240,6 +240,15 @@ std::string Sha256Hex(std::string_view data) {
   return hex;
 }
 
+std::string Sha256Base64(std::string_view data) {
+  SodiumReady();
+  uint8_t h[crypto_hash_sha256_BYTES];
+  crypto_hash_sha256(h, reinterpret_cast<const uint8_t*>(data.data()), data.size());
+  return Base64(h, sizeof h);
+}
+
+std::string Base64(std::string_view data) { return Base64(reinterpret_cast<const uint8_t*>(data.data()), data.size()); }
+
 std::string RecordId(std::string_view record) {
   SodiumReady();
   uint8_t h[crypto_hash_sha256_BYTES];

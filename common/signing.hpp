@@ -59,6 +59,8 @@ Result<std::string> Sign(const SecretKey& sk, std::string_view data, std::string
 Result<std::string> Verify(const PublicKey& pk, std::string_view data, std::string_view minisig);
 
 std::string Sha256Hex(std::string_view data);
+std::string Sha256Base64(std::string_view data);  // as a Content-Security-Policy hash names a script
+std::string Base64(std::string_view data);        // the original alphabet, padded
 // A short id for a record, from its SHA-256: "FRY-" and four groups of five Crockford base32
 // characters (100 bits).
 std::string RecordId(std::string_view record);

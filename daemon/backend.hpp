@@ -104,8 +104,8 @@ struct DeviceInfo {
   int ordinal = 0;      // the CUDA device ordinal
   std::string name;     // e.g. "NVIDIA H200"; "host" on the host backend
   std::string uuid;     // "GPU-..."; empty on the host backend
-  std::string driver, runtime;  // CUDA versions, e.g. "13000"
-  std::string cublas;           // the cuBLAS next to the runtime ("none" without CUDA)
+  int cuda_driver = 0, cuda_runtime = 0;  // as CUDA reports them (13000); 0 on the host backend
+  std::string cublas;  // the cuBLAS next to the runtime ("13.1.0"; "none" on the host backend, empty: not found)
   int numa_node = -1;           // the NUMA node nearest the GPU; -1: not known (one node, or a VM)
   std::string pci_bus_id;       // "0000:19:00.0"; empty on the host backend
 };
@@ -113,7 +113,7 @@ struct DeviceInfo {
 class Backend {
  public:
   virtual ~Backend() = default;
-  virtual DeviceInfo device_info() const { return {"host", device_ordinal(), "host", "", "", "", "none", -1, ""}; }
+  virtual DeviceInfo device_info() const { return {"host", device_ordinal(), "host", "", 0, 0, "none", -1, ""}; }
 
   virtual wire::BackendKind kind() const = 0;
   virtual std::string Describe() const = 0;  // one line for logs and `ferryctl status`
@@ -192,8 +192,8 @@ struct HostBackendOptions {
   std::function<void()> before_worker_start = nullptr;
 };
 Result<std::unique_ptr<Backend>> CreateHostBackend(const HostBackendOptions& options);
-// The cuBLAS library this node's clients load ("13.0.2.14"; "unknown" when none is found,
-// "none" without the CUDA toolkit). Loads it for the asking: slow, and never on the start's path.
+// The cuBLAS library this node's clients load ("13.0.2.14"; empty when none is found, which the
+// records' environment block says with its reason; "none" without the CUDA toolkit). Loads it for the asking: slow, and never on the start's path.
 std::string CublasVersion();
 // A GPU ferryd will serve, located before its backend is made (no CUDA context yet): its
 // ordinal, PCI bus id ("0000:19:00.0"; empty on the host backend) and NUMA node, which its

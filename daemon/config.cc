@@ -115,9 +115,10 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
     if (auto n = m["address"]) { FERRY_ASSIGN_OR_RETURN(c.metrics_address, GetString(file, n)); }
   }
   if (auto sn = root["snapshots"]) {
-    FERRY_RETURN_IF_ERROR(CheckKeys(file, sn, {"dir", "key", "interval_seconds"}));
+    FERRY_RETURN_IF_ERROR(CheckKeys(file, sn, {"dir", "key", "interval_seconds", "host_id"}));
     if (auto n = sn["dir"]) { FERRY_ASSIGN_OR_RETURN(c.snapshot_dir, GetString(file, n)); }
     if (auto n = sn["key"]) { FERRY_ASSIGN_OR_RETURN(c.snapshot_key, GetString(file, n)); }
+    if (auto n = sn["host_id"]) { FERRY_ASSIGN_OR_RETURN(c.snapshot_host_id, GetString(file, n)); }
     if (auto n = sn["interval_seconds"]) {
       FERRY_ASSIGN_OR_RETURN(double secs, GetDouble(file, n, 0.1, 86400));
       c.snapshot_interval_ms = static_cast<uint64_t>(secs * 1000);

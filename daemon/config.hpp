@@ -66,6 +66,7 @@ struct DaemonConfig {
   std::string snapshot_dir;       // signed snapshots go here; empty: none
   std::string snapshot_key;       // the secret key (ferryctl keygen), mode 0600
   uint64_t snapshot_interval_ms = 60000;
+  std::string snapshot_host_id;   // the host id the records name; empty: a hash of /etc/machine-id
   bool trace_engine = false;  // log each copy group's timeline on the copy engines (cuda)
   // Copies ordered after a client's event: false hands them off on the host (ferryd polls the
   // event), as before the GPU-side hand-off, for comparing the two.

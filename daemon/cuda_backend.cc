@@ -25,6 +25,7 @@
 #include <utility>
 #include <string>
 
+#include "common/environment.hpp"
 #include "common/cuda_status.hpp"
 #include "common/fd.hpp"
 #include "common/log.hpp"
@@ -95,12 +96,12 @@ class CudaBackend : public Backend {
     cudaDriverGetVersion(&driver);
     cudaRuntimeGetVersion(&runtime);
     const std::string uuid = FormatGpuUuid(reinterpret_cast<const uint8_t*>(prop.uuid.bytes));
-    info_ = DeviceInfo{"cuda", device_, prop.name, uuid, std::to_string(driver), std::to_string(runtime), "",
-                       where_.numa_node, where_.pci_bus_id};
+    info_ = DeviceInfo{"cuda", device_, prop.name, uuid, driver, runtime, "", where_.numa_node, where_.pci_bus_id};
     describe_ = std::string("cuda: ") + prop.name + " (sm_" + std::to_string(prop.major) +
                 std::to_string(prop.minor) + ", " + uuid + ", NUMA node " + std::to_string(info_.numa_node) +
                 "), " + std::to_string(prop.asyncEngineCount) +
-                " copy engines, driver " + std::to_string(driver) + ", runtime " + std::to_string(runtime);
+                " copy engines, CUDA driver " + environment::CudaVersionText(driver) + ", runtime " +
+                environment::CudaVersionText(runtime);
     int lo = 0, hi = 0;
     FERRY_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     for (int d = 0; d < 2; ++d) {
@@ -827,7 +828,7 @@ std::string CublasVersion() {
     ::dlclose(h);
     if (ok) return std::to_string(v[0]) + "." + std::to_string(v[1]) + "." + std::to_string(v[2]);
   }
-  return "unknown";
+  return "";
 }
 
 Result<std::vector<GpuLocation>> LocateCudaGpus(const std::vector<std::string>& devices) {

@@ -87,7 +87,7 @@ class HostBackend : public Backend {
            " streams per direction; no GPU";
   }
   DeviceInfo device_info() const override {
-    return {"host", ordinal_, "host", SimulatedGpuName(ordinal_), "", "", "none", numa_node_, ""};
+    return {"host", ordinal_, "host", SimulatedGpuName(ordinal_), 0, 0, "none", numa_node_, ""};
   }
   int device_ordinal() const override { return ordinal_; }
   uint32_t streams_per_direction() const override { return streams_; }

@@ -262,6 +262,7 @@ int main(int argc, char** argv) {
     so.interval = std::chrono::milliseconds(config.snapshot_interval_ms);
     so.version = kVersionString;
     if (kind == wire::BackendKind::kCuda) so.cublas_version = daemon::CublasVersion;
+    so.host_id = config.snapshot_host_id;
     if (daemon::MetricsExporter* m = metrics.get()) {
       so.on_written = [m](uint64_t seq, const std::string& id, const std::string& chain) { m->OnSnapshotWritten(seq, id, chain); };
       so.on_failure = [m](std::string_view reason) { m->OnSnapshotFailed(reason); };

@@ -19,10 +19,13 @@
 #include <map>
 #include <mutex>
 
+#include "common/environment.hpp"
 #include "common/fd.hpp"
 
 namespace ferry::daemon {
 namespace {
+
+std::string CudaLabel(int version) { return version > 0 ? environment::CudaVersionText(version) : "none"; }
 
 // Debian's libcivetweb1 1.15 is built with CIVETWEB_THREAD_STACK_SIZE=102400: every civetweb
 // thread gets a 100 KiB stack, and glibc must fit the process's whole static thread-local
@@ -300,8 +303,8 @@ class MetricsExporter::Impl {
         .Name("ferry_build_info")
         .Help("ferry's version and what it was built with; always 1.")
         .Register(*registry)
-        .Add({{"version", version}, {"backend", first.backend}, {"cuda_driver", first.driver},
-              {"cuda_runtime", first.runtime}})
+        .Add({{"version", version}, {"backend", first.backend}, {"cuda_driver", CudaLabel(first.cuda_driver)},
+              {"cuda_runtime", CudaLabel(first.cuda_runtime)}})
         .Set(1);
     auto& gpu_info = prometheus::BuildGauge()
                          .Name("ferry_gpu_info")

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/environment.hpp"
 #include "common/fd.hpp"
 #include "common/json.hpp"
 #include "common/log.hpp"
@@ -104,11 +105,7 @@ Result<std::pair<std::string, std::string>> VerifyOwnRecord(const signing::Publi
 Result<std::unique_ptr<SnapshotWriter>> SnapshotWriter::Create(const SnapshotOptions& options) {
   std::unique_ptr<SnapshotWriter> w(new SnapshotWriter());
   w->opt_ = options;
-  if (w->opt_.host_id.empty()) {
-    std::ifstream f("/etc/machine-id");
-    std::getline(f, w->opt_.host_id);
-    if (w->opt_.host_id.empty()) w->opt_.host_id = "unknown";
-  }
+  w->host_id_ = environment::HostId(w->opt_.host_id).front().second;
   FERRY_RETURN_IF_ERROR(signing::LoadSecretKey(options.key_path, w->key_).WithContext("snapshots.key"));
   if (::mkdir(options.dir.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoStatus("mkdir " + options.dir, errno);
   FERRY_RETURN_IF_ERROR(w->Continue());
@@ -140,7 +137,7 @@ Status SnapshotWriter::Continue() {
   FERRY_ASSIGN_OR_RETURN(std::vector<uint64_t> seqs, RecordSequences(opt_.dir));
   if (seqs.empty()) {
     seq_ = opt_.first_sequence - 1;
-    chain_ = signing::RecordId(opt_.host_id + " " + IsoTime(std::chrono::system_clock::now()) + " " +
+    chain_ = signing::RecordId(host_id_ + " " + IsoTime(std::chrono::system_clock::now()) + " " +
                                std::to_string(::getpid()));
     return Status::Ok();
   }
@@ -152,7 +149,7 @@ Status SnapshotWriter::Continue() {
   std::string body;
   if (Status st = VerifyTail(best, &body); !st.ok()) {
     chain_broken_ = SnapshotName(best) + " does not verify with ferryd's own key: " + st.message();
-    chain_ = signing::RecordId(opt_.host_id + " " + chain_broken_ + " " + IsoTime(std::chrono::system_clock::now()));
+    chain_ = signing::RecordId(host_id_ + " " + chain_broken_ + " " + IsoTime(std::chrono::system_clock::now()));
     FERRY_LOG(kWarning) << "snapshots: not continuing the chain in " << opt_.dir << ": " << chain_broken_
                         << "; starting a new chain " << chain_ << " at sequence " << best + 1
                         << " (its first record says why; the files there are left as they are)";
@@ -265,19 +262,27 @@ Status SnapshotWriter::WriteNow() {
   l.unlock();
 
   const double secs = std::max(1e-9, std::chrono::duration<double>(end - start).count());
+  environment::Facts env;
+  env.chip = opt_.device.name;
+  env.gpu_uuid = opt_.device.uuid;
+  env.cuda_driver = opt_.device.cuda_driver;
+  env.cuda_runtime = opt_.device.cuda_runtime;
+  if (opt_.device.backend == "cuda") {
+    env.cublas = opt_.device.cublas;
+  } else {
+    env.no_gpu = "the host backend: copies in host memory, no GPU (" + opt_.device.uuid + " is simulated)";
+  }
+  env.host_id = opt_.host_id;
   std::ostringstream j;
   j << "{\n"
-    << "  \"format\": \"ferry-snapshot/2\",\n"
+    << "  \"format\": \"ferry-snapshot/3\",\n"
     << "  \"seq\": " << seq << ",\n"
     << "  \"chain\": " << json::String(chain) << ",\n";
   if (!broken.empty()) j << "  \"previous_chain_broken\": " << json::String(broken) << ",\n";
   j << "  \"issued_at\": " << json::String(IsoTime(end)) << ",\n"
     << "  \"window\": {\"start\": " << json::String(IsoTime(start)) << ", \"end\": " << json::String(IsoTime(end))
     << ", \"seconds\": " << Num(secs) << "},\n"
-    << "  \"host_id\": " << json::String(opt_.host_id) << ",\n"
-    << "  \"gpu\": {\"name\": " << json::String(opt_.device.name) << ", \"uuid\": " << json::String(opt_.device.uuid)
-    << ", \"driver\": " << json::String(opt_.device.driver) << ", \"cuda_runtime\": " << json::String(opt_.device.runtime)
-    << ", \"cublas\": " << json::String(opt_.device.cublas) << "},\n"
+    << "  \"environment\": " << environment::ToJson(environment::Build(env)) << ",\n"
     << "  \"ferry_version\": " << json::String(opt_.version) << ",\n"
     << "  \"key_id\": " << json::String(signing::KeyIdHex(key_.id)) << ",\n"
     << "  \"policy\": {\"name\": " << json::String(policy_name) << ", \"hash\": " << json::String(policy_hash) << "},\n"
@@ -302,7 +307,7 @@ Status SnapshotWriter::WriteNow() {
   const std::string path = opt_.dir + "/" + SnapshotName(seq);
   Status written = [&]() -> Status {
     FERRY_ASSIGN_OR_RETURN(std::string sig, signing::Sign(key_, record, "ferry snapshot " + id + " seq " + std::to_string(seq),
-                                                          "ferry snapshot " + std::to_string(seq) + " from " + opt_.host_id));
+                                                          "ferry snapshot " + std::to_string(seq) + " from " + host_id_));
     // Signature first: a record is never on disk without its signature next to it.
     FERRY_RETURN_IF_ERROR(WriteAtomically(path + ".minisig", sig));
     return WriteAtomically(path, record);

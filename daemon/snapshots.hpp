@@ -26,7 +26,7 @@ struct SnapshotOptions {
   std::string dir;
   std::string key_path;
   std::chrono::milliseconds interval{60000};
-  std::string host_id;  // empty: /etc/machine-id
+  std::string host_id;  // configured (snapshots.host_id); empty: a hash of /etc/machine-id
   std::string version;
   DeviceInfo device;
   // Fills device.cublas, on the writer's thread (loading cuBLAS to ask takes a fraction of a
@@ -83,6 +83,7 @@ class SnapshotWriter : public ServerObserver {
   static constexpr size_t kMaxSamples = 200000;
 
   SnapshotOptions opt_;
+  std::string host_id_;  // as the records name it (common/environment)
   signing::SecretKey key_;
   mutable std::mutex mu_;  // guards everything below
   Window window_;

@@ -27,6 +27,7 @@
 #include "ferry/version.hpp"
 #include "client/operator_control.hpp"
 #include "ferryctl/run_bench.hpp"
+#include "ferryctl/report_html.hpp"
 #include "ferryctl/verify.hpp"
 
 namespace {
@@ -58,6 +59,9 @@ commands:
                                   record SEQ (with record id ID) is there: take it from ferryd's
                                   ferry_snapshot_latest_sequence / _info metrics, so a deleted
                                   newest record is noticed.
+  report html FILE.json | --chain DIR [--pub KEY.pub] [-o OUT.html]
+                                  one self-contained HTML page that checks a signed record (or
+                                  a snapshot chain) in the reader's browser (--help for more)
   bench overlap [...]             (runs ferry-bench overlap) the seed workload (matmul + its output's copy) in-process and
                                   through ferryd under each policy: exposed copy time, nine
                                   correctness checks, a signed report, a plot (--help for more)
@@ -250,6 +254,11 @@ int main(int argc, char** argv) {
   if (cmd == "tune") return ctl::RunBench("tune", rest, socket);
   if (cmd == "keygen") return Keygen(rest);
   if (cmd == "verify") return ctl::Verify(rest);
+  if (cmd == "report") {
+    if (!rest.empty() && rest[0] == "html") return ctl::ReportHtml(std::vector<std::string>(rest.begin() + 1, rest.end()));
+    std::fprintf(stderr, "ferryctl: report takes html (try ferryctl report html --help)\n");
+    return 64;
+  }
   if (cmd == "policy" && !rest.empty()) {
     const std::string sub = rest[0];
     std::vector<std::string> pargs(rest.begin() + 1, rest.end());

@@ -76,7 +76,9 @@ Result<VerifiedRecord> VerifyOne(const signing::PublicKey& pk, const SignedFile&
   try {
     const YAML::Node& r = *root;
     const std::string format = r["format"].as<std::string>();
-    if (format != "ferry-snapshot/1" && format != "ferry-snapshot/2") return InvalidArgument("unknown record format");
+    if (format != "ferry-snapshot/1" && format != "ferry-snapshot/2" && format != "ferry-snapshot/3") {
+      return InvalidArgument("unknown record format");
+    }
     if (r["seq"].as<uint64_t>() != v.seq) return InvalidArgument("sequence in the record differs from the signed one");
     if (r["key_id"].as<std::string>() != signing::KeyIdHex(pk.id)) return InvalidArgument("record names another key");
     v.issued_at = r["issued_at"].as<std::string>();

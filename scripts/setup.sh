@@ -12,8 +12,9 @@ packages=(
   libsystemd-dev
   # the Python package (python/): its extension, and its tests with real torch tensors
   python3-dev python3-pybind11 python3-numpy python3-pytest python3-torch
-  # used by the tests: the real tools users run
-  minisign prometheus systemd python3 curl
+  # used by the tests: the real tools users run (chromium and nodejs: the buyer's page,
+  # `ferryctl report html`, checked in a real browser and its script under node's test runner)
+  minisign prometheus systemd python3 curl chromium nodejs
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -12,7 +12,7 @@ metrics_address=127.0.0.1:0 start_host_ferryd overlap "$ferryd" "policy: $polici
 before=$("$ctl" --socket "$sock" policy show | sha256sum)
 "$ctl" keygen --dir "$dir" --name bench >/dev/null || fail "keygen"
 
-"$ctl" --socket "$sock" bench overlap --quick --n 128 --policies "$policies" --report "$dir/report.json" \
+FERRY_HOST_ID=overlap-test-host "$ctl" --socket "$sock" bench overlap --quick --n 128 --policies "$policies" --report "$dir/report.json" \
   --sign-key "$dir/bench.key" --svg "$dir/plot.svg" --metrics "$metrics" >"$dir/out.txt" 2>"$dir/err.txt" ||
   { cat "$dir/out.txt" "$dir/err.txt"; fail "bench overlap failed"; }
 cat "$dir/out.txt"
@@ -24,6 +24,13 @@ import json, sys, glob, os
 r = json.load(open(sys.argv[1]))
 assert r["format"] == "ferry-overlap-report/1", r["format"]
 assert r["checks_passed"] is True
+# The environment block shared with snapshots and tune reports: on the host engine no GPU
+# values, each "none" with its reason, and a host id from the machine id or FERRY_HOST_ID.
+env = r["environment"]
+assert env["chip"] == "host CPU (no GPU)", env
+for k in ("gpu_uuid", "driver", "driver_cuda", "cuda_runtime", "cublas"):
+    assert env[k] == "none" and "no GPU" in env[k + "_reason"], (k, env)
+assert env["host_id"] == "overlap-test-host" and env["host_id_source"] == "configured", env
 assert len(r["checks"]) == 9 and all(c["pass"] for c in r["checks"]), r["checks"]
 names = sorted(os.path.basename(p)[:-5] for p in glob.glob(sys.argv[2] + "/*.yaml"))
 ferry = [m for m in r["modes"] if m["path"] == "ferryd"]

@@ -42,6 +42,29 @@ echo "minisign -V: all $n verified"
 "$ctl" verify --pub "$dir/ferry.pub" "$dir/snaps" >"$dir/ok.txt" || { cat "$dir/ok.txt"; fail "ferryctl verify rejects the untouched chain"; }
 tail -1 "$dir/ok.txt"
 grep -q '"copies": [1-9]' "$dir"/snaps/snapshot-*.json || fail "no snapshot counted the copies"
+# Each names its environment as the reports do (common/environment): no GPU values on the host
+# backend, each with its reason, and a stable host id that is a hash, not /etc/machine-id.
+python3 - "$dir"/snaps/snapshot-*.json <<'PY' || fail "the snapshots' environment block"
+import json, sys
+ids = set()
+for f in sys.argv[1:]:
+    r = json.load(open(f))
+    assert r["format"] == "ferry-snapshot/3", r["format"]
+    env = r["environment"]
+    for k in ("driver", "driver_cuda", "cuda_runtime", "cublas"):
+        assert env[k] == "none" and "host backend" in env[k + "_reason"], (f, k, env)
+    assert env["chip"] == "host" and env["gpu_uuid"] == "host-gpu-0", env
+    try:
+        machine_id = open("/etc/machine-id").read().strip()
+    except OSError:
+        machine_id = ""
+    if machine_id:
+        assert len(env["host_id"]) == 32 and env["host_id"] not in machine_id, env
+    else:
+        assert env["host_id"] == "unknown" and env["host_id_reason"], env
+    ids.add(env["host_id"])
+assert len(ids) == 1, ids
+PY
 
 # Each tampering must fail, with the reason, in ferryctl verify (and in minisign where it applies).
 expect_fail() {  # what, expected-reason, ferryctl-args...
@@ -128,7 +151,8 @@ echo "key readable by others: signing refused and counted, copies served"
 # A restart continues the chain.
 "$ferryd" --config "$dir/ferryd.yaml" >"$dir/ferryd2.log" 2>&1 &
 pid=$!
-sleep 1
+# Ready, not a fixed second: a SIGTERM while the pool is built ends the start before any record.
+for _ in $(seq 400); do grep -q '\[info\] ready' "$dir/ferryd2.log" && break; sleep 0.05; done
 kill -TERM $pid; wait $pid
 "$ctl" verify --pub "$dir/ferry.pub" "$dir/snaps" >"$dir/ok2.txt" || { cat "$dir/ok2.txt"; fail "the chain broke across a restart"; }
 grep -q "continuing the chain" "$dir/ferryd2.log" || fail "restart did not continue the chain"
@@ -138,7 +162,8 @@ tail -1 "$dir/ok2.txt"
 echo '{"seq": 999999}' >"$dir/snaps/snapshot-999999.json"
 "$ferryd" --config "$dir/ferryd.yaml" >"$dir/ferryd5.log" 2>&1 &
 pid=$!
-sleep 1
+# Ready, not a fixed second: a SIGTERM while the pool is built ends the start before any record.
+for _ in $(seq 400); do grep -q '\[info\] ready' "$dir/ferryd5.log" && break; sleep 0.05; done
 kill -TERM $pid; wait $pid
 grep -q "not continuing the chain.*snapshot-999999.json does not verify" "$dir/ferryd5.log" || { cat "$dir/ferryd5.log"; fail "no warning about the planted file"; }
 grep -q '"previous_chain_broken": "snapshot-999999.json' "$dir/snaps/snapshot-1000000.json" || fail "the new chain does not say why"

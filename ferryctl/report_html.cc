@@ -1,0 +1,283 @@
+#include "ferryctl/report_html.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <string_view>
+
+#include "common/cli.hpp"
+#include "common/fd.hpp"
+#include "common/json.hpp"
+#include "common/signing.hpp"
+#include "common/status_macros.hpp"
+
+namespace ferry::ctl {
+namespace report_page {
+extern const std::string_view kTemplate, kStyle, kBlake2b, kMinisign, kVerdict, kRender, kPage;
+}  // namespace report_page
+
+namespace {
+
+constexpr const char* kUsage =
+    R"(usage: ferryctl report html FILE.json [--pub KEY.pub] [-o OUT.html] [--allow-unverified]
+       ferryctl report html --chain DIR [--pub KEY.pub] [-o OUT.html] [--allow-unverified]
+
+Writes one self-contained HTML page that a reader opens in a browser to check a signed record:
+a signed overlap report, tune report or snapshot (FILE.json with FILE.json.minisig beside it),
+or with --chain every snapshot-*.json in DIR and the hash chain between them. The page embeds
+the record's exact bytes and signature, checks the minisign signature (Ed25519 over BLAKE2b-512,
+and the trusted comment's signature) with the browser's WebCrypto on open, says which key it
+checked against, and re-checks against a public key the reader pastes or drops. It loads
+nothing from the network.
+
+  --pub KEY.pub       embed this public key (the page says a key in the same file proves only
+                      that the record is intact; the reader checks the operator's published
+                      key); ferryctl checks the records against it first
+  -o OUT.html         where to write the page (default: record.html)
+  --allow-unverified  write the page even if a record does not verify against --pub (the page
+                      then says it does not verify)
+  -h, --help          this help
+)";
+
+constexpr size_t kMaxRecordBytes = 16 << 20, kMaxChainRecords = 10000;
+
+int Fail(const std::string& what) { return cli::Fail("ferryctl: report html", what); }
+
+Result<std::string> ReadFile(const std::string& path, size_t max) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus("open " + path, errno);
+  return ReadWholeFd(fd.get(), max);
+}
+
+std::string BaseName(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+Result<PageRecord> ReadSigned(const std::string& path) {
+  PageRecord r;
+  r.file = BaseName(path);
+  FERRY_ASSIGN_OR_RETURN(r.record, ReadFile(path, kMaxRecordBytes));
+  auto sig = ReadFile(path + ".minisig", 4096);
+  if (!sig.ok()) return NotFound(sig.status().message() + " (no signature beside the record)");
+  r.minisig = std::move(*sig);
+  return r;
+}
+
+// snapshot-N.json files of DIR, in sequence order (names are padded to six digits only).
+Result<std::vector<std::string>> SnapshotFiles(const std::string& dir) {
+  std::vector<std::pair<uint64_t, std::string>> found;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return ErrnoStatus("open directory " + dir, errno);
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n.rfind("snapshot-", 0) == 0 && n.size() > 14 && n.substr(n.size() - 5) == ".json") {
+      found.emplace_back(std::strtoull(n.c_str() + 9, nullptr, 10), dir + "/" + n);
+    }
+  }
+  ::closedir(d);
+  if (found.empty()) return NotFound("no snapshot-*.json records in " + dir);
+  if (found.size() > kMaxChainRecords)
+    return InvalidArgument(dir +
+                           " holds more than 10000 snapshots; copy the range to show into a directory of its own");
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
+// The check ferryctl verify makes of one record: its signature, its trusted comment's, and the
+// record id the trusted comment names.
+Status CheckRecord(const signing::PublicKey& pk, const PageRecord& r) {
+  FERRY_ASSIGN_OR_RETURN(std::string trusted, signing::Verify(pk, r.record, r.minisig));
+  char a[64] = {0}, b[64] = {0};
+  std::string id;
+  if (std::sscanf(trusted.c_str(), "ferry report %63s %63s", a, b) == 2)
+    id = b;
+  else if (std::sscanf(trusted.c_str(), "ferry snapshot %63s seq", a) == 1)
+    id = a;
+  else
+    return InvalidArgument("trusted comment is not a ferry record's: '" + trusted + "'");
+  if (signing::RecordId(r.record) != id)
+    return InvalidArgument("record id " + id + " does not match the record's hash");
+  return Status::Ok();
+}
+
+// Fills {{NAME}} placeholders in one pass, so that nothing filled in is read as a placeholder.
+Result<std::string> Fill(std::string_view tpl, const std::vector<std::pair<std::string_view, std::string>>& values) {
+  std::string out;
+  size_t at = 0;
+  while (true) {
+    const size_t open = tpl.find("{{", at);
+    if (open == std::string_view::npos) break;
+    const size_t close = tpl.find("}}", open);
+    if (close == std::string_view::npos) return Internal("report page template: an unclosed {{");
+    const std::string_view name = tpl.substr(open + 2, close - open - 2);
+    auto it = std::find_if(values.begin(), values.end(), [&](const auto& v) { return v.first == name; });
+    if (it == values.end()) return Internal("report page template: no value for {{" + std::string(name) + "}}");
+    out.append(tpl.substr(at, open - at)).append(it->second);
+    at = close + 2;
+  }
+  out.append(tpl.substr(at));
+  return out;
+}
+
+bool ContainsNoCase(std::string_view hay, std::string_view needle) {
+  auto it = std::search(hay.begin(), hay.end(), needle.begin(), needle.end(),
+                        [](char x, char y) { return std::tolower(static_cast<unsigned char>(x)) == y; });
+  return it != hay.end();
+}
+
+std::string HtmlText(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+Status WriteAtomically(const std::string& path, std::string_view data) {
+  const std::string tmp = path + ".tmp";
+  {
+    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (!fd.valid()) return ErrnoStatus("create " + tmp, errno);
+    size_t done = 0;
+    while (done < data.size()) {
+      const ssize_t n = ::write(fd.get(), data.data() + done, data.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int err = errno;
+        ::unlink(tmp.c_str());
+        return ErrnoStatus("write " + tmp, err);
+      }
+      done += static_cast<size_t>(n);
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoStatus("rename to " + path, err);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::string> BuildReportPage(const PageInput& in) {
+  using namespace report_page;
+  std::string script;
+  for (std::string_view part : {kBlake2b, kMinisign, kVerdict, kRender, kPage}) script.append(part).append("\n");
+  // The script and style go inside <script> and <style>: their closing tags must not occur in them.
+  if (ContainsNoCase(script, "</script") || ContainsNoCase(kStyle, "</style")) {
+    return Internal("the report page's script or style holds its own closing tag");
+  }
+  std::string data = std::string("{\"kind\":") + (in.chain ? "\"chain\"" : "\"record\"") +
+                     ",\"pub_b64\":" + json::String(signing::Base64(in.public_key)) + ",\"records\":[";
+  for (size_t i = 0; i < in.records.size(); ++i) {
+    const PageRecord& r = in.records[i];
+    data += std::string(i ? "," : "") + "{\"file_b64\":\"" + signing::Base64(r.file) + "\",\"data_b64\":\"" +
+            signing::Base64(r.record) + "\",\"sig_b64\":\"" + signing::Base64(r.minisig) + "\"}";
+  }
+  data += "]}";
+  // Nothing from outside: no fetches, frames, forms, images or fonts; only this script and style.
+  const std::string csp = "default-src 'none'; script-src 'sha256-" + signing::Sha256Base64(script) +
+                          "'; style-src 'sha256-" + signing::Sha256Base64(kStyle) +
+                          "'; img-src 'none'; connect-src 'none'; font-src 'none'; form-action 'none'; base-uri 'none'";
+  return Fill(kTemplate, {{"CSP", csp},
+                          {"TITLE", HtmlText(in.title)},
+                          {"STYLE", std::string(kStyle)},
+                          {"SCRIPT", script},
+                          {"DATA", data}});
+}
+
+int ReportHtml(const std::vector<std::string>& args) {
+  std::string file, chain_dir, pub, out = "record.html";
+  bool allow_unverified = false, unverified = false;
+  cli::Args a(args);
+  while (a.Next()) {
+    if (a.IsHelp()) return cli::Help(kUsage);
+    if (a.Is("--pub") && a.HasValue())
+      pub = a.Value();
+    else if (a.Is("--chain") && a.HasValue())
+      chain_dir = a.Value();
+    else if (a.Is("-o") && a.HasValue())
+      out = a.Value();
+    else if (a.Is("--allow-unverified"))
+      allow_unverified = true;
+    else if (a.current().rfind("-", 0) == 0)
+      return Fail("unknown option " + a.current() + " (try --help)");
+    else if (file.empty())
+      file = a.current();
+    else
+      return Fail("one record at a time (or --chain DIR); '" + a.current() + "' is one too many");
+  }
+  if (file.empty() == chain_dir.empty()) return Fail("give a record FILE.json or --chain DIR (try --help)");
+  PageInput in;
+  in.chain = !chain_dir.empty();
+  std::vector<std::string> paths;
+  if (in.chain) {
+    auto files = SnapshotFiles(chain_dir);
+    if (!files.ok()) return Fail(files.status().message());
+    paths = std::move(*files);
+    in.title = "ferry snapshot chain";
+  } else {
+    paths.push_back(file);
+    in.title = "ferry signed record";
+  }
+  for (const std::string& p : paths) {
+    auto r = ReadSigned(p);
+    if (!r.ok()) return Fail(r.status().message());
+    in.records.push_back(std::move(*r));
+  }
+  if (!pub.empty()) {
+    auto text = ReadFile(pub, 4096);
+    if (!text.ok()) return Fail(pub + ": " + text.status().message() + " (not a public key file)");
+    auto pk = signing::ParsePublicKey(*text);
+    if (!pk.ok()) return Fail(pub + ": " + pk.status().message());
+    in.public_key = *text;
+    for (const PageRecord& r : in.records) {
+      Status st = CheckRecord(*pk, r);
+      if (st.ok()) continue;
+      unverified = true;
+      if (!allow_unverified) {
+        return Fail(r.file + " does not verify against " + pub + ": " + st.message() +
+                    " (nothing written; --allow-unverified writes a page that says so)");
+      }
+      std::fprintf(stderr, "ferryctl: report html: warning: %s does not verify against %s: %s (the page says so)\n",
+                   r.file.c_str(), pub.c_str(), st.message().c_str());
+    }
+  }
+  auto page = BuildReportPage(in);
+  if (!page.ok()) return Fail(page.status().message());
+  if (Status st = WriteAtomically(out, *page); !st.ok()) return Fail(st.message());
+  std::string key_note = ", no key embedded (the reader pastes the operator's published key)";
+  if (!pub.empty()) {
+    key_note = std::string(unverified ? ", NOT verified by key " : ", verified by key ") +
+               signing::KeyIdHex(signing::ParsePublicKey(in.public_key)->id) + ", which is embedded";
+  }
+  std::printf("wrote %s: %zu record%s%s\n", out.c_str(), in.records.size(), in.records.size() == 1 ? "" : "s",
+              key_note.c_str());
+  return 0;
+}
+
+}  // namespace ferry::ctl
