@@ -66,14 +66,18 @@ Block Build(const Facts& f) {
 
 Block HostId(const std::string& configured, const std::string& machine_id_path) {
   if (!configured.empty()) return {{"host_id", configured}, {"host_id_source", "configured"}};
+  errno = 0;
   std::ifstream m(machine_id_path);
   const int err = errno;
+  const bool opened = m.is_open();
   std::string id;
-  if (m) std::getline(m, id);
+  if (opened) std::getline(m, id);
   if (id.empty()) {
     return {{"host_id", "unknown"},
-            {"host_id_reason", machine_id_path + (m ? " is empty" : std::string(": ") + std::strerror(err)) +
-                                   ", and no host id is configured"}};
+            {"host_id_reason", machine_id_path +
+                                   (opened ? std::string(" is empty")
+                                           : ": " + std::string(err != 0 ? std::strerror(err) : "cannot be opened")) +
+                                   ", and no host id is configured (snapshots.host_id, FERRY_HOST_ID)"}};
   }
   // The machine id itself stays private (machine-id(5)): records carry a hash of it, as stable.
   return {{"host_id", signing::Sha256Hex("ferry host id\n" + id).substr(0, 32)},
