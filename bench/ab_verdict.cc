@@ -47,6 +47,27 @@ double StudentTCdf(double t, int df) {
   return t >= 0 ? 1 - tail : tail;
 }
 
+// The mean of v without its g smallest and g largest values.
+double TrimmedMean(std::vector<double> v, int g) {
+  std::sort(v.begin(), v.end());
+  double sum = 0;
+  for (size_t i = static_cast<size_t>(g); i + static_cast<size_t>(g) < v.size(); ++i) sum += v[i];
+  return sum / static_cast<double>(v.size() - 2 * static_cast<size_t>(g));
+}
+
+// The sample variance of v with its g smallest values raised to the next and its g largest
+// lowered to the one before.
+double WinsorizedVariance(std::vector<double> v, int g) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size(), k = static_cast<size_t>(g);
+  for (size_t i = 0; i < k; ++i) v[i] = v[k], v[n - 1 - i] = v[n - 1 - k];
+  double mean = 0;
+  for (double x : v) mean += x / static_cast<double>(n);
+  double ss = 0;
+  for (double x : v) ss += (x - mean) * (x - mean);
+  return ss / static_cast<double>(n - 1);
+}
+
 std::string Percent(double f) {
   char b[32];
   std::snprintf(b, sizeof b, "%+.1f%%", f * 100);
@@ -104,17 +125,18 @@ AbResult JudgeAb(const std::vector<AbPair>& pairs, const AbRule& rule) {
   const int n = static_cast<int>(pairs.size());
   r.pairs = n;
   if (n < 2) return r;
-  double sum_a = 0, sum_b = 0;
-  for (const AbPair& p : pairs) sum_a += p.a, sum_b += p.b;
-  r.mean_a = sum_a / n;
-  r.mean_b = sum_b / n;
-  const double d = r.mean_b - r.mean_a;
-  double ss = 0;
-  for (const AbPair& p : pairs) ss += (p.b - p.a - d) * (p.b - p.a - d);
-  const double sd = std::sqrt(ss / (n - 1));
+  // Yuen's trimmed paired t: g = floor(0.2 n) pairs off each end of the sorted differences.
+  std::vector<double> diffs, as, bs;
+  for (const AbPair& p : pairs) diffs.push_back(p.b - p.a), as.push_back(p.a), bs.push_back(p.b);
+  const int g = n / 5, h = n - 2 * g;
+  r.mean_a = TrimmedMean(as, g);
+  r.mean_b = TrimmedMean(bs, g);
+  const double d = TrimmedMean(diffs, g);
+  const double sd = std::sqrt(WinsorizedVariance(diffs, g));
+  const double se = std::sqrt(static_cast<double>(n - 1) * sd * sd / (static_cast<double>(h) * (h - 1)));
   const std::vector<int> looks = AbLooks(rule);
   r.level = 1 - (1 - rule.confidence) / static_cast<double>(looks.size());
-  const double half = StudentTQuantile(1 - (1 - r.level) / 2, n - 1) * sd / std::sqrt(static_cast<double>(n));
+  const double half = StudentTQuantile(1 - (1 - r.level) / 2, h - 1) * se;
   // Everything relative to A's mean; the absolute floor of the minimum effect where that is ~0.
   const double scale = std::fabs(r.mean_a) > 0 ? std::fabs(r.mean_a) : 1;
   const double m = std::max(rule.min_effect * std::fabs(r.mean_a), rule.min_effect_abs);

@@ -1,11 +1,15 @@
 // The A/B decision rule of `ferryctl tune`: whether a candidate setting (B) beats the current
 // one (A), from scores measured in interleaved pairs (lower is better: exposed copy time).
 //
-// The statistic is the mean paired difference d = mean(b_i - a_i), with a Student's t interval
-// (n - 1 degrees of freedom) on it; both are given as fractions of A's mean score. Pairs are
-// judged only at the looks: min_pairs, then each doubling, and max_pairs. The interval at each
-// look has confidence 1 - (1 - confidence) / looks (Bonferroni over the looks), so stopping at
-// the first clear look does not raise the chance of a false verdict above 1 - confidence.
+// The statistic is the paired difference d_i = b_i - a_i, summarized by Yuen's trimmed paired t:
+// the mean of the d_i without the g = floor(0.2 n) smallest and largest, and a Student's t
+// interval on it with n - 2g - 1 degrees of freedom from their winsorized variance (at 4 pairs
+// nothing is trimmed: the plain paired t). A mode of one run that a busy machine stalled (a
+// score off by a scheduler quantum) is trimmed from 5 pairs on instead of widening the interval.
+// Both are given as fractions of A's trimmed mean score. Pairs are judged only at the looks:
+// min_pairs, then each doubling, and max_pairs. The interval at each look has confidence
+// 1 - (1 - confidence) / looks (Bonferroni over the looks), so stopping at the first clear look
+// does not raise the chance of a false verdict above 1 - confidence.
 // With m = min_effect x |A's mean| (at least min_effect_abs):
 //   better              the interval lies below zero and the gain -d is at least m
 //   worse               the interval lies above zero
@@ -35,7 +39,7 @@ struct AbRule {
   double min_effect_abs = 0;   // ... and at least this much in the scores' unit
   double confidence = 0.99;    // of the verdict over all looks
   int min_pairs = 4;
-  int max_pairs = 12;
+  int max_pairs = 16;
 };
 Status ValidateAbRule(const AbRule& rule);
 
@@ -45,10 +49,10 @@ std::string_view AbVerdictName(AbVerdict v);  // "more pairs", "better", "worse"
 struct AbResult {
   AbVerdict verdict = AbVerdict::kMorePairs;
   int pairs = 0;
-  double mean_a = 0, mean_b = 0;  // in the scores' unit
-  // mean(b - a) and its interval, as fractions of A's mean (-0.10: B takes 10% less).
+  double mean_a = 0, mean_b = 0;  // trimmed means, in the scores' unit
+  // The trimmed mean of b - a and its interval, as fractions of mean_a (-0.10: B takes 10% less).
   double difference = 0, low = 0, high = 0;
-  double pair_sd = 0;     // standard deviation of one pair's difference, as a fraction of A's mean
+  double pair_sd = 0;     // winsorized standard deviation of a pair's difference, as a fraction of mean_a
   double level = 0;       // the interval's confidence at this look
   double min_effect = 0;  // m, as a fraction of A's mean
   bool early = false;     // decided before max_pairs
