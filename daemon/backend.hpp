@@ -189,11 +189,11 @@ struct HostBackendOptions {
   // it must have been made for it (libferry names the memfd), and its NUMA node (-1: none).
   int ordinal = 0;
   int numa_node = -1;
-  // A test tool: the simulated link copies take time on (config host.copy_rate, host.slow).
-  HostLink link;
   // Tests: called just before a copy worker thread starts; it may throw std::system_error, as
   // std::thread does when the process is out of threads or memory.
   std::function<void()> before_worker_start = nullptr;
+  // A test tool: the simulated link copies take time on (config host.copy_rate, host.slow).
+  HostLink link = {};
 };
 Result<std::unique_ptr<Backend>> CreateHostBackend(const HostBackendOptions& options);
 // NotSupported when ferry was built without the CUDA toolkit; Unavailable when no GPU answers.
