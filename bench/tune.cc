@@ -485,6 +485,11 @@ void Tuner::PrintText(const std::string& start_label) const {
     std::printf("warning: the start differed from itself beyond its interval: this machine's timing drifted during "
                 "the run; run again on a quiet machine before trusting a change\n");
   }
+  if ((nf.high - nf.low) / 2 > s_.rule.min_effect) {
+    std::printf("note: the noise floor's interval is wider than the minimum effect (%.1f%%): smaller gains cannot be "
+                "told from this machine's noise in %d pairs\n",
+                s_.rule.min_effect * 100, nf.pairs);
+  }
   std::printf("rule: keep a change when its interval lies below zero and it gains at least %.1f%%; pairs at %d..%d, "
               "intervals at %.2f%% per look (99%% over the looks)\n\n",
               s_.rule.min_effect * 100, s_.rule.min_pairs, s_.rule.max_pairs, nf.level * 100);
