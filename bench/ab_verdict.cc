@@ -35,8 +35,8 @@ double BetaFraction(double a, double b, double x) {
 double RegularizedBeta(double a, double b, double x) {
   if (x <= 0) return 0;
   if (x >= 1) return 1;
-  const double front = std::exp(std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) + a * std::log(x) +
-                                b * std::log1p(-x));
+  const double front =
+      std::exp(std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) + a * std::log(x) + b * std::log1p(-x));
   if (x < (a + 1) / (a + b + 2)) return front * BetaFraction(a, b, x) / a;
   return 1 - front * BetaFraction(b, a, 1 - x) / b;
 }
@@ -148,8 +148,8 @@ AbResult JudgeAb(const std::vector<AbPair>& pairs, const AbRule& rule) {
   const bool last = n >= rule.max_pairs;
   if (!last && std::find(looks.begin(), looks.end(), n) == looks.end()) return r;
 
-  const std::string numbers = Percent(r.difference) + " [" + Percent(r.low) + ", " + Percent(r.high) + "] over " +
-                              std::to_string(n) + " pairs";
+  const std::string numbers =
+      Percent(r.difference) + " [" + Percent(r.low) + ", " + Percent(r.high) + "] over " + std::to_string(n) + " pairs";
   const std::string min = Percent(r.min_effect).substr(1);
   if (d + half < 0 && -d >= m) {
     r.verdict = AbVerdict::kBetter;

@@ -35,9 +35,9 @@ struct AbPair {
 };
 
 struct AbRule {
-  double min_effect = 0.05;    // a smaller gain, as a fraction of A's mean, is not worth a change
-  double min_effect_abs = 0;   // ... and at least this much in the scores' unit
-  double confidence = 0.99;    // of the verdict over all looks
+  double min_effect = 0.05;   // a smaller gain, as a fraction of A's mean, is not worth a change
+  double min_effect_abs = 0;  // ... and at least this much in the scores' unit
+  double confidence = 0.99;   // of the verdict over all looks
   int min_pairs = 4;
   int max_pairs = 16;
 };

@@ -28,16 +28,14 @@ Result<std::vector<Bandwidth>> TransferSweep(const std::string& socket, size_t m
   if (sizes.empty() || sizes.back() != max_size) sizes.push_back(max_size);
   for (size_t bytes : sizes) {
     // Round trip first, checked: host[0, n) -> device -> host[max, max + n).
-    FillRandom(host.data(), bytes,
-                      static_cast<uint64_t>(bytes) * 2654435761u + static_cast<uint64_t>(::getpid()));
+    FillRandom(host.data(), bytes, static_cast<uint64_t>(bytes) * 2654435761u + static_cast<uint64_t>(::getpid()));
     std::memset(host.data() + max_size, 0xA5, bytes);
     FERRY_ASSIGN_OR_RETURN(Transfer up, client->Copy(Direction::kHostToDevice, host, 0, region, 0, bytes));
     FERRY_RETURN_IF_ERROR(up.Wait(std::chrono::seconds(10)));
     FERRY_ASSIGN_OR_RETURN(Transfer down, client->Copy(Direction::kDeviceToHost, host, max_size, region, 0, bytes));
     FERRY_RETURN_IF_ERROR(down.Wait(std::chrono::seconds(10)));
     if (std::memcmp(host.data(), host.data() + max_size, bytes) != 0) {
-      return Internal("transfer sweep: a " + FormatByteSize(bytes) +
-                      " round trip through ferryd came back different");
+      return Internal("transfer sweep: a " + FormatByteSize(bytes) + " round trip through ferryd came back different");
     }
     // Small sizes in batches (many in flight, as servers send them), large ones one at a time.
     // Copies in one batch go to disjoint device ranges (concurrent writes to one range race).

@@ -123,7 +123,7 @@ const char* const kDimNames[] = {"schedule", "streams", "batching", "priority"};
 
 // One comparison: B (a candidate, or the start against itself) against A (the best so far).
 struct Comparison {
-  std::string label, change;  // change: "key: old -> new; ..." from A, or what B is
+  std::string label, change;                     // change: "key: old -> new; ..." from A, or what B is
   std::shared_ptr<const policy::Policy> policy;  // B
   std::string a_hash;
   AbResult ab;
@@ -137,7 +137,7 @@ struct Comparison {
   // The bandwidth guard of a candidate the rule would keep: A's and B's largest copy in pairs.
   AbResult bandwidth;
   std::vector<AbPair> bandwidth_pairs;  // seconds per GB, the slower direction
-  std::string verdict;           // the rule's, or "rejected: ..."; "better: kept" once kept
+  std::string verdict;                  // the rule's, or "rejected: ..."; "better: kept" once kept
   bool kept = false;
 };
 
@@ -433,7 +433,8 @@ std::string Tuner::ReportJson() const {
     j << "null";
   j << ",\n  \"environment_changes\": [";
   for (size_t i = 0; i < env_changes_.size(); ++i) j << (i ? ", " : "") << json::String(env_changes_[i]);
-  j << "],\n  \"rule\": {\"statistic\": \"20% trimmed mean of the paired differences B - A over A's trimmed mean score\", "
+  j << "],\n  \"rule\": {\"statistic\": \"20% trimmed mean of the paired differences B - A over A's trimmed mean "
+       "score\", "
     << "\"interval\": \"Yuen's paired t: Student's t with n - 2g - 1 degrees of freedom (g = floor(0.2 n)) on the "
        "winsorized variance, Bonferroni over the looks\", "
     << "\"order\": \"A then B in one overlap run, B then A in the next, alternating\", \"confidence\": "
@@ -446,8 +447,8 @@ std::string Tuner::ReportJson() const {
   bool first = true;
   for (const Comparison& c : comparisons_) {
     if (!c.kept) continue;
-    j << (first ? "" : ", ") << "{\"change\": " << json::String(c.change) << ", \"difference\": "
-      << json::Number(c.ab.difference) << ", \"interval\": [" << json::Number(c.ab.low) << ", "
+    j << (first ? "" : ", ") << "{\"change\": " << json::String(c.change)
+      << ", \"difference\": " << json::Number(c.ab.difference) << ", \"interval\": [" << json::Number(c.ab.low) << ", "
       << json::Number(c.ab.high) << "], \"pairs\": " << c.ab.pairs << ", \"reason\": " << json::String(c.ab.reason)
       << "}";
     first = false;
@@ -479,20 +480,25 @@ void Tuner::PrintText(const std::string& start_label) const {
     for (const auto& c : env_changes_) std::printf("  %s\n", c.c_str());
   }
   const AbResult& nf = noise_->ab;
-  std::printf("\nnoise floor, the start against itself: %s %s over %d pairs; one pair's difference varies by %.1f%% (sd)\n",
-              Pct(nf.difference).c_str(), Interval(nf).c_str(), nf.pairs, nf.pair_sd * 100);
-  if (nf.verdict == AbVerdict::kBetter || nf.verdict == AbVerdict::kWorse || nf.verdict == AbVerdict::kNotWorthChanging) {
-    std::printf("warning: the start differed from itself beyond its interval: this machine's timing drifted during "
-                "the run; run again on a quiet machine before trusting a change\n");
+  std::printf(
+      "\nnoise floor, the start against itself: %s %s over %d pairs; one pair's difference varies by %.1f%% (sd)\n",
+      Pct(nf.difference).c_str(), Interval(nf).c_str(), nf.pairs, nf.pair_sd * 100);
+  if (nf.verdict == AbVerdict::kBetter || nf.verdict == AbVerdict::kWorse ||
+      nf.verdict == AbVerdict::kNotWorthChanging) {
+    std::printf(
+        "warning: the start differed from itself beyond its interval: this machine's timing drifted during "
+        "the run; run again on a quiet machine before trusting a change\n");
   }
   if ((nf.high - nf.low) / 2 > s_.rule.min_effect) {
-    std::printf("note: the noise floor's interval is wider than the minimum effect (%.1f%%): smaller gains cannot be "
-                "told from this machine's noise in %d pairs\n",
-                s_.rule.min_effect * 100, nf.pairs);
+    std::printf(
+        "note: the noise floor's interval is wider than the minimum effect (%.1f%%): smaller gains cannot be "
+        "told from this machine's noise in %d pairs\n",
+        s_.rule.min_effect * 100, nf.pairs);
   }
-  std::printf("rule: keep a change when its interval lies below zero and it gains at least %.1f%%; pairs at %d..%d, "
-              "intervals at %.2f%% per look (99%% over the looks)\n\n",
-              s_.rule.min_effect * 100, s_.rule.min_pairs, s_.rule.max_pairs, nf.level * 100);
+  std::printf(
+      "rule: keep a change when its interval lies below zero and it gains at least %.1f%%; pairs at %d..%d, "
+      "intervals at %.2f%% per look (99%% over the looks)\n\n",
+      s_.rule.min_effect * 100, s_.rule.min_pairs, s_.rule.max_pairs, nf.level * 100);
   std::printf("%-50s %9s %9s %8s %18s %5s  %s\n", "candidate (change from the best so far)", "A ms", "B ms", "B - A",
               "interval", "pairs", "verdict");
   for (const Comparison& c : comparisons_) {
@@ -500,11 +506,13 @@ void Tuner::PrintText(const std::string& start_label) const {
     std::printf("%-50s %9.3f %9.3f %8s %18s %5d  %s\n", label.c_str(), c.ab.mean_a * 1e3, c.ab.mean_b * 1e3,
                 Pct(c.ab.difference).c_str(), Interval(c.ab).c_str(), c.ab.pairs, c.verdict.c_str());
   }
-  std::printf("(A: the best so far, B: the candidate; scores are exposed copy time, pipelined + in-step, in ms, means\n"
-              "over the pairs; B - A in percent of A; a kept change's %s copy was not over 3%% slower than A's)\n",
-              FormatByteSize(s_.max_size).c_str());
+  std::printf(
+      "(A: the best so far, B: the candidate; scores are exposed copy time, pipelined + in-step, in ms, means\n"
+      "over the pairs; B - A in percent of A; a kept change's %s copy was not over 3%% slower than A's)\n",
+      FormatByteSize(s_.max_size).c_str());
   for (const Comparison& c : comparisons_) {
-    if (c.checks_passed && c.ab.verdict != AbVerdict::kMorePairs) std::printf("  %s: %s\n", c.label.c_str(), c.ab.reason.c_str());
+    if (c.checks_passed && c.ab.verdict != AbVerdict::kMorePairs)
+      std::printf("  %s: %s\n", c.label.c_str(), c.ab.reason.c_str());
   }
   std::printf("\n");
   if (setting_changes_.empty()) {
@@ -519,8 +527,9 @@ void Tuner::PrintText(const std::string& start_label) const {
     for (const auto& c : setting_changes_) std::printf("  %s\n", c.c_str());
     std::printf("each kept because:\n");
     for (const Comparison& c : comparisons_) {
-      if (c.kept) std::printf("  %s: %s %s over %d pairs\n", c.change.c_str(), Pct(c.ab.difference).c_str(),
-                              Interval(c.ab).c_str(), c.ab.pairs);
+      if (c.kept)
+        std::printf("  %s: %s %s over %d pairs\n", c.change.c_str(), Pct(c.ab.difference).c_str(),
+                    Interval(c.ab).c_str(), c.ab.pairs);
     }
   }
   std::printf("tune time: %.1f s (%d overlap runs)\n", seconds_, pairs_run_);

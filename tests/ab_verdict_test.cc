@@ -40,7 +40,8 @@ AbResult Compare(PairSource source, const AbRule& rule) {
 // Verdicts over `trials` comparisons, each from its own seed.
 std::map<AbVerdict, int> Verdicts(uint64_t seed, int trials, double effect, double own, const AbRule& rule) {
   std::map<AbVerdict, int> count;
-  for (int t = 0; t < trials; ++t) ++count[Compare(PairSource(seed + static_cast<uint64_t>(t), effect, own), rule).verdict];
+  for (int t = 0; t < trials; ++t)
+    ++count[Compare(PairSource(seed + static_cast<uint64_t>(t), effect, own), rule).verdict];
   return count;
 }
 
