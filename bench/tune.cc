@@ -60,8 +60,8 @@ zero "worse". A comparison stops at the first look with a clear verdict (an obvi
 loss, or an interval within +-min-effect of zero), else at --max-pairs. A candidate the rule
 would keep also has its largest copy (--max-size) timed against A's in four pairs: slower by
 over 3% with the interval above zero rejects it.
-First the start is measured against itself the same way: that difference is the run's own
-noise floor, printed with the results.
+First the start is measured against itself the same way (4 or 8 pairs): that difference is the
+run's own noise floor, printed with the results.
 
 Writes the best policy and a signed JSON report beside it with every comparison (difference,
 interval, pairs, the verdict and its reason), and says what changed since the last tune: in the
@@ -165,7 +165,7 @@ class Tuner {
   Result<PairRun> RunPair(const policy::Policy& a, const policy::Policy& b, bool b_first);
   Result<Comparison> Compare(const std::string& label, const std::string& change,
                              const std::shared_ptr<const policy::Policy>& a,
-                             const std::shared_ptr<const policy::Policy>& b);
+                             const std::shared_ptr<const policy::Policy>& b, const AbRule& rule);
   Status Sweep(Comparison& c);
   Status GuardBandwidth(Comparison& c, const policy::Policy& a);
   Result<double> LargestCopySecondsPerGb(const policy::Policy& p);
@@ -206,7 +206,7 @@ Result<PairRun> Tuner::RunPair(const policy::Policy& a, const policy::Policy& b,
   o.in_process = false;
   o.copy_alone = false;
   o.quiet = true;
-  o.steps = s_.quick ? 8 : 12;
+  o.steps = s_.quick ? 6 : 12;
   o.warmup = s_.quick ? 2 : 3;
   o.rounds = 1;
   FERRY_ASSIGN_OR_RETURN(overlap::Report r, overlap::Run(*engine_, o));
@@ -236,7 +236,7 @@ Result<PairRun> Tuner::RunPair(const policy::Policy& a, const policy::Policy& b,
 
 Result<Comparison> Tuner::Compare(const std::string& label, const std::string& change,
                                   const std::shared_ptr<const policy::Policy>& a,
-                                  const std::shared_ptr<const policy::Policy>& b) {
+                                  const std::shared_ptr<const policy::Policy>& b, const AbRule& rule) {
   Comparison c;
   c.label = label;
   c.change = change;
@@ -254,7 +254,7 @@ Result<Comparison> Tuner::Compare(const std::string& label, const std::string& c
     runs.push_back(p);
     return AbPair{p.a_pipelined + p.a_in_step, p.b_pipelined + p.b_in_step};
   };
-  auto r = CompareAb(measure, s_.rule, &c.pairs);
+  auto r = CompareAb(measure, rule, &c.pairs);
   if (!r.ok() && c.checks_passed) return r.status().WithContext(label);
   if (r.ok()) c.ab = *r;
   for (const PairRun& p : runs) {
@@ -498,7 +498,8 @@ void Tuner::PrintText(const std::string& start_label) const {
   std::printf(
       "rule: keep a change when its interval lies below zero and it gains at least %.1f%%; pairs at %d..%d, "
       "intervals at %.2f%% per look (99%% over the looks)\n\n",
-      s_.rule.min_effect * 100, s_.rule.min_pairs, s_.rule.max_pairs, nf.level * 100);
+      s_.rule.min_effect * 100, s_.rule.min_pairs, s_.rule.max_pairs,
+      (1 - (1 - s_.rule.confidence) / static_cast<double>(AbLooks(s_.rule).size())) * 100);
   std::printf("%-50s %9s %9s %8s %18s %5s  %s\n", "candidate (change from the best so far)", "A ms", "B ms", "B - A",
               "interval", "pairs", "verdict");
   for (const Comparison& c : comparisons_) {
@@ -596,8 +597,11 @@ int Tuner::Run() {
   for (int d = 0; d < 4; ++d) total += s_.dims[d] ? Alternatives(*start, d).size() : 0;
   progress_ = std::make_unique<Progress>(total * static_cast<size_t>(s_.rule.min_pairs));  // an estimate
 
-  // The run's own noise: the start against itself, by the same rule.
-  auto noise = Compare("noise floor: the start against itself", "start: " + start_label, start, start);
+  // The run's own noise: the start against itself, by the same rule, at its first two looks (a
+  // measure, not a decision: it need not run to the most pairs where the machine is noisy).
+  AbRule noise_rule = s_.rule;
+  noise_rule.max_pairs = std::min(s_.rule.max_pairs, 2 * s_.rule.min_pairs);
+  auto noise = Compare("noise floor: the start against itself", "start: " + start_label, start, start, noise_rule);
   if (!noise.ok()) return Fail(noise.status().ToString());
   if (!noise->checks_passed)
     return Fail("the starting policy fails the correctness checks (" + noise->check_failure +
@@ -614,7 +618,7 @@ int Tuner::Run() {
       std::string change;
       for (const auto& diff : policy::DiffPolicies(*best, *candidate)) change += (change.empty() ? "" : "; ") + diff;
       if (change.empty()) continue;  // the best already (a change earlier in this setting)
-      auto c = Compare(std::string(kDimNames[d]) + ": " + ShortLabel(*candidate, d), change, best, candidate);
+      auto c = Compare(std::string(kDimNames[d]) + ": " + ShortLabel(*candidate, d), change, best, candidate, s_.rule);
       if (!c.ok()) return Fail(c.status().ToString());
       if (c->checks_passed && c->ab.verdict == AbVerdict::kBetter) {
         if (Status st = GuardBandwidth(*c, *best); !st.ok()) return Fail(st.ToString());
