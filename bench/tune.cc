@@ -27,6 +27,7 @@
 #include "bench/bench_commands.hpp"
 #include "bench/bench_util.hpp"
 #include "bench/transfer_sweep.hpp"
+#include "bench/tune_comparison.hpp"
 #include "common/byte_size.hpp"
 #include "common/json.hpp"
 #include "common/time_format.hpp"
@@ -121,40 +122,12 @@ struct TuneSettings {
 
 const char* const kDimNames[] = {"schedule", "streams", "batching", "priority"};
 
-// One comparison: B (a candidate, or the start against itself) against A (the best so far).
-struct Comparison {
-  std::string label, change;                     // change: "key: old -> new; ..." from A, or what B is
-  std::shared_ptr<const policy::Policy> policy;  // B
-  std::string a_hash;
-  AbResult ab;
-  std::vector<AbPair> pairs;
-  // Means over the pairs of each side's two exposed times (seconds).
-  double a_pipelined = 0, a_in_step = 0, b_pipelined = 0, b_in_step = 0;
-  bool checks_passed = true;
-  std::string check_failure;
-  std::vector<Bandwidth> sweep;  // the start's: every size
-  double largest_gbps = 0;       // the slower direction at the largest size
-  // The bandwidth guard of a candidate the rule would keep: A's and B's largest copy in pairs.
-  AbResult bandwidth;
-  std::vector<AbPair> bandwidth_pairs;  // seconds per GB, the slower direction
-  std::string verdict;                  // the rule's, or "rejected: ..."; "better: kept" once kept
-  bool kept = false;
-};
-
 // Both sides' exposed times from one overlap run holding A and B.
 struct PairRun {
   double a_pipelined = 0, a_in_step = 0, b_pipelined = 0, b_in_step = 0;
   bool checks_passed = true;
   std::string failure;
 };
-
-std::string Pct(double f) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%+.1f%%", f * 100);
-  return b;
-}
-
-std::string Interval(const AbResult& r) { return "[" + Pct(r.low) + ", " + Pct(r.high) + "]"; }
 
 class Tuner {
  public:
@@ -377,46 +350,6 @@ std::vector<std::pair<std::string, std::shared_ptr<policy::Policy>>> Tuner::Alte
       break;
   }
   return out;
-}
-
-std::string AbJson(const AbResult& r, const std::vector<AbPair>& pairs) {
-  std::ostringstream o;
-  o << "{\"verdict\": " << json::String(AbVerdictName(r.verdict)) << ", \"reason\": " << json::String(r.reason)
-    << ", \"pairs\": " << r.pairs << ", \"early\": " << (r.early ? "true" : "false")
-    << ", \"a_score_seconds\": " << json::Number(r.mean_a) << ", \"b_score_seconds\": " << json::Number(r.mean_b)
-    << ", \"difference\": " << json::Number(r.difference) << ", \"interval\": [" << json::Number(r.low) << ", "
-    << json::Number(r.high) << "], \"interval_confidence\": " << json::Number(r.level)
-    << ", \"pair_sd\": " << json::Number(r.pair_sd) << ", \"min_effect\": " << json::Number(r.min_effect)
-    << ", \"scores\": [";
-  for (size_t i = 0; i < pairs.size(); ++i)
-    o << (i ? ", " : "") << "[" << json::Number(pairs[i].a) << ", " << json::Number(pairs[i].b) << "]";
-  o << "]}";
-  return o.str();
-}
-
-std::string ComparisonJson(const Comparison& c) {
-  std::ostringstream o;
-  o << "{\"label\": " << json::String(c.label) << ", \"change\": " << json::String(c.change)
-    << ", \"policy_hash\": " << json::String(c.policy->Hash()) << ", \"against_hash\": " << json::String(c.a_hash)
-    << ", \"checks_passed\": " << (c.checks_passed ? "true" : "false") << ", \"verdict\": " << json::String(c.verdict)
-    << ", \"kept\": " << (c.kept ? "true" : "false")
-    << ", \"a_pipelined_exposed_seconds\": " << json::Number(c.a_pipelined)
-    << ", \"a_in_step_exposed_seconds\": " << json::Number(c.a_in_step)
-    << ", \"b_pipelined_exposed_seconds\": " << json::Number(c.b_pipelined)
-    << ", \"b_in_step_exposed_seconds\": " << json::Number(c.b_in_step) << ", \"ab\": " << AbJson(c.ab, c.pairs);
-  if (!c.bandwidth_pairs.empty())
-    o << ", \"largest_copy_gbps\": " << json::Number(c.largest_gbps)
-      << ", \"bandwidth_guard\": " << AbJson(c.bandwidth, c.bandwidth_pairs);
-  if (!c.sweep.empty()) {
-    o << ", \"largest_copy_gbps\": " << json::Number(c.largest_gbps) << ", \"sweep\": [";
-    for (size_t i = 0; i < c.sweep.size(); ++i) {
-      o << (i ? ", " : "") << "{\"bytes\": " << c.sweep[i].bytes << ", \"direction\": \"" << c.sweep[i].direction
-        << "\", \"gbps\": " << json::Number(c.sweep[i].gbps) << "}";
-    }
-    o << "]";
-  }
-  o << "}";
-  return o.str();
 }
 
 std::string Tuner::ReportJson() const {
