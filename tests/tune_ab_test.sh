@@ -10,9 +10,10 @@
 #   - with a minimum effect above the slowdown's gain, calls the gain real but not worth changing;
 #   - after an environment change, names the setting that changed with its gain and interval, or
 #     says the last tune's settings still hold.
-# These count verdicts; nothing here is timed. The ferryds' event loops do not spin (spin_us: 0),
-# leaving the CPUs to the tuner and the other tests. Under the sanitizers (FERRY_SANITIZED) the
-# same paths run 3 times each.
+# These count verdicts; nothing here is timed (a machine too busy to tell 5% apart, as the runs'
+# own noise floors show, skips the counts: exit 77). Under the sanitizers (FERRY_SANITIZED) the
+# same paths run 3 times each and the reports are checked, not the counts. The ferryds' event
+# loops do not spin (spin_us: 0), leaving the CPUs to the tuner.
 # usage: tune_ab_test.sh FERRYD FERRYCTL
 set -uo pipefail
 ferryd=$1 ctl=$2
@@ -63,6 +64,37 @@ for i in $(seq "$runs"); do
   tune "$sock" --json --out "$work/slow$i.yaml" >"$work/json/slow$i.json" 2>"$work/err" ||
     { cat "$work/err"; fail "tune $i (slowdown)"; }
 done
+# Under the sanitizers the runs check the paths (memory, races), not the counts: instrumented
+# processes stretch every wake-up past what 5% can be told from.
+if [ -n "${FERRY_SANITIZED:-}" ]; then
+  python3 - "$work"/json/*.json <<'PY' || fail "a report"
+import json, sys
+for f in sys.argv[1:]:
+    r = json.load(open(f))
+    for c in [r["noise_floor"]] + r["candidates"]:
+        assert c["ab"]["pairs"] == len(c["ab"]["scores"]) >= 4 and c["ab"]["reason"], c
+PY
+  stop_ferryd "$same_pid"
+  stop_ferryd "$pid"
+  echo "PASS (sanitized: $((2 * runs)) runs checked, verdicts not counted)"
+  exit 0
+fi
+# The claim holds where the machine's noise is below the minimum effect, which each run measures
+# (its noise floor) and says when it is not. A machine busy with other work (a build on every
+# CPU) can stretch every wake-up by milliseconds: where a quarter of the runs found their noise
+# floor wider than the minimum effect, the counts cannot be tested here, and the test says so.
+noisy=$(python3 - "$work"/json/*.json <<'PY'
+import json, sys
+print(sum(1 for f in sys.argv[1:]
+          if (lambda ab, m: (ab["interval"][1] - ab["interval"][0]) / 2 > m)(
+              json.load(open(f))["noise_floor"]["ab"], json.load(open(f))["rule"]["min_effect"])))
+PY
+)
+if [ "$noisy" -gt $((runs / 2)) ]; then
+  echo "SKIP: $noisy of $((2 * runs)) runs found this machine's noise floor wider than the minimum effect (5%):" \
+    "too busy to count verdicts (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
+  exit 77
+fi
 same=$(count "" "$work"/json/same*.json)
 echo "$same" | sed '$d'
 [ "$(echo "$same" | tail -1)" -ge $((runs - 1)) ] || fail "unchanged in only $(echo "$same" | tail -1) of $runs runs"
