@@ -12,7 +12,7 @@
 #     says the last tune's settings still hold.
 # These count verdicts; nothing here is timed (a machine too busy to tell 5% apart, as the runs'
 # own noise floors show, skips the counts: exit 77). Under the sanitizers (FERRY_SANITIZED) the
-# same paths run 3 times each and the reports are checked, not the counts. The ferryds' event
+# same paths run once each and the reports are checked, not the counts. The ferryds' event
 # loops do not spin (spin_us: 0), leaving the CPUs to the tuner.
 # usage: tune_ab_test.sh FERRYD FERRYCTL
 set -uo pipefail
@@ -20,7 +20,7 @@ ferryd=$1 ctl=$2
 . "$(dirname "$0")/host_ferryd.sh"
 need python3
 runs=20
-[ -n "${FERRY_SANITIZED:-}" ] && runs=3
+[ -n "${FERRY_SANITIZED:-}" ] && runs=1
 work=$(mktemp -d /tmp/ferry-tune-ab-XXXXXX)
 mkdir "$work/json"
 link='host: {copy_rate: 16MiB}'

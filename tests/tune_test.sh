@@ -11,7 +11,7 @@ start_host_ferryd tune "$ferryd"
 "$ctl" keygen --dir "$dir" --name tune >/dev/null || fail "keygen"
 before=$("$ctl" --socket "$sock" policy show | sha256sum)
 
-"$ctl" --socket "$sock" tune --quick --max-pairs 4 --n 96 --out "$dir/tuned.yaml" --sign-key "$dir/tune.key" >"$dir/1.txt" 2>"$dir/1.err" ||
+"$ctl" --socket "$sock" tune --quick --max-pairs 4 --n 64 --out "$dir/tuned.yaml" --sign-key "$dir/tune.key" >"$dir/1.txt" 2>"$dir/1.err" ||
   { cat "$dir/1.txt" "$dir/1.err"; fail "first tune"; }
 cat "$dir/1.txt"
 grep -q "no earlier tune" "$dir/1.txt" || fail "the first tune should say there is nothing to compare with"
@@ -57,7 +57,7 @@ r["policy_yaml"] = r["policy_yaml"].replace("threshold: ", "threshold: 2MiB #")
 json.dump(r, open(sys.argv[1], "w"))
 open(sys.argv[2], "w").write(r["policy_yaml"])
 PY
-"$ctl" --socket "$sock" tune --quick --max-pairs 4 --n 96 --out "$dir/tuned.yaml" --json >"$dir/2.json" 2>"$dir/2.err" ||
+"$ctl" --socket "$sock" tune --quick --max-pairs 4 --n 64 --out "$dir/tuned.yaml" --json >"$dir/2.json" 2>"$dir/2.err" ||
   { cat "$dir/2.err"; fail "second tune"; }
 old_hash=$("$ctl" policy show "$dir/old.yaml" | sed -n 's/^# hash //p')
 "$ctl" policy diff "$dir/old.yaml" "$dir/tuned.yaml" | grep -v "^name:" | grep -v "^no differences" >"$dir/diff.txt"
