@@ -10,10 +10,10 @@
 #   - with a minimum effect above the slowdown's gain, calls the gain real but not worth changing;
 #   - after an environment change, names the setting that changed with its gain and interval, or
 #     says the last tune's settings still hold.
-# These count verdicts; nothing here is timed (a machine too busy to tell 5% apart, as the runs'
-# own noise floors show, skips the counts: exit 77). Under the sanitizers (FERRY_SANITIZED) the
-# same paths run once each and the reports are checked, not the counts. The ferryds' event
-# loops do not spin (spin_us: 0), leaving the CPUs to the tuner.
+# These count verdicts; nothing here is timed (counts short on a machine too busy to tell 5%
+# apart, as the runs' own noise floors show, skip: exit 77). Under the sanitizers
+# (FERRY_SANITIZED) the same paths run once each and the reports are checked, not the counts.
+# The ferryds' event loops do not spin (spin_us: 0), leaving the CPUs to the tuner.
 # usage: tune_ab_test.sh FERRYD FERRYCTL
 set -uo pipefail
 ferryd=$1 ctl=$2
@@ -79,28 +79,34 @@ PY
   echo "PASS (sanitized: $((2 * runs)) runs checked, verdicts not counted)"
   exit 0
 fi
-# The claim holds where the machine's noise is below the minimum effect, which each run measures
-# (its noise floor) and says when it is not. A machine busy with other work (a build on every
-# CPU) can stretch every wake-up by milliseconds: where a quarter of the runs found their noise
-# floor wider than the minimum effect, the counts cannot be tested here, and the test says so.
-noisy=$(python3 - "$work"/json/*.json <<'PY'
-import json, sys
-print(sum(1 for f in sys.argv[1:]
-          if (lambda ab, m: (ab["interval"][1] - ab["interval"][0]) / 2 > m)(
-              json.load(open(f))["noise_floor"]["ab"], json.load(open(f))["rule"]["min_effect"])))
-PY
-)
-if [ "$noisy" -gt $((runs / 2)) ]; then
-  echo "SKIP: $noisy of $((2 * runs)) runs found this machine's noise floor wider than the minimum effect (5%):" \
-    "too busy to count verdicts (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
-  exit 77
-fi
 same=$(count "" "$work"/json/same*.json)
 echo "$same" | sed '$d'
-[ "$(echo "$same" | tail -1)" -ge $((runs - 1)) ] || fail "unchanged in only $(echo "$same" | tail -1) of $runs runs"
 moved=$(count "streams.bulk_priority: least -> greatest" "$work"/json/slow*.json)
 echo "$moved" | sed '$d'
-[ "$(echo "$moved" | tail -1)" -ge $((runs - 1)) ] || fail "moved away in only $(echo "$moved" | tail -1) of $runs runs"
+same=$(echo "$same" | tail -1) moved=$(echo "$moved" | tail -1)
+echo "unchanged in $same of $runs runs without the slowdown; moved away in $moved of $runs with it"
+if [ "$same" -lt $((runs - 1)) ] || [ "$moved" -lt $((runs - 1)) ]; then
+  # The claim holds where the machine's noise is below the minimum effect, which each run
+  # measures (its noise floor) and reports. A machine busy with other work (a build on every CPU)
+  # stretches every wake-up by milliseconds: where a quarter of the runs found their noise floor
+  # wider than the minimum effect, a count short of 19 is the machine's, and the test says so.
+  noisy=$(python3 - "$work"/json/*.json <<'PY'
+import json, sys
+n = 0
+for f in sys.argv[1:]:
+    r = json.load(open(f))
+    ab = r["noise_floor"]["ab"]
+    n += (ab["interval"][1] - ab["interval"][0]) / 2 > r["rule"]["min_effect"]
+print(n)
+PY
+  )
+  if [ "$noisy" -gt $((runs / 2)) ]; then
+    echo "SKIP: $noisy of $((2 * runs)) runs found this machine's noise floor wider than the minimum effect (5%):" \
+      "too busy to count verdicts (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
+    exit 77
+  fi
+  fail "unchanged in $same and moved away in $moved of $runs runs (want at least $((runs - 1)) each)"
+fi
 python3 - "$work/json/slow1.json" <<'PY' || fail "the report of a kept change"
 import json, sys
 r = json.load(open(sys.argv[1]))
