@@ -19,6 +19,7 @@
 
 #include "common/fd.hpp"
 #include "common/wire.hpp"
+#include "daemon/host_link.hpp"
 #include "ferry/status.hpp"
 
 namespace ferry::daemon {
@@ -89,6 +90,7 @@ struct CopyPlan {
   uint32_t done_value = 0;
   std::vector<CopyPiece> pieces;
   uint64_t accepted_ns = 0;  // when ferryd read the request off the ring (for --trace-engine)
+  const Policy* policy = nullptr;  // the policy it was planned under (the host link's host.slow matches it)
 };
 
 using FenceId = uint64_t;
@@ -190,6 +192,8 @@ struct HostBackendOptions {
   // Tests: called just before a copy worker thread starts; it may throw std::system_error, as
   // std::thread does when the process is out of threads or memory.
   std::function<void()> before_worker_start = nullptr;
+  // A test tool: the simulated link copies take time on (config host.copy_rate, host.slow).
+  HostLink link = {};
 };
 Result<std::unique_ptr<Backend>> CreateHostBackend(const HostBackendOptions& options);
 // The cuBLAS library this node's clients load ("13.0.2.14"; empty when none is found, which the

@@ -27,18 +27,24 @@ Result<std::vector<GpuLocation>> LocateHostGpus(const DaemonConfig& config) {
   return out;
 }
 
-Result<std::vector<std::unique_ptr<Backend>>> HostGpus(const std::vector<GpuLocation>& gpus, uint32_t streams) {
+Result<std::vector<std::unique_ptr<Backend>>> HostGpus(const std::vector<GpuLocation>& gpus, uint32_t streams,
+                                                       const HostLink& link) {
   std::vector<std::unique_ptr<Backend>> out;
   for (const GpuLocation& g : gpus) {
     HostBackendOptions o;
     o.streams_per_direction = streams;
     o.ordinal = g.ordinal;
     o.numa_node = g.numa_node;
+    o.link = link;
     auto b = CreateHostBackend(o);
     if (!b.ok()) return b.status();
     out.push_back(std::move(*b));
   }
   return out;
+}
+
+const char* HostOnlyNote(const DaemonConfig& config) {
+  return config.host_link.paced() ? "; host.copy_rate and host.slow ignored: they simulate a link on the host backend" : "";
 }
 
 // A context per GPU takes a few hundred milliseconds to make: they are made side by side.
@@ -75,13 +81,13 @@ Result<std::vector<GpuLocation>> LocateGpus(const DaemonConfig& config, wire::Ba
       return LocateHostGpus(config);
     case BackendChoice::kCuda:
       *kind = wire::BackendKind::kCuda;
-      *why = "backend: cuda (as configured)";
+      *why = std::string("backend: cuda (as configured)") + HostOnlyNote(config);
       return LocateCudaGpus(config.devices);
     case BackendChoice::kAuto: {
       auto cuda = LocateCudaGpus(config.devices);
       if (cuda.ok()) {
         *kind = wire::BackendKind::kCuda;
-        *why = "backend: cuda (auto: a GPU answered)";
+        *why = std::string("backend: cuda (auto: a GPU answered)") + HostOnlyNote(config);
         return cuda;
       }
       *kind = wire::BackendKind::kHost;
@@ -96,7 +102,7 @@ Result<std::vector<std::unique_ptr<Backend>>> CreateBackends(const DaemonConfig&
                                                              const std::vector<GpuLocation>& gpus) {
   // Every stream a policy may use exists from the start, so switching policies never creates any.
   const uint32_t streams = kStreamsPerDirection;
-  if (kind == wire::BackendKind::kHost) return HostGpus(gpus, streams);
+  if (kind == wire::BackendKind::kHost) return HostGpus(gpus, streams, config.host_link);
   return CudaGpus(config, gpus, streams);
 }
 

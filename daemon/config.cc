@@ -55,9 +55,28 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
     }
   }
   if (auto h = root["host"]) {
-    FERRY_RETURN_IF_ERROR(CheckKeys(file, h, {"gpus", "numa_nodes"}));
+    FERRY_RETURN_IF_ERROR(CheckKeys(file, h, {"gpus", "numa_nodes", "copy_rate", "slow"}));
     if (auto n = h["gpus"]) { FERRY_ASSIGN_OR_RETURN(c.host_gpus, GetInt(file, n, 1, 16)); }
     if (auto n = h["numa_nodes"]) { FERRY_ASSIGN_OR_RETURN(c.host_numa_nodes, GetInt(file, n, 1, 8)); }
+    if (auto n = h["copy_rate"]) {
+      FERRY_ASSIGN_OR_RETURN(c.host_link.bytes_per_second, GetSize(file, n, 1ull << 10, 1ull << 40));
+    }
+    if (auto slow = h["slow"]) {
+      FERRY_RETURN_IF_ERROR(CheckKeys(file, slow, {"when", "factor"}));
+      if (!h["copy_rate"]) return ErrorAt(file, slow, "host.slow needs host.copy_rate: it slows copies on that link");
+      auto when = slow["when"];
+      if (!when || !when.IsMap() || when.size() == 0) {
+        return ErrorAt(file, slow, "host.slow.when takes policy settings, e.g. {streams.bulk_priority: least}");
+      }
+      for (const auto& kv : when) {
+        FERRY_ASSIGN_OR_RETURN(std::string key, GetString(file, kv.first));
+        FERRY_ASSIGN_OR_RETURN(std::string value, GetString(file, kv.second));
+        if (Status st = CheckPolicySettingKey(key); !st.ok()) return ErrorAt(file, kv.first, st.message());
+        c.host_link.slow_when.emplace_back(key, value);
+      }
+      if (!slow["factor"]) return ErrorAt(file, slow, "host.slow needs a factor (1.2: 20% slower)");
+      FERRY_ASSIGN_OR_RETURN(c.host_link.slow_factor, GetDouble(file, slow["factor"], 0.01, 100));
+    }
   }
   if (auto pool = root["pool"]) {
     FERRY_RETURN_IF_ERROR(CheckKeys(file, pool, {"size", "slab", "register", "huge_pages"}));

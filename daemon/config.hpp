@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/host_link.hpp"
 #include "ferry/status.hpp"
 
 namespace ferry::daemon {
@@ -50,6 +51,8 @@ struct DaemonConfig {
   // over this many simulated NUMA nodes (GPU i on node i % host_numa_nodes).
   uint32_t host_gpus = 1;
   uint32_t host_numa_nodes = 1;
+  // A test tool (config keys host.copy_rate, host.slow): the host backend's simulated link.
+  HostLink host_link;
   uint64_t pool_bytes = 1ull << 30;
   uint64_t slab_bytes = 8ull << 20;
   PoolRegistration pool_registration = PoolRegistration::kAuto;

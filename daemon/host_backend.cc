@@ -63,6 +63,7 @@ class HostBackend : public Backend {
       : streams_(o.streams_per_direction),
         ordinal_(o.ordinal),
         numa_node_(o.numa_node),
+        link_(o.link),
         before_worker_start_(o.before_worker_start),
         efd_(std::move(efd)) {
     for (uint32_t i = 0; i < 2 * streams_; ++i) workers_.emplace_back(std::make_unique<Worker>());
@@ -84,7 +85,7 @@ class HostBackend : public Backend {
   std::string Describe() const override {
     return "host: simulated GPU " + std::to_string(ordinal_) + " in host memory (" + SimulatedGpuName(ordinal_) +
            ", NUMA node " + std::to_string(numa_node_) + "), " + std::to_string(streams_) +
-           " streams per direction; no GPU";
+           " streams per direction; no GPU" + LinkText();
   }
   DeviceInfo device_info() const override {
     return {"host", ordinal_, "host", SimulatedGpuName(ordinal_), 0, 0, "none", numa_node_, ""};
@@ -148,11 +149,12 @@ class HostBackend : public Backend {
       std::lock_guard<std::mutex> l(fence_mu_);
       remaining_[id] = {plan.pieces.size(), plan.done_word, plan.done_value};
     }
+    const double factor = link_.FactorFor(plan.policy);
     for (const CopyPiece& p : plan.pieces) {
       Worker& w = *workers_[static_cast<size_t>(plan.direction) * streams_ + p.stream];
       {
         std::lock_guard<std::mutex> l(w.mu);
-        w.jobs.push_back(Job{id, plan.direction, p});
+        w.jobs.push_back(Job{id, plan.direction, p, factor});
       }
       w.cv.notify_one();
     }
@@ -172,6 +174,7 @@ class HostBackend : public Backend {
     FenceId fence;
     Direction dir;
     CopyPiece piece;
+    double factor;  // of the link's time (HostLink::FactorFor)
   };
   struct Worker {
     std::mutex mu;
@@ -185,6 +188,7 @@ class HostBackend : public Backend {
   struct LaneJob {
     FenceId fence;
     CopyPlan plan;
+    double factor;
   };
   struct Lane {
     std::mutex mu;
@@ -216,7 +220,7 @@ class HostBackend : public Backend {
     Lane& lane = *it->second;
     {
       std::lock_guard<std::mutex> l(lane.mu);
-      lane.jobs.push_back(LaneJob{id, plan});
+      lane.jobs.push_back(LaneJob{id, plan, link_.FactorFor(plan.policy)});
     }
     lane.cv.notify_one();
     return id;
@@ -244,7 +248,7 @@ class HostBackend : public Backend {
         lane.jobs.pop_front();
       }
       if (!AwaitFlag(lane, job.plan.wait)) return;
-      for (const CopyPiece& p : job.plan.pieces) Copy(job.plan.direction, p);
+      for (const CopyPiece& p : job.plan.pieces) Copy(job.plan.direction, p, job.factor);
       FinishPiece(job.fence);
     }
   }
@@ -270,12 +274,24 @@ class HostBackend : public Backend {
     }
   }
 
-  static void Copy(Direction dir, const CopyPiece& p) {
+  // On a simulated link, a piece takes its time there: memcpy, then asleep until then.
+  void Copy(Direction dir, const CopyPiece& p, double factor) const {
+    const auto start = std::chrono::steady_clock::now();
     if (dir == Direction::kHostToDevice) {
       std::memcpy(p.device, p.host, p.length);
     } else {
       std::memcpy(p.host, p.device, p.length);
     }
+    if (link_.paced()) SleepUntil(start + link_.Duration(p.length, factor));
+  }
+
+  std::string LinkText() const {
+    if (!link_.paced()) return "";
+    std::string s = "; simulated link of " + std::to_string(link_.bytes_per_second) + " bytes/s (test tool)";
+    if (link_.slow_when.empty()) return s;
+    s += ", " + std::to_string(link_.slow_factor) + "x as long under a policy with";
+    for (const auto& [k, v] : link_.slow_when) s += " " + k + ": " + v;
+    return s;
   }
 
   void FinishPiece(FenceId fence) {
@@ -336,7 +352,7 @@ class HostBackend : public Backend {
         job = w.jobs.front();
         w.jobs.pop_front();
       }
-      Copy(job.dir, job.piece);
+      Copy(job.dir, job.piece, job.factor);
       FinishPiece(job.fence);
     }
   }
@@ -344,6 +360,7 @@ class HostBackend : public Backend {
   uint32_t streams_;
   int ordinal_;
   int numa_node_;
+  HostLink link_;
   std::function<void()> before_worker_start_;
   UniqueFd efd_;
   FenceId next_fence_ = 1;

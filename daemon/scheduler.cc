@@ -196,6 +196,7 @@ void Scheduler::DispatchNext(SessionQueues* q, Copy& c) {
   plan.gpu = c.gpu;
   plan.direction = c.direction;
   plan.accepted_ns = c.accepted_ns;
+  plan.policy = c.policy.get();
   const bool whole = c.WholeAtOnce();
   const size_t end = whole ? c.pieces.size() : c.UnitEnd(c.unit, c.next);
   uint64_t bytes = 0;

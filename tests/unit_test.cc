@@ -118,6 +118,31 @@ TEST(Config, HandoffIsOnTheGpuUnlessSetToTheHost) {
       << bad.status().message();
 }
 
+// host.copy_rate and host.slow, the host backend's simulated link (a test tool): the rate, the
+// settings a slowed policy has, and the factor its copies take; a policy matches only with every
+// setting named.
+TEST(Config, HostLinkSlowsThePoliciesWithTheNamedSettings) {
+  auto c = ParseConfig(
+      "host: {copy_rate: 16MiB, slow: {when: {streams.bulk_priority: least, schedule.kind: chunked}, factor: 1.5}}\n",
+      "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const daemon::HostLink& link = c->host_link;
+  EXPECT_EQ(link.bytes_per_second, 16ull << 20);
+  daemon::Policy least, greatest, geometric;
+  greatest.bulk_priority = daemon::StreamPriority::kGreatest;
+  geometric.schedule = daemon::Schedule::kGeometric;
+  EXPECT_EQ(link.FactorFor(&least), 1.5);
+  EXPECT_EQ(link.FactorFor(&greatest), 1.0);
+  EXPECT_EQ(link.FactorFor(&geometric), 1.0);
+  EXPECT_EQ(link.FactorFor(nullptr), 1.0);
+  EXPECT_EQ(link.Duration(16ull << 20, 1.0), std::chrono::seconds(1));
+  EXPECT_EQ(link.Duration(16ull << 20, 1.5), std::chrono::milliseconds(1500));
+  auto plain = ParseConfig("host: {gpus: 1}\n", "t.yaml");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->host_link.paced());
+  EXPECT_EQ(plain->host_link.Duration(1 << 20, 1.0), std::chrono::nanoseconds(0));
+}
+
 struct BadConfig {
   const char* text;
   const char* message;  // must appear in the error
@@ -135,6 +160,13 @@ TEST_P(ConfigErrors, SayWhereAndWhat) {
 INSTANTIATE_TEST_SUITE_P(
     All, ConfigErrors,
     ::testing::Values(BadConfig{"bakend: host\n", "bad.yaml:1:1: unknown key 'bakend'"},
+                      BadConfig{"host: {slow: {when: {streams.bulk_priority: least}, factor: 1.2}}\n",
+                                "host.slow needs host.copy_rate"},
+                      BadConfig{"host: {copy_rate: 16MiB, slow: {when: {streams.priority: least}, factor: 1.2}}\n",
+                                "'streams.priority' is not a policy setting (one of: "},
+                      BadConfig{"host: {copy_rate: 16MiB, slow: {when: {streams.bulk_priority: least}}}\n",
+                                "host.slow needs a factor"},
+                      BadConfig{"host: {copy_rate: 16MiB, slow: {factor: 1.2}}\n", "host.slow.when takes policy settings"},
                       BadConfig{"backend: gpu\n", "bad.yaml:1:10: backend 'gpu' unknown"},
                       BadConfig{"pool:\n  size: lots\n", "bad.yaml:2:9: expected a size"},
                       BadConfig{"pool:\n  size: 64MiB\n  slab: 3MiB\n", "power of two"},
