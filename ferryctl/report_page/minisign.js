@@ -141,8 +141,14 @@
       }
       return fail('signature', 'the check itself failed: ' + (e && e.message), ids);
     }
+    // Both fail for a key other than the signer's that carries its id, or a changed signature; a
+    // changed record leaves the trusted comment's signature (over signature || comment) intact.
+    if (!dataOk && !commentOk) {
+      return fail('key-or-signature', 'neither the record\'s signature nor the trusted comment\'s matches key ' + pub.idHex +
+        ': another key with the same id signed it, or the signature was changed', ids);
+    }
     if (!dataOk) {
-      return fail('data', 'the record\'s bytes do not match the signature: the record was changed after it was signed, or another key with the same id signed it', ids);
+      return fail('data', 'the record\'s bytes do not match the signature: the record was changed after it was signed', ids);
     }
     if (!commentOk) {
       return fail('comment', 'the trusted comment was changed after signing (its signature does not match)', ids);

@@ -7,6 +7,7 @@
     data: 'the data was changed',
     comment: 'the trusted comment was changed',
     key: 'another key',
+    'key-or-signature': 'another key with the same id, or a changed signature',
     signature: 'the signature is damaged',
   };
 

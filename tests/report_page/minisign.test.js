@@ -95,7 +95,7 @@ test('an edited trusted comment fails as "the comment"', async () => {
   assert.strictEqual(v.part, 'comment');
 });
 
-test('another key fails as "the key", naming both ids; the same id with other key bytes fails too', async () => {
+test('another key fails as "the key", naming both ids; the same id with other key bytes, or a changed signature, fails as either', async () => {
   const r = real('h200-overlap-2026-12-03');
   const other = keyPair();
   const v = await M.verifyRecord(subtle, r.data, r.sig, other.pub);
@@ -105,7 +105,13 @@ test('another key fails as "the key", naming both ids; the same id with other ke
   const sameId = keyPair(Buffer.from(M.parsePublicKey(r.pub).id));
   const w = await M.verifyRecord(subtle, r.data, r.sig, sameId.pub);
   assert.strictEqual(w.status, 'failed');
-  assert.strictEqual(w.part, 'data');
+  assert.strictEqual(w.part, 'key-or-signature', 'not "the data was changed": the record is the signed one');
+  // The signature's bytes changed (its length kept): it is not the data that changed either.
+  const lines = r.sig.split('\n');
+  const raw = Buffer.from(lines[1], 'base64');
+  raw[40] ^= 1;
+  const changed = [lines[0], raw.toString('base64'), lines[2], lines[3]].join('\n');
+  assert.strictEqual((await M.verifyRecord(subtle, r.data, changed, r.pub)).part, 'key-or-signature');
 });
 
 test('a truncated or damaged signature fails as "the signature"', async () => {

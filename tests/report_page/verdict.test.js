@@ -26,7 +26,8 @@ test('only a verified result is green and says "Verified by key"; the key\'s sou
 });
 
 test('a failure says what failed: the data, the comment, another key, the signature', () => {
-  const words = { data: 'the data was changed', comment: 'the trusted comment was changed', key: 'another key', signature: 'the signature is damaged' };
+  const words = { data: 'the data was changed', comment: 'the trusted comment was changed', key: 'another key', signature: 'the signature is damaged',
+    'key-or-signature': 'another key with the same id, or a changed signature' };
   for (const [part, w] of Object.entries(words)) {
     const v = verdictView({ status: 'failed', part, reason: 'why ' + part }, 'embedded');
     assert.strictEqual(v.cls, 'bad');
