@@ -272,8 +272,12 @@ int ReportHtml(const std::vector<std::string>& args) {
   if (Status st = WriteAtomically(out, *page); !st.ok()) return Fail(st.message());
   std::string key_note = ", no key embedded (the reader pastes the operator's published key)";
   if (!pub.empty()) {
-    key_note = std::string(unverified ? ", NOT verified by key " : ", verified by key ") +
-               signing::KeyIdHex(signing::ParsePublicKey(in.public_key)->id) + ", which is embedded";
+    // Only each record's signature is checked here: the chain's links are the page's and ferryctl verify's.
+    const char* verdict = unverified ? ", NOT verified by key "
+                          : in.chain ? ", each record's signature verified by key "
+                                     : ", verified by key ";
+    key_note = verdict + signing::KeyIdHex(signing::ParsePublicKey(in.public_key)->id) + ", which is embedded" +
+               (in.chain && !unverified ? " (the chain's links are checked by the page and by ferryctl verify)" : "");
   }
   std::printf("wrote %s: %zu record%s%s\n", out.c_str(), in.records.size(), in.records.size() == 1 ? "" : "s",
               key_note.c_str());

@@ -2,8 +2,10 @@
 //   public key:  "untrusted comment: ..." / base64("Ed" || key id (8, little-endian) || key (32))
 //   signature:   "untrusted comment: ..." / base64("ED" || key id || Ed25519(BLAKE2b-512(data)))
 //                "trusted comment: ..."   / base64(Ed25519(signature || trusted comment))
-// ("Ed" instead of "ED": the legacy form, Ed25519 over the data itself.) Every path that is not
-// a complete, successful check ends in a verdict other than 'verified'.
+// The legacy form ("Ed": Ed25519 over the data itself) is refused, as ferryctl verify refuses it:
+// ferry signs only "ED", and the algorithm bytes are not signed, so a prehashed signature relabelled
+// "Ed" verifies over the 64 bytes of the hash as if they were a record. Every path that is not a
+// complete, successful check ends in a verdict other than 'verified'.
 (function (root) {
   'use strict';
   const blake2b = (root.FerryBlake2b || (typeof require === 'function' ? require('./blake2b.js') : {})).blake2b;
@@ -37,7 +39,7 @@
     return { id: raw.slice(2, 10), key: raw.slice(10, 42), idHex: keyIdHex(raw.slice(2, 10)) };
   }
 
-  // {prehashed, keyId, signature, trustedComment, globalSignature} or throws.
+  // {keyId, signature, trustedComment, globalSignature} or throws.
   function parseSignature(text) {
     const l = lines(String(text));
     if (l.length < 4 || !l[0].startsWith('untrusted comment:') || !l[2].startsWith('trusted comment: ')) {
@@ -46,11 +48,11 @@
     const sig = decodeBase64(l[1]);
     if (!sig || sig.length !== 74) throw new Error('the signature line is truncated or malformed (not 74 bytes)');
     const algo = String.fromCharCode(sig[0], sig[1]);
-    if (algo !== 'ED' && algo !== 'Ed') throw new Error('unknown signature algorithm "' + algo + '"');
+    if (algo === 'Ed') throw new Error('a legacy (not prehashed, "Ed") signature: ferry signs only prehashed ("ED") ones');
+    if (algo !== 'ED') throw new Error('unknown signature algorithm "' + algo + '"');
     const global = decodeBase64(l[3]);
     if (!global || global.length !== 64) throw new Error('the trusted comment\'s signature is truncated or malformed');
     return {
-      prehashed: algo === 'ED',
       keyId: sig.slice(2, 10),
       keyIdHex: keyIdHex(sig.slice(2, 10)),
       signature: sig.slice(10, 74),
@@ -127,8 +129,7 @@
     }
     let dataOk, commentOk;
     try {
-      const signed = sig.prehashed ? blake2b(data, 64) : data;
-      dataOk = (await subtle.verify({ name: 'Ed25519' }, key, sig.signature, signed)) === true;
+      dataOk = (await subtle.verify({ name: 'Ed25519' }, key, sig.signature, blake2b(data, 64))) === true;
       const tc = new TextEncoder().encode(sig.trustedComment);
       const msg = new Uint8Array(64 + tc.length);
       msg.set(sig.signature, 0);
@@ -140,8 +141,14 @@
       }
       return fail('signature', 'the check itself failed: ' + (e && e.message), ids);
     }
+    // Both fail for a key other than the signer's that carries its id, or a changed signature; a
+    // changed record leaves the trusted comment's signature (over signature || comment) intact.
+    if (!dataOk && !commentOk) {
+      return fail('key-or-signature', 'neither the record\'s signature nor the trusted comment\'s matches key ' + pub.idHex +
+        ': another key with the same id signed it, or the signature was changed', ids);
+    }
     if (!dataOk) {
-      return fail('data', 'the record\'s bytes do not match the signature: the record was changed after it was signed, or another key with the same id signed it', ids);
+      return fail('data', 'the record\'s bytes do not match the signature: the record was changed after it was signed', ids);
     }
     if (!commentOk) {
       return fail('comment', 'the trusted comment was changed after signing (its signature does not match)', ids);

@@ -109,7 +109,8 @@
         showVerdict({ cls: 'bad', status: 'failed', title: 'Does not verify: the chain is broken', detail: chain.problems.map((p) => (p.file ? p.file + ': ' : '') + p.text).join('; ') });
       } else {
         const v = V.verdictView(results[results.length - 1], source);
-        v.title = v.title + ': all ' + results.length + ' records, hash chain intact';
+        v.title = v.title + ': all ' + results.length + ' records, hash chain intact' + (chain.notes.length ? '; ferryd restarted the chain' : '');
+        if (chain.notes.length) v.detail = chain.notes.join('. ') + '. ' + v.detail;
         showVerdict(v);
       }
     } else {

@@ -7,6 +7,7 @@
     data: 'the data was changed',
     comment: 'the trusted comment was changed',
     key: 'another key',
+    'key-or-signature': 'another key with the same id, or a changed signature',
     signature: 'the signature is damaged',
   };
 
@@ -50,6 +51,7 @@
   }
 
   const NO_PREV = '0'.repeat(64);
+  const missing = (from, to) => (from === to ? 'record ' + from + ' is' : 'records ' + from + '..' + to + ' are');
 
   // entries: [{file, result, record (parsed JSON or null), sha256}] in the order of their files'
   // sequence numbers. Returns {ok, problems: [{file, text}], notes: [text]}.
@@ -91,17 +93,14 @@
     for (let i = 1; i < entries.length; i++) {
       const p = entries[i - 1], v = entries[i];
       if (isHead(v.record)) {
+        const gap = v.record.seq - p.record.seq - 1;
         notes.push('a new chain ' + v.record.chain + ' starts at sequence ' + v.record.seq + ' (' + v.file +
-          '): ferryd says the chain before it broke: ' + v.record.previous_chain_broken);
+          '): ferryd says the chain before it broke: ' + v.record.previous_chain_broken +
+          (gap > 0 ? '; ' + missing(p.record.seq + 1, v.record.seq - 1) + ' not here' : ''));
         continue;
       }
       if (v.record.seq !== p.record.seq + 1) {
-        const from = p.record.seq + 1, to = v.record.seq - 1;
-        problems.push({
-          file: v.file,
-          text: 'sequence ' + v.record.seq + ' follows ' + p.record.seq + ': ' +
-            (from === to ? 'record ' + from + ' is missing' : 'records ' + from + '..' + to + ' are missing'),
-        });
+        problems.push({ file: v.file, text: 'sequence ' + v.record.seq + ' follows ' + p.record.seq + ': ' + missing(p.record.seq + 1, v.record.seq - 1) + ' missing' });
       } else if (v.record.prev_sha256 !== p.sha256) {
         problems.push({ file: v.file, text: 'its previous-record hash is not ' + p.file + '\'s (chain broken)' });
       }
@@ -111,6 +110,9 @@
       problems.push({ file: first.file, text: 'the first record of a chain must not name a previous one' });
     } else if (!isHead(first.record)) {
       problems.push({ file: first.file, text: 'sequence ' + first.record.seq + ' is not the head of its chain: the records before it are missing' });
+    } else if (first.record.seq > 1) {
+      notes.unshift('the records start with a new chain ' + first.record.chain + ' at sequence ' + first.record.seq + ' (' + first.file +
+        '): ferryd says the chain before it broke: ' + first.record.previous_chain_broken + '; ' + missing(1, first.record.seq - 1) + ' not here');
     }
     return { ok: problems.length === 0, problems, notes };
   }

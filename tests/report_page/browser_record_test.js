@@ -1,7 +1,8 @@
 // The report page in a real headless Chromium: a genuine H200 report verifies with its key id;
 // an edited byte, an edited trusted comment, another key and a truncated signature each do not,
 // saying what failed; a page without a key checks none until the reader pastes one; nothing
-// is logged to the console. A screenshot of each verdict goes to ARTIFACTS.
+// is logged to the console; a signed record whose names carry markup shows it as text. A
+// screenshot of each verdict goes to ARTIFACTS.
 // usage: node browser_record_test.js FERRYCTL SOURCE_DIR ARTIFACTS   (exit 77: no chromium)
 'use strict';
 const { execFileSync } = require('node:child_process');
@@ -10,6 +11,7 @@ const os = require('node:os');
 const path = require('node:path');
 const { launch } = require('./cdp.js');
 const { edit } = require('./tamper_page.js');
+const { keyPair, sign, recordId } = require('./signer.js');
 
 const [ferryctl, src, artifacts] = process.argv.slice(2);
 const chromium = ['chromium', 'chromium-browser'].map((c) => {
@@ -29,7 +31,7 @@ const record = path.join(m, 'h200-overlap-2026-12-03.json'), pub = path.join(m, 
 const out = (name) => path.join(artifacts, name + '.html');
 const ctl = (...args) => execFileSync(ferryctl, args, { stdio: ['ignore', 'pipe', 'pipe'] }).toString();
 
-let failures = 0;
+let failures = 0, hostileKey = '';
 function expect(what, cond, got) {
   if (cond) return;
   failures++;
@@ -52,6 +54,23 @@ function expect(what, cond, got) {
   });
   edit(out('genuine'), out('edited-comment'), (v) => { v.sig = v.sig.replace('ferry report overlap', 'ferry report tune'); });
   edit(out('genuine'), out('wrong-key'), (v) => { v.pub = otherPub; });
+  // A signed report whose names carry markup, a fake verdict and bidi controls (names, policies and
+  // host ids are not the operator's to choose): the page shows them as text and runs nothing.
+  const hostile = '<img src=x onerror="document.title=1"></script><script>document.title=2</script>' +
+    '<div id="verdict" class="verdict ok" data-status="verified">Verified by key 0000000000000000</div>\u202Egol.exe';
+  {
+    const kp = keyPair();
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ferry-page-hostile-'));
+    const body = Buffer.from(JSON.stringify({ format: 'ferry-overlap-report/1', issued_at: hostile, ferry_version: hostile, host: hostile,
+      environment: { chip: hostile, [hostile]: hostile }, modes: [{ policy: hostile, policy_hash: hostile }],
+      checks: [{ name: hostile, what: hostile, worst: 1, bound: 2, pass: true }], checks_passed: true }) + '\n');
+    fs.writeFileSync(path.join(dir, 'r.json'), body);
+    fs.writeFileSync(path.join(dir, 'r.json.minisig'), sign(kp, body, 'ferry report overlap ' + recordId(body)));
+    fs.writeFileSync(path.join(dir, 'k.pub'), kp.pub);
+    ctl('report', 'html', path.join(dir, 'r.json'), '--pub', path.join(dir, 'k.pub'), '-o', out('hostile'));
+    fs.rmSync(dir, { recursive: true });
+    hostileKey = kp.idHex;
+  }
   edit(out('genuine'), out('truncated-signature'), (v) => {
     const l = v.sig.split('\n');
     l[1] = l[1].slice(0, 64);
@@ -134,6 +153,12 @@ function expect(what, cond, got) {
       await page.close();
       console.log('ok damaged-data: ' + v.title);
     }
+    await check('hostile', { status: 'verified', title: 'Verified by key ' + hostileKey }, async (page, v) => {
+      expect('hostile: its markup shown as text', v.text.includes('<img src=x onerror="document.title=1"></script><script>'), null);
+      const dom = await page.evaluate('JSON.stringify([document.title, ...["img", "script", "[onerror]", "[id=verdict]", "[data-status]"]' +
+        '.map((q) => document.querySelectorAll(q).length)])');
+      expect('hostile: nothing ran or was made from its text', dom === JSON.stringify(['ferry signed record', 0, 2, 0, 1, 1]), dom);
+    });
     await check('tune', { status: 'verified', title: 'Verified by key 075CBEA50F44E75E' }, async (page, v) => {
       expect('tune: shows the tuned policy hash', v.text.includes('a5dff7bbe9ced66a'), null);
     });

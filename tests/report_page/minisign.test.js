@@ -36,9 +36,8 @@ test('refuses what is not an Ed25519 minisign public key', () => {
   }
 });
 
-test('parses a signature file: prehashed, key id, trusted comment', () => {
+test('parses a signature file: key id, trusted comment', () => {
   const s = M.parseSignature(real('h200-overlap-2026-12-03').sig);
-  assert.strictEqual(s.prehashed, true);
   assert.strictEqual(s.keyIdHex, 'C5EECC22AF91BEFE');
   assert.strictEqual(s.trustedComment, 'ferry report overlap FRY-7PEYV-FEST3-ZQ81S-MAXF8');
   assert.strictEqual(s.signature.length, 64);
@@ -96,7 +95,7 @@ test('an edited trusted comment fails as "the comment"', async () => {
   assert.strictEqual(v.part, 'comment');
 });
 
-test('another key fails as "the key", naming both ids; the same id with other key bytes fails too', async () => {
+test('another key fails as "the key", naming both ids; the same id with other key bytes, or a changed signature, fails as either', async () => {
   const r = real('h200-overlap-2026-12-03');
   const other = keyPair();
   const v = await M.verifyRecord(subtle, r.data, r.sig, other.pub);
@@ -106,7 +105,13 @@ test('another key fails as "the key", naming both ids; the same id with other ke
   const sameId = keyPair(Buffer.from(M.parsePublicKey(r.pub).id));
   const w = await M.verifyRecord(subtle, r.data, r.sig, sameId.pub);
   assert.strictEqual(w.status, 'failed');
-  assert.strictEqual(w.part, 'data');
+  assert.strictEqual(w.part, 'key-or-signature', 'not "the data was changed": the record is the signed one');
+  // The signature's bytes changed (its length kept): it is not the data that changed either.
+  const lines = r.sig.split('\n');
+  const raw = Buffer.from(lines[1], 'base64');
+  raw[40] ^= 1;
+  const changed = [lines[0], raw.toString('base64'), lines[2], lines[3]].join('\n');
+  assert.strictEqual((await M.verifyRecord(subtle, r.data, changed, r.pub)).part, 'key-or-signature');
 });
 
 test('a truncated or damaged signature fails as "the signature"', async () => {
@@ -128,6 +133,32 @@ test('a signature over another record\'s id fails (the trusted comment names the
   assert.match(v.reason, /record id/);
   const foreign = sign(kp, data, 'something else');
   assert.strictEqual((await M.verifyRecord(subtle, new Uint8Array(data), foreign, kp.pub)).part, 'comment');
+});
+
+test('a legacy "Ed" signature is refused, as ferryctl verify refuses it: a prehashed one relabelled "Ed" would verify over its hash', async () => {
+  const crypto = require('node:crypto');
+  const { blake2b } = require('../../ferryctl/report_page/blake2b.js');
+  const kp = keyPair();
+  const r = report(kp);
+  const lines = r.sig.split('\n');
+  const raw = Buffer.from(lines[1], 'base64');
+  // The algorithm bytes are not signed: relabel the record's signature "Ed" and offer its hash as the data.
+  const relabelled = [lines[0], Buffer.concat([Buffer.from('Ed'), raw.subarray(2)]).toString('base64'), lines[2], lines[3]].join('\n');
+  const hash = blake2b(r.data, 64);
+  const v = await M.verifyRecord(subtle, hash, relabelled, r.pub);
+  assert.strictEqual(v.status, 'failed');
+  assert.strictEqual(v.part, 'signature', v.reason);
+  assert.match(v.reason, /legacy/);
+  // A genuine legacy signature (Ed25519 over the data itself, trusted comment and all) is refused too.
+  const tc = 'ferry report overlap ' + recordId(Buffer.from(r.data));
+  const sig = crypto.sign(null, Buffer.from(r.data), kp.privateKey);
+  const global = crypto.sign(null, Buffer.concat([sig, Buffer.from(tc)]), kp.privateKey);
+  const legacy = 'untrusted comment: legacy\n' + Buffer.concat([Buffer.from('Ed'), kp.id, sig]).toString('base64') +
+    '\ntrusted comment: ' + tc + '\n' + global.toString('base64') + '\n';
+  const w = await M.verifyRecord(subtle, r.data, legacy, kp.pub);
+  assert.strictEqual(w.status, 'failed');
+  assert.strictEqual(w.part, 'signature', w.reason);
+  assert.throws(() => M.parseSignature(legacy), /legacy/);
 });
 
 test('records signed by an independent signer verify; no key is "no-key", not verified', async () => {

@@ -26,7 +26,8 @@ test('only a verified result is green and says "Verified by key"; the key\'s sou
 });
 
 test('a failure says what failed: the data, the comment, another key, the signature', () => {
-  const words = { data: 'the data was changed', comment: 'the trusted comment was changed', key: 'another key', signature: 'the signature is damaged' };
+  const words = { data: 'the data was changed', comment: 'the trusted comment was changed', key: 'another key', signature: 'the signature is damaged',
+    'key-or-signature': 'another key with the same id, or a changed signature' };
   for (const [part, w] of Object.entries(words)) {
     const v = verdictView({ status: 'failed', part, reason: 'why ' + part }, 'embedded');
     assert.strictEqual(v.cls, 'bad');
@@ -114,4 +115,26 @@ test('a new chain after a broken one is a note, not a failure', async () => {
   const c = checkChain(await entries([...f, { file: 'snapshot-000003.json', body: head, sig: sign(kp, head, 'ferry snapshot ' + recordId(head) + ' seq 3') }], kp.pub));
   assert.strictEqual(c.ok, true, JSON.stringify(c.problems));
   assert.match(c.notes[0], /a new chain FRY-NEW starts at sequence 3/);
+});
+
+test('records missing before a new chain, or before the first record when it starts one, are named', async () => {
+  const kp = keyPair();
+  const f = await chain(4, kp);
+  const head = (seq, why) => {
+    const body = Buffer.from(JSON.stringify({ format: 'ferry-snapshot/2', seq, chain: 'FRY-NEW', previous_chain_broken: why,
+      key_id: kp.idHex, prev_sha256: NO_PREV }) + '\n');
+    return { file: 'snapshot-' + String(seq).padStart(6, '0') + '.json', body, sig: sign(kp, body, 'ferry snapshot ' + recordId(body) + ' seq ' + seq) };
+  };
+  // Records 3 and 4 removed before the new chain's head at 5: each record and link that is there holds.
+  const c = checkChain(await entries([f[0], f[1], head(5, 'record 4 did not verify')], kp.pub));
+  assert.strictEqual(c.ok, true, JSON.stringify(c.problems));
+  assert.match(c.notes[0], /a new chain FRY-NEW starts at sequence 5/);
+  assert.match(c.notes[0], /records 3\.\.4 are not here/);
+  const d = checkChain(await entries([f[0], f[1], f[2], f[3], head(5, 'x')], kp.pub));
+  assert.doesNotMatch(d.notes[0], /not here/, 'nothing missing, nothing named');
+  // Only the new chain's head and what follows it: the records before it are named as not here.
+  const e = checkChain(await entries([head(5, 'record 4 did not verify')], kp.pub));
+  assert.strictEqual(e.ok, true, JSON.stringify(e.problems));
+  assert.strictEqual(e.notes.length, 1);
+  assert.match(e.notes[0], /start with a new chain FRY-NEW at sequence 5.*records 1\.\.4 are not here/);
 });
