@@ -23,7 +23,8 @@ soversion=$major.$minor  # libferry's SONAME is libferry.so.MAJOR.MINOR (CMakeLi
 date=$(date -R)
 if grep -q 'kBuiltWithCuda = true' "$build/generated/ferry/version.hpp"; then
   cuda=1
-  backend="Built with the cuda backend: needs the NVIDIA driver and the toolkit's libcudart."
+  cudart=$(readelf -d "$build/ferryd" | sed -n 's/.*NEEDED.*\[\(libcudart[^]]*\)\].*/\1/p')
+  backend="cuda backend: needs the NVIDIA driver and the CUDA runtime (${cudart:-libcudart})."
 else
   cuda=0
   backend="Host backend only (built without the CUDA toolkit): no GPU support."

@@ -14,6 +14,8 @@ packages=(
   python3-dev python3-pybind11 python3-numpy python3-pytest python3-torch
   # used by the tests: the real tools users run
   minisign prometheus systemd python3 curl
+  # the Debian packages' test: dpkg-shlibdeps, and lintian on every package
+  dpkg-dev lintian
 )
 missing=()
 for p in "${packages[@]}"; do
