@@ -63,13 +63,6 @@ docs() {  # root package
     "$here/debian/changelog.in" | gzip -9n >"$d/changelog.gz"
   chmod 644 "$d/changelog.gz"
 }
-overrides() {  # root package: lintian's overrides, shipped in the package
-  local src=$here/debian/$3/lintian-overrides
-  [ -f "$src" ] || return 0
-  mkdir -p "$1/usr/share/lintian/overrides"
-  sed "s|@SOVERSION@|$soversion|g" "$src" >"$1/usr/share/lintian/overrides/$2"
-  chmod 644 "$1/usr/share/lintian/overrides/$2"
-}
 # dpkg-shlibdeps on a package's ELF files: the packages of the libraries they need, libferry's
 # from its shlibs file (it is not installed here).
 shlibs_of() {  # root
@@ -88,7 +81,6 @@ shlibs_of() {  # root
 build_deb() {  # root package template-dir [python-depends]
   local root=$1 pkg=$2 tmpl=$here/debian/$3 f
   docs "$root" "$pkg"
-  overrides "$root" "$pkg" "$3"
   mkdir -p "$root/DEBIAN"
   local shlibs size
   shlibs=$(shlibs_of "$root")
