@@ -71,7 +71,7 @@ shlibs_of() {  # root
     is_elf "$f" && elves+=("$f")
   done < <(find "$1" -type f -print0)
   [ ${#elves[@]} -gt 0 ] || return 0
-  local opts=(-l"$stage/libferry/usr/lib")
+  local opts=(-l"$stage/libferry/$libdir")
   # A cuda build's libcudart comes from the toolkit (/usr/local/cuda), which no Debian package
   # may own: it is looked for there and named by no dependency.
   [ $cuda = 1 ] && opts+=(-l/usr/local/cuda/lib64 --ignore-missing-info)
