@@ -15,6 +15,8 @@ packages=(
   # used by the tests: the real tools users run (chromium and nodejs: the buyer's page,
   # `ferryctl report html`, checked in a real browser and its script under node's test runner)
   minisign prometheus systemd python3 curl chromium nodejs
+  # the Debian packages' test: dpkg-shlibdeps, and lintian on every package
+  dpkg-dev lintian
 )
 missing=()
 for p in "${packages[@]}"; do

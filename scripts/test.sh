@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Builds ferry and runs every test, then builds it again with ASan+UBSan and with TSan and runs
 # the unit, integration and fuzz tests under them. GPU tests (ctest label "gpu") skip cleanly
-# without a GPU. FERRY_SANITIZERS=0 skips the sanitizer builds; extra arguments go to the first
-# ctest, e.g. scripts/test.sh -L unit
+# without a GPU. The package test (ctest label "package": the Debian packages made from the build,
+# installed, served and purged; root only) runs after the others. FERRY_SANITIZERS=0 skips the
+# sanitizer builds; extra arguments go to the first ctest, e.g. scripts/test.sh -L unit
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${FERRY_BUILD_DIR:-build}
 jobs=$(nproc)
 echo "== build and test ($build)"
 bash scripts/build.sh
-(cd "$build" && ctest --output-on-failure -j"$jobs" --timeout 300 "$@")
+(cd "$build" && ctest --output-on-failure -j"$jobs" --timeout 300 -LE package "$@")
+# The Debian packages of this build, installed on this machine and purged again (root only).
+echo "== Debian packages ($build)"
+(cd "$build" && ctest --output-on-failure --timeout 300 -L package)
 if [ "${FERRY_SANITIZERS:-1}" = 0 ]; then
   echo "sanitizer builds skipped (FERRY_SANITIZERS=0)"
   exit 0

@@ -22,12 +22,12 @@ out=$OUT/tune-twice.yaml
 rm -f "$out" "$out.tune.json" "$out.tune.json.minisig"
 for run in 1 2; do
   echo "== tune $run of 2 (--out $out)"
-  t0=$(date +%s.%N)
+  t0=$(date +%s%N)
   timeout "${TUNE_TIMEOUT:-230}" $ctl tune --out "$out" --sign-key "$rt/tune.key" --max-pairs "${MAX_PAIRS:-16}" \
     >"$OUT/tune-twice-$run.txt" 2>"$OUT/tune-twice-$run.err"
   rc=$?
   cat "$OUT/tune-twice-$run.txt"
-  echo "tune $run: rc=$rc, wall $(echo "$(date +%s.%N) - $t0" | bc) s"
+  echo "tune $run: rc=$rc, wall $(( ($(date +%s%N) - t0) / 1000000 )) ms"
   [ $rc = 0 ] || { tail -5 "$OUT/tune-twice-$run.err"; break; }
   cp "$out.tune.json" "$OUT/tune-twice-$run.json" && cp "$out.tune.json.minisig" "$OUT/tune-twice-$run.json.minisig"
   "$BUILD/ferryctl" verify --pub "$OUT/tune-twice.pub" "$OUT/tune-twice-$run.json" | tail -1
