@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds ferry and runs every test, then builds it again with ASan+UBSan and with TSan and runs
-# the unit, integration and fuzz tests under them. GPU tests (ctest label "gpu") skip cleanly
+# the unit, integration and fuzz tests under them (but the real browser's and the tuner's
+# 20-run verdict test, labels "browser" and "serial": the plain run has them). GPU tests (ctest label "gpu") skip cleanly
 # without a GPU. The package test (ctest label "package": the Debian packages made from the build,
 # installed, served and purged; root only) runs after the others. FERRY_SANITIZERS=0 skips the
 # sanitizer builds; extra arguments go to the first ctest, e.g. scripts/test.sh -L unit
@@ -28,6 +29,6 @@ for san in address thread; do
   [ $san = address ] && labels="unit|integration|fuzz"
   (cd "$dir" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
      TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$tsan_supp \
-     ctest --output-on-failure -j"$jobs" --timeout 600 -L "$labels")
+     ctest --output-on-failure -j"$jobs" --timeout 600 -L "$labels" -LE "serial|browser")
 done
 echo "all builds passed: plain, address+undefined, thread"
