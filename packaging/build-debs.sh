@@ -15,7 +15,7 @@ mkdir -p "$2"
 out=$(cd "$2" && pwd)
 version=${3:-$(sed -n 's/^CMAKE_PROJECT_VERSION:STATIC=//p' "$build/CMakeCache.txt")}
 [ -n "$version" ] || { echo "build-debs: no project version in $build/CMakeCache.txt" >&2; exit 1; }
-maintainer=${FERRY_DEB_MAINTAINER:-ferry maintainers <maintainers@users.noreply.a-seed-415e4830.example>}
+maintainer=${FERRY_DEB_MAINTAINER:-ferry maintainers <maintainers@ferry.example>}
 arch=$(dpkg --print-architecture)
 major=$(sed -n 's/^CMAKE_PROJECT_VERSION_MAJOR:STATIC=//p' "$build/CMakeCache.txt")
 minor=$(sed -n 's/^CMAKE_PROJECT_VERSION_MINOR:STATIC=//p' "$build/CMakeCache.txt")
