@@ -33,6 +33,8 @@ class Args {
   bool Is(std::string_view option) const { return current() == option; }
   bool IsHelp() const { return Is("-h") || Is("--help"); }
   bool HasValue() const { return at_ + 1 < args_.size(); }  // an argument follows the current one
+  // An argument follows that is not an option (does not begin with '-'): an optional value.
+  bool HasOperand() const { return HasValue() && !args_[at_ + 1].empty() && args_[at_ + 1][0] != '-'; }
   // Takes the argument after the current one; "" when there is none.
   std::string Value();
   // Takes the argument after the current one as an integer in [lo, hi] into `out`; false (and

@@ -64,9 +64,11 @@ options:
                        GPU) or host (ferryd polls the event, then issues the copy)
   --trace-engine       log when each copy was read off the ring, issued, run on the copy engine
                        and seen done (cuda backend; a diagnostic for where a copy's time goes)
-  --check-config       check the config and everything ferryd needs that is not the GPU (the
-                       group, runtime directory, policy, snapshot key and directory, metrics
-                       address), print what it sets, and exit: 0 if ferryd would start
+  --check-config [FILE]
+                       check the config (FILE: as --config FILE) and everything ferryd needs
+                       that is not the GPU (the group, runtime directory, policy, snapshot key
+                       and directory, metrics address), print what it sets, and exit: 0 if
+                       ferryd would start
   --version            print the version and exit
   -h, --help           this help
 )";
@@ -115,7 +117,16 @@ int main(int argc, char** argv) {
       ok = value(address);
       metrics_address = address;
     } else if (a.Is("--policy")) ok = value(policy);
-    else if (a.Is("--check-config")) check_only = true;
+    else if (a.Is("--check-config")) {
+      check_only = true;
+      if (a.HasOperand()) {  // --check-config FILE: the same as --config FILE --check-config
+        const std::string file = a.Value();
+        if (!config_path.empty() && config_path != file) {
+          return usage_error("--check-config " + file + " and --config " + config_path + " name two files");
+        }
+        config_path = file;
+      }
+    }
     else if (a.Is("--trace-engine")) trace_engine = true;
     else if (a.Is("--log-level")) {
       ok = value(level);

@@ -526,6 +526,21 @@ TEST_F(CheckConfig, AGoodConfigPasses) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
+// `ferryd --check-config FILE` is `--check-config --config FILE`; naming two files is an error.
+TEST_F(CheckConfig, TheFileMayFollowTheOption) {
+  const std::string good = Config("");
+  ToolRun r = RunTool({FERRY_DAEMON_PATH, "--check-config", good}, dir_);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("pool 67108864 bytes"), std::string::npos) << r.output;
+  const std::string bad = WriteFile(dir_ + "/bad.yaml", "pool: {size: lots}\n");
+  r = RunTool({FERRY_DAEMON_PATH, "--check-config", bad}, dir_);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("bad.yaml:1:14: expected a size"), std::string::npos) << r.output;
+  r = RunTool({FERRY_DAEMON_PATH, "--config", good, "--check-config", bad}, dir_);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("name two files"), std::string::npos) << r.output;
+}
+
 TEST_F(CheckConfig, EveryCauseOfAFailedStartThatIsNotTheGpuFailsTheCheck) {
   WriteFile(dir_ + "/open.key", "untrusted comment: x\nAAAA\n");
   ::chmod((dir_ + "/open.key").c_str(), 0644);
