@@ -89,7 +89,7 @@ for f in /usr/share/ferry/ferry-dashboard.json /usr/share/ferry/ferry-rules.yaml
 done
 as_ferry() { setpriv --reuid=ferry --regid=ferry --init-groups "$@"; }
 as_client() { setpriv --reuid=nobody --regid=nogroup --groups="$(getent group ferry | cut -d: -f3)" "$@"; }
-as_ferry /usr/bin/ferryd --check-config --config /etc/ferry/ferryd.yaml >"$work/check.log" 2>&1 ||
+as_ferry /usr/bin/ferryd --check-config /etc/ferry/ferryd.yaml >"$work/check.log" 2>&1 ||
   { cat "$work/check.log"; fail "ferryd --check-config"; }
 lap "installed: ferryd --check-config passes on the packaged config"
 
