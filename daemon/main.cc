@@ -170,18 +170,12 @@ int main(int argc, char** argv) {
   }
   if (!pool_pages.empty()) {
     auto pages = daemon::ParsePoolPages(pool_pages);
-    if (!pages.ok()) {
-      std::fprintf(stderr, "ferryd: --pool-huge-pages: %s\n", pages.status().message().c_str());
-      return 2;
-    }
+    if (!pages.ok()) return usage_error("--pool-huge-pages: " + pages.status().message());
     config.pool_pages = *pages;
   }
   if (!pool_register.empty()) {
     auto mode = daemon::ParsePoolRegistration(pool_register);
-    if (!mode.ok()) {
-      std::fprintf(stderr, "ferryd: --pool-register: %s\n", mode.status().message().c_str());
-      return 2;
-    }
+    if (!mode.ok()) return usage_error("--pool-register: " + mode.status().message());
     config.pool_registration = *mode;
   }
   for (auto [text, field] : {std::pair{&pool_size, &config.pool_bytes}, std::pair{&slab_size, &config.slab_bytes}}) {

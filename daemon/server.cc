@@ -392,9 +392,7 @@ class Server::Impl {
         continue;
       }
       std::string changes;
-      for (const std::string& d : DiffPolicies(node, *over.policy)) {
-        if (d.rfind("gpus.", 0) != 0) changes += (changes.empty() ? "" : "; ") + d;  // the node's overrides
-      }
+      for (const std::string& d : over.Changes(node)) changes += (changes.empty() ? "" : "; ") + d;
       FERRY_LOG(kInfo) << "policy " << node.name << ": " << gpus << " run its override for GPU " << over.MatchText()
                        << (changes.empty() ? " (the same settings)" : ": " + changes);
     }

@@ -315,7 +315,27 @@ std::map<std::string, std::string> CanonicalSettings(const Policy& p) {
   return kv;
 }
 
+// Each setting of `over` that differs from the node's (`node`: CanonicalSettings of the node's
+// policy): key -> {the node's value, or "(unset)"; the override's}.
+std::map<std::string, std::pair<std::string, std::string>> ChangedSettings(
+    const std::map<std::string, std::string>& node, const Policy& over) {
+  std::map<std::string, std::pair<std::string, std::string>> changed;
+  for (auto& [k, v] : CanonicalSettings(over)) {
+    auto it = node.find(k);
+    if (it == node.end() || it->second != v) changed[k] = {it == node.end() ? "(unset)" : it->second, std::move(v)};
+  }
+  return changed;
+}
+
 }  // namespace
+
+std::vector<std::string> GpuOverride::Changes(const Policy& node) const {
+  std::vector<std::string> out;
+  for (const auto& [k, change] : ChangedSettings(CanonicalSettings(node), *policy)) {
+    out.push_back(k + ": " + change.first + " -> " + change.second);
+  }
+  return out;
+}
 
 // An override's lines: what it matches, and each setting of its policy that differs.
 std::string Policy::Canonical() const {
@@ -325,10 +345,7 @@ std::string Policy::Canonical() const {
     char prefix[32];
     std::snprintf(prefix, sizeof prefix, "gpus.%03zu.", i);
     kv[std::string(prefix) + "match"] = gpu_overrides[i].MatchText();
-    for (const auto& [k, v] : CanonicalSettings(*gpu_overrides[i].policy)) {
-      auto it = own.find(k);
-      if (it == own.end() || it->second != v) kv[prefix + k] = v;
-    }
+    for (const auto& [k, change] : ChangedSettings(own, *gpu_overrides[i].policy)) kv[prefix + k] = change.second;
   }
   std::ostringstream out;
   for (const auto& [k, v] : kv) out << k << ": " << v << "\n";

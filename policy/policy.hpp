@@ -47,6 +47,8 @@ struct GpuOverride {
   std::shared_ptr<const Policy> policy;
   bool Matches(int ordinal, std::string_view uuid) const;
   std::string MatchText() const;  // "1, GPU-..." as written
+  // "key: the node's -> the override's" for each setting it changes of `node`, its policy.
+  std::vector<std::string> Changes(const Policy& node) const;
 };
 
 struct Policy {

@@ -150,6 +150,9 @@ TEST(Policy, GpuOverridesAreInTheHashTheDiffAndTheFileWritten) {
   EXPECT_NE(a->Hash(), other->Hash());
   EXPECT_NE(a->Canonical().find("gpus.000.limits.in_flight_bytes: 64MiB\ngpus.000.match: 2, 0\n"), std::string::npos)
       << a->Canonical();
+  EXPECT_EQ(a->gpu_overrides[0].Changes(*a),
+            (std::vector<std::string>{"limits.client_in_flight_bytes: 128MiB -> 64MiB",
+                                      "limits.in_flight_bytes: 128MiB -> 64MiB"}));
   // Only what the override changes is in the canonical text, not the settings it keeps.
   EXPECT_EQ(a->Canonical().find("gpus.000.schedule"), std::string::npos) << a->Canonical();
   auto diff = daemon::DiffPolicies(*a, *other);
