@@ -315,15 +315,9 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::Create(std::vector<PoolPartSpec>
   }
   if (slabs > UINT64_MAX / slab_bytes) return InvalidArgument("pool larger than the address space");
   if (hugetlb) {
-    const uint64_t page = HugetlbPageBytes();
-    if (page == 0) return NotSupported("pool.huge_pages is hugetlb, but this kernel has no hugetlb pages");
-    if (slab_bytes % page != 0) {
-      return InvalidArgument("pool.huge_pages is hugetlb: pool.slab (" + std::to_string(slab_bytes >> 10) +
-                             " KiB) must be a multiple of the huge page size (" + std::to_string(page >> 10) + " KiB)");
-    }
     uint64_t all = 0;
     for (const PoolPart& p : parts) all += p.bytes;
-    FERRY_RETURN_IF_ERROR(CheckHugetlbPages(all));
+    FERRY_RETURN_IF_ERROR(CheckHugetlbPool(slab_bytes, all));
     // A part bound to a node faults its pages in there: a node short of free huge pages would
     // end the build with SIGBUS, so each is checked first.
     const std::vector<int> online = OnlineNumaNodes();
@@ -412,6 +406,16 @@ Status CheckHugetlbPages(uint64_t bytes, int node) {
                 : "/sys/devices/system/node/node" + std::to_string(node) + "/hugepages") +
       "): reserve more (sysctl vm.nr_hugepages, or hugepages= on the kernel's command line), or use pool.huge_pages: "
       "transparent");
+}
+
+Status CheckHugetlbPool(uint64_t slab_bytes, uint64_t pool_bytes) {
+  const uint64_t page = HugetlbPageBytes();
+  if (page == 0) return NotSupported("pool.huge_pages is hugetlb, but this kernel has no hugetlb pages");
+  if (slab_bytes % page != 0) {
+    return InvalidArgument("pool.huge_pages is hugetlb: pool.slab (" + std::to_string(slab_bytes >> 10) +
+                           " KiB) must be a multiple of the huge page size (" + std::to_string(page >> 10) + " KiB)");
+  }
+  return CheckHugetlbPages(pool_bytes).WithContext("pool.huge_pages: hugetlb");
 }
 
 uint64_t MappedHugePageBytes(const std::byte* base, uint64_t size) {

@@ -75,6 +75,10 @@ uint64_t FreeHugetlbPages(int node = -1);
 // Whether `bytes` of hugetlb pages can be had (on `node`, or anywhere for -1): OK, or
 // ResourceExhausted saying how many are free and how to reserve more.
 Status CheckHugetlbPages(uint64_t bytes, int node = -1);
+// A pool of `pool_bytes` in slabs of `slab_bytes` from hugetlb pages: the kernel has them, the
+// slab is a whole number of them, and enough are free on the machine. What ferryd's start and
+// --check-config both check first.
+Status CheckHugetlbPool(uint64_t slab_bytes, uint64_t pool_bytes);
 
 // Bytes of [base, base + size) that this process maps with huge (PMD) pages, from /proc/self/smaps
 // (transparent huge pages and hugetlb pages both).

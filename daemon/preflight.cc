@@ -108,14 +108,7 @@ Result<CheckedConfig> Preflight(const DaemonConfig& config) {
     FERRY_RETURN_IF_ERROR(CheckWritableDir(config.runtime_dir, "runtime_dir"));
   }
   FERRY_RETURN_IF_ERROR(CheckMetricsAddress(config.metrics_address));
-  if (config.pool_pages == PoolPages::kHugetlb) {
-    const uint64_t page = HugetlbPageBytes();
-    if (page != 0 && config.slab_bytes % page != 0) {
-      return InvalidArgument("pool.huge_pages is hugetlb: pool.slab (" + std::to_string(config.slab_bytes >> 10) +
-                             " KiB) must be a multiple of the huge page size (" + std::to_string(page >> 10) + " KiB)");
-    }
-    FERRY_RETURN_IF_ERROR(CheckHugetlbPages(config.pool_bytes).WithContext("pool.huge_pages: hugetlb"));
-  }
+  if (config.pool_pages == PoolPages::kHugetlb) FERRY_RETURN_IF_ERROR(CheckHugetlbPool(config.slab_bytes, config.pool_bytes));
   if (!config.snapshot_dir.empty()) {
     signing::SecretKey key;
     FERRY_RETURN_IF_ERROR(signing::LoadSecretKey(config.snapshot_key, key).WithContext("snapshots.key"));
