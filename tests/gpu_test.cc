@@ -69,6 +69,7 @@ class GpuDaemon : public ::testing::Test {
 
   virtual std::vector<std::string> ExtraDaemonArgs() const { return {}; }
   void ReclaimedSlabsStillCopyEveryByteBothWays(const char* registration_line);
+  void ManySmallCopiesLandWhereTheyShould();
 
   // Reads the whole device allocation back with the CUDA runtime, independent of ferry.
   std::vector<std::byte> ReadBack(const void* dev, size_t n) {
@@ -186,14 +187,18 @@ TEST_F(PerSlabGpuDaemon, SlabsReclaimedWithFreshPagesStillCopyEveryByteBothWays)
   ReclaimedSlabsStillCopyEveryByteBothWays("pool registered slab by slab");
 }
 
-TEST_F(GpuDaemon, ManySmallCopiesInFlightLandWhereTheyShould) {
+// 1024 bulk copies in flight at once, then 4 KiB latency-class copies one after another both
+// ways: every completion seen (however ferryd sees them done), every byte where it belongs.
+void GpuDaemon::ManySmallCopiesLandWhereTheyShould() {
   constexpr size_t kPiece = 64 << 10, kCount = 1024;
+  const uint64_t seed = testing::RandomSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
   ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(kPiece * kCount));
   ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client_->AllocateDevice(kPiece * kCount));
   ASSERT_CUDA(cudaMemset(dev.data(), 0xA5, dev.size()));
   ASSERT_CUDA(cudaDeviceSynchronize());
   ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
-  FillRandom(host.data(), host.size(), testing::RandomSeed());
+  FillRandom(host.data(), host.size(), seed);
   std::vector<Transfer> ts;
   // Reverse order, so a piece landing at the wrong offset cannot go unnoticed.
   for (size_t i = kCount; i-- > 0;) {
@@ -203,6 +208,43 @@ TEST_F(GpuDaemon, ManySmallCopiesInFlightLandWhereTheyShould) {
   for (auto& t : ts) ASSERT_OK(t.Wait(10s));
   std::vector<std::byte> back = ReadBack(dev.data(), dev.size());
   EXPECT_EQ(FirstDifference(back.data(), host.data(), host.size()), -1);
+
+  constexpr size_t kSmall = 4096, kSmallCount = 64;
+  FillRandom(host.data(), kSmall * kSmallCount, seed + 1);
+  for (size_t i = 0; i < kSmallCount; ++i) {
+    ASSERT_OK_AND_ASSIGN(Transfer up, client_->Copy(Direction::kHostToDevice, host, i * kSmall, region, i * kSmall,
+                                                    kSmall, {.priority = Priority::kLatency}));
+    ASSERT_OK(up.Wait(10s));
+  }
+  back = ReadBack(dev.data(), kSmall * kSmallCount);
+  EXPECT_EQ(FirstDifference(back.data(), host.data(), kSmall * kSmallCount), -1);
+  testing::Poison(host.data(), kSmall * kSmallCount);
+  for (size_t i = 0; i < kSmallCount; ++i) {
+    ASSERT_OK_AND_ASSIGN(Transfer down, client_->Copy(Direction::kDeviceToHost, host, i * kSmall, region, i * kSmall,
+                                                      kSmall, {.priority = Priority::kLatency}));
+    ASSERT_OK(down.Wait(10s));
+  }
+  EXPECT_EQ(FirstDifference(host.data(), back.data(), kSmall * kSmallCount), -1);
+}
+
+// By default the copy streams write fence words that ferryd reads instead of asking the driver.
+TEST_F(GpuDaemon, ManySmallCopiesInFlightLandWhereTheyShould) {
+  EXPECT_NE(daemon_->Output().find("copies seen done by fence words"), std::string::npos) << daemon_->Output();
+  ManySmallCopiesLandWhereTheyShould();
+}
+
+class EventFencedGpuDaemon : public GpuDaemon {
+ protected:
+  void SetUp() override {
+    ::setenv("FERRY_FENCES", "events", 1);  // ferryd inherits it
+    GpuDaemon::SetUp();
+    ::unsetenv("FERRY_FENCES");
+  }
+};
+
+TEST_F(EventFencedGpuDaemon, CopiesSeenDoneByEventsLandWhereTheyShould) {
+  EXPECT_NE(daemon_->Output().find("copies seen done by events"), std::string::npos) << daemon_->Output();
+  ManySmallCopiesLandWhereTheyShould();
 }
 
 TEST_F(GpuDaemon, ACopyAfterAnEventWaitsOnTheGpuForTheKernelBeforeIt) {

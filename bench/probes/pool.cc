@@ -3,7 +3,10 @@
 // contiguous share, MADV_POPULATE_WRITE), with MADV_HUGEPAGE asked; then cudaHostRegister of the
 // whole range. ferry's start-up is measured against these in the same run. The CUDA context
 // (which registering needs) is made first and timed apart: "+context" adds it, the least any
-// process that pins memory for a GPU spends.
+// process that pins memory for a GPU spends. With --once GIB: one process doing only what a
+// pool's start must (the context, the fault-in with every CPU, the registration), printing
+// "registered" once the bytes are pinned, so that a script times it from the process's start as
+// it times ferryd's (bench/gpu/pool-start.sh).
 #include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -12,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -51,13 +55,36 @@ double FaultIn(uint64_t n, unsigned threads, std::byte** out) {
 
 }  // namespace
 
+// The start of a process that pins `gib` GiB for a GPU, and nothing else.
+int Once(uint64_t gib) {
+  const double t0 = Now();
+  CK(cudaFree(nullptr));
+  const double context = Now() - t0;
+  std::byte* p = nullptr;
+  const uint64_t n = gib << 30;
+  const double all = FaultIn(n, Cpus(), &p);
+  const double t1 = Now();
+  CK(cudaHostRegister(p, n, cudaHostRegisterPortable));
+  const double reg = Now() - t1;
+  std::printf("registered: %llu GiB; context %.3f s, fault-in %.3f s (%u CPUs), register %.3f s\n",
+              static_cast<unsigned long long>(gib), context, all, Cpus(), reg);
+  std::fflush(stdout);
+  CK(cudaHostUnregister(p));
+  munmap(p, n);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (AskedForHelp(argc, argv,
                    "usage: probe-pool [GIB ...]\n"
+                   "       probe-pool --once GIB\n"
                    "Maps and faults in a shared-memory file of each size (default 2 48) with one thread and\n"
-                   "with every usable CPU, then cudaHostRegisters it: the machine's own limit for a pool.")) {
+                   "with every usable CPU, then cudaHostRegisters it: the machine's own limit for a pool.\n"
+                   "--once: only the CUDA context, the fault-in with every CPU and the registration of one\n"
+                   "size, then \"registered: ...\" on stdout: a pool's start, to be timed from outside.")) {
     return 0;
   }
+  if (argc == 3 && std::strcmp(argv[1], "--once") == 0) return Once(std::strtoull(argv[2], nullptr, 10));
   std::vector<uint64_t> gib;
   for (int i = 1; i < argc; ++i) gib.push_back(std::strtoull(argv[i], nullptr, 10));
   if (gib.empty()) gib = {2, 48};

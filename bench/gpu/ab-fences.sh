@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# A/B of how ferryd sees its copies done, on a GPU machine, in turn on one build: fence words
+# (the default: each copy stream writes a sequence number into host memory the loop reads) and
+# events (FERRY_FENCES=events: cudaEventQuery / cudaStreamQuery each turn). Per variant and round
+# (ROUNDS, default 2), one ferryd: ferry-bench transfer SECTIONS (default latency,many,blocks)
+# against the in-process baseline; then (INSTEP=1, the default) the seed's in-step overlap.
+# Writes $OUT/fences-*.txt.
+set -uo pipefail
+. "$(dirname "$0")/env.sh"
+policy=${POLICY:-policies/chunked.yaml}
+for round in $(seq "${ROUNDS:-2}"); do
+  for fences in words events; do
+    echo "== round $round: fences $fences"
+    env_was=${FERRYD_ENV:-}
+    [ $fences = events ] && FERRYD_ENV="FERRY_FENCES=events"
+    start_ferryd >/dev/null
+    FERRYD_ENV=$env_was
+    grep -h "fence words\|ready" "$rt/ferryd.log" | head -2
+    "$BUILD/ferry-bench" transfer --socket "$sock" --only "${SECTIONS:-latency,many,blocks}" \
+      >"$OUT/fences-$fences-$round.txt" 2>/dev/null
+    grep -E "^  (h2d|d2h)  |^1024 x|PASS|FAIL" "$OUT/fences-$fences-$round.txt"
+    if [ "${INSTEP:-1}" = 1 ]; then
+      "$BUILD/ferryctl" --socket "$sock" bench overlap --policies "$policy" \
+        >"$OUT/fences-overlap-$fences-$round.txt" 2>/dev/null
+      grep -E "in-process in-step|in-step blocks|copy alone" "$OUT/fences-overlap-$fences-$round.txt"
+    fi
+    kill -TERM $pid; wait $pid
+  done
+done
