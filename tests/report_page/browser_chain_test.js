@@ -8,7 +8,7 @@ const { execFileSync } = require('node:child_process');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const { launch } = require('./cdp.js');
+const { launch, checker } = require('./cdp.js');
 const { keyPair, sign, recordId, sha256Hex } = require('./signer.js');
 
 const [ferryctl, snaps, pub, artifacts] = process.argv.slice(2);
@@ -32,12 +32,9 @@ function variant(name, change) {
   return page;
 }
 
-let failures = 0, restartedKey = '';
-function expect(what, cond, got) {
-  if (cond) return;
-  failures++;
-  console.log('FAIL: ' + what + (got === undefined ? '' : ': got ' + JSON.stringify(got)));
-}
+let restartedKey = '';
+const check = checker();
+const expect = check.expect;
 
 (async () => {
   const pages = {
@@ -118,7 +115,7 @@ function expect(what, cond, got) {
     await browser.close();
     fs.rmSync(work, { recursive: true, force: true });
   }
-  process.exit(failures ? 1 : 0);
+  process.exit(check.failures() ? 1 : 0);
 })().catch((e) => {
   console.log('FAIL: ' + (e && e.stack || e));
   process.exit(1);

@@ -9,7 +9,7 @@ const { execFileSync } = require('node:child_process');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const { launch } = require('./cdp.js');
+const { launch, checker } = require('./cdp.js');
 const { edit } = require('./tamper_page.js');
 const { keyPair, sign, recordId } = require('./signer.js');
 
@@ -31,12 +31,9 @@ const record = path.join(m, 'h200-overlap-2026-12-03.json'), pub = path.join(m, 
 const out = (name) => path.join(artifacts, name + '.html');
 const ctl = (...args) => execFileSync(ferryctl, args, { stdio: ['ignore', 'pipe', 'pipe'] }).toString();
 
-let failures = 0, hostileKey = '';
-function expect(what, cond, got) {
-  if (cond) return;
-  failures++;
-  console.log('FAIL: ' + what + (got === undefined ? '' : ': got ' + JSON.stringify(got)));
-}
+let hostileKey = '';
+const check = checker();
+const expect = check.expect;
 
 (async () => {
   ctl('report', 'html', record, '--pub', pub, '-o', out('genuine'));
@@ -166,7 +163,7 @@ function expect(what, cond, got) {
     await browser.close();
   }
   console.log('browser checks took ' + (Date.now() - t0) + ' ms; screenshots in ' + artifacts);
-  process.exit(failures ? 1 : 0);
+  process.exit(check.failures() ? 1 : 0);
 })().catch((e) => {
   console.log('FAIL: ' + (e && e.stack || e));
   process.exit(1);

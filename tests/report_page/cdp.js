@@ -118,4 +118,18 @@ async function launch(chromium) {
   return { open, close, stderr: () => stderr };
 }
 
-module.exports = { launch };
+// The browser tests' checks: expect(what, cond, got) prints a FAIL line and counts it;
+// failures() says how many, for the exit status.
+function checker() {
+  let failures = 0;
+  return {
+    expect(what, cond, got) {
+      if (cond) return;
+      failures++;
+      console.log('FAIL: ' + what + (got === undefined ? '' : ': got ' + JSON.stringify(got)));
+    },
+    failures: () => failures,
+  };
+}
+
+module.exports = { launch, checker };
