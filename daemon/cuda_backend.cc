@@ -574,6 +574,7 @@ class CudaBackend : public Backend {
       // and a copy reported failed must not have said done), then each stream's fence, so that a
       // fence seen done means its words were written.
       std::vector<std::pair<int, uint32_t>> issued_streams;
+      std::vector<cudaStream_t> failed_streams;  // some of their copies may be out already
       for (int d = 0; d < 2; ++d) {
         const cudaMemcpyKind kind = d == 0 ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
         for (uint32_t s = 0; s < streams_per_dir_; ++s) {
@@ -587,19 +588,23 @@ class CudaBackend : public Backend {
           st.sizes.clear();
           st.batchable.clear();
           if (issued.ok()) issued_streams.emplace_back(d, s);
+          if (!issued.ok()) failed_streams.push_back(streams_[d][s]);
           if (!issued.ok() && g.status.ok()) g.status = issued;
         }
       }
       for (const auto& [d, s] : issued_streams) {
         StagedCopies& st = staged_[d][s];
-        Status issued;
         // Default flags: the write waits for the copies before it on the stream, data included.
         for (const auto& [address, value] : st.done_writes) {
-          if (!g.status.ok() || !issued.ok()) break;
+          if (!g.status.ok()) break;
           const CUresult r = write_value_(streams_[d][s], address, value, CU_STREAM_WRITE_VALUE_DEFAULT);
-          if (r != CUDA_SUCCESS) issued = DeviceError("cuStreamWriteValue32 of a done word: error " + std::to_string(r));
+          if (r != CUDA_SUCCESS) g.status = DeviceError("cuStreamWriteValue32 of a done word: error " + std::to_string(r));
         }
-        if (issued.ok() && by_words) {
+        // Every issued stream is fenced, whatever came of its done words; a fence that could
+        // not be set leaves the group to end when its streams are idle.
+        Status fenced;
+        g.streams.push_back(streams_[d][s]);
+        if (by_words) {
           const uint32_t index = static_cast<uint32_t>(d) * 32 + s;
           const uint32_t value = ++fence_seq_[index];
           const CUresult r = write_value_(streams_[d][s], fence_dev_ + index * sizeof(uint32_t), value,
@@ -607,23 +612,26 @@ class CudaBackend : public Backend {
           if (r == CUDA_SUCCESS) {
             g.words.emplace_back(index, value);
           } else {
-            issued = DeviceError("cuStreamWriteValue32 of a fence word: error " + std::to_string(r));
+            fenced = DeviceError("cuStreamWriteValue32 of a fence word: error " + std::to_string(r));
           }
-          g.streams.push_back(streams_[d][s]);
-        } else if (issued.ok() && query_stream) {
-          g.streams.push_back(streams_[d][s]);
-        } else if (issued.ok()) {
+        } else if (!query_stream) {
           auto e = TakeEvent();
-          issued = e.ok() ? CudaStatus(cudaEventRecord(*e, streams_[d][s]), "fence") : e.status();
-          if (issued.ok()) {
+          fenced = e.ok() ? CudaStatus(cudaEventRecord(*e, streams_[d][s]), "fence") : e.status();
+          if (fenced.ok()) {
             for (CopySpan& sp : g.spans) {
               if (sp.direction == d && sp.stream == s) sp.fence = g.events.size();
             }
+            g.events.push_back(*e);
+          } else if (e.ok()) {
+            free_events_.push_back(*e);  // never recorded: a query of it would say done
           }
-          if (e.ok()) g.events.push_back(*e);
-          g.streams.push_back(streams_[d][s]);
         }
-        if (!issued.ok() && g.status.ok()) g.status = issued;
+        if (!fenced.ok()) g.by_stream_query = true;
+        if (!fenced.ok() && g.status.ok()) g.status = fenced;
+      }
+      if (!failed_streams.empty()) {
+        g.streams.insert(g.streams.end(), failed_streams.begin(), failed_streams.end());
+        g.by_stream_query = true;
       }
       for (int d = 0; d < 2; ++d) {
         for (uint32_t s = 0; s < streams_per_dir_; ++s) staged_[d][s].done_writes.clear();
@@ -649,17 +657,16 @@ class CudaBackend : public Backend {
       if (!ready && now == 0) now = MonotonicNanos();
       if (!ready && !it->words.empty() && now - it->checked_ns >= kFenceCheckNs) {
         it->checked_ns = now;
-        ready = true;
+        bool busy = false;
         for (cudaStream_t s : it->streams) {
           const cudaError_t q = cudaStreamQuery(s);
           if (q == cudaErrorNotReady) {
-            ready = false;
-          } else if (q != cudaSuccess) {
-            if (st.ok()) st = CudaStatus(q, "copy");
-            ready = true;
-            break;
+            busy = true;
+          } else if (q != cudaSuccess && st.ok()) {
+            st = CudaStatus(q, "copy");
           }
         }
+        ready = !busy;
       }
       for (cudaEvent_t e : it->events) {
         cudaError_t q = cudaEventQuery(e);

@@ -188,7 +188,8 @@ TEST_F(PerSlabGpuDaemon, SlabsReclaimedWithFreshPagesStillCopyEveryByteBothWays)
 }
 
 // 1024 bulk copies in flight at once, then 4 KiB latency-class copies one after another both
-// ways: every completion seen (however ferryd sees them done), every byte where it belongs.
+// ways, each waited for by its completion: every copy seen done (however ferryd sees it), every
+// byte where it belongs.
 void GpuDaemon::ManySmallCopiesLandWhereTheyShould() {
   constexpr size_t kPiece = 64 << 10, kCount = 1024;
   const uint64_t seed = testing::RandomSeed();
@@ -209,22 +210,33 @@ void GpuDaemon::ManySmallCopiesLandWhereTheyShould() {
   std::vector<std::byte> back = ReadBack(dev.data(), dev.size());
   EXPECT_EQ(FirstDifference(back.data(), host.data(), host.size()), -1);
 
+  // Latency copies from a client that waits for their completions, not for the done words the
+  // engines write before the fence: each Wait returns only once ferryd saw its copy done.
+  ConnectOptions o;
+  o.socket_path = socket_;
+  ::setenv("FERRY_DONE_WORDS", "0", 1);
+  auto connected = Client::Connect(o);
+  ::unsetenv("FERRY_DONE_WORDS");
+  ASSERT_TRUE(connected.ok()) << connected.status().ToString();
+  Client& waiter = **connected;
   constexpr size_t kSmall = 4096, kSmallCount = 64;
-  FillRandom(host.data(), kSmall * kSmallCount, seed + 1);
+  ASSERT_OK_AND_ASSIGN(HostBuffer small, waiter.AllocateHost(kSmall * kSmallCount));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion small_region, waiter.RegisterDevice(dev.data(), kSmall * kSmallCount));
+  FillRandom(small.data(), small.size(), seed + 1);
   for (size_t i = 0; i < kSmallCount; ++i) {
-    ASSERT_OK_AND_ASSIGN(Transfer up, client_->Copy(Direction::kHostToDevice, host, i * kSmall, region, i * kSmall,
-                                                    kSmall, {.priority = Priority::kLatency}));
+    ASSERT_OK_AND_ASSIGN(Transfer up, waiter.Copy(Direction::kHostToDevice, small, i * kSmall, small_region, i * kSmall,
+                                                  kSmall, {.priority = Priority::kLatency}));
     ASSERT_OK(up.Wait(10s));
   }
-  back = ReadBack(dev.data(), kSmall * kSmallCount);
-  EXPECT_EQ(FirstDifference(back.data(), host.data(), kSmall * kSmallCount), -1);
-  testing::Poison(host.data(), kSmall * kSmallCount);
+  back = ReadBack(dev.data(), small.size());
+  EXPECT_EQ(FirstDifference(back.data(), small.data(), small.size()), -1);
+  testing::Poison(small.data(), small.size());
   for (size_t i = 0; i < kSmallCount; ++i) {
-    ASSERT_OK_AND_ASSIGN(Transfer down, client_->Copy(Direction::kDeviceToHost, host, i * kSmall, region, i * kSmall,
-                                                      kSmall, {.priority = Priority::kLatency}));
+    ASSERT_OK_AND_ASSIGN(Transfer down, waiter.Copy(Direction::kDeviceToHost, small, i * kSmall, small_region,
+                                                    i * kSmall, kSmall, {.priority = Priority::kLatency}));
     ASSERT_OK(down.Wait(10s));
   }
-  EXPECT_EQ(FirstDifference(host.data(), back.data(), kSmall * kSmallCount), -1);
+  EXPECT_EQ(FirstDifference(small.data(), back.data(), small.size()), -1);
 }
 
 // By default the copy streams write fence words that ferryd reads instead of asking the driver.
