@@ -1,0 +1,220 @@
+// What a GPU-side hand-off to another process and back costs, without ferry: the floor under
+// "in-step" copies (a block's output copied as soon as its kernel is done, the step's stream
+// waiting for the copy) when the copy runs in another process's context, as ferryd's do.
+// Timed on the GPU between two events of this process's stream, released together by a host
+// word (so no host call is inside the span), 4 KiB device to host:
+//  0. the copy on the stream itself (no hand-off);
+//  1. in this process: the stream records an event, a side stream waits on it, copies and
+//     records an event the stream waits on (what an in-process in-step copy does);
+//  2. another process, host words both ways: the stream writes a word (cuStreamWriteValue32),
+//     the other process's stream waits on it (cuStreamWaitValue32), copies and writes a second
+//     word the stream waits on;
+//  3. another process, a word there and an interprocess event back (what ferryd's lanes do
+//     today: the client's stream waits on ferryd's event).
+// Prints medians with p99 and min in microseconds, and each hand-off's median beyond 0.
+#include <cuda.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "bench/probes/probe_util.hpp"
+
+namespace {
+
+using StreamValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+StreamValue32 write_value = nullptr;
+StreamValue32 wait_value = nullptr;
+
+void LoadDriverEntryPoints() {
+  cudaDriverEntryPointQueryResult q;
+  CK(cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", reinterpret_cast<void**>(&write_value), 12000,
+                                      cudaEnableDefault, &q));
+  if (q != cudaDriverEntryPointSuccess) std::_Exit(2);
+  CK(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", reinterpret_cast<void**>(&wait_value), 12000,
+                                      cudaEnableDefault, &q));
+  if (q != cudaDriverEntryPointSuccess) std::_Exit(2);
+}
+
+void CkCu(CUresult r, const char* what) {
+  if (r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "%s failed: %d\n", what, static_cast<int>(r));
+    std::_Exit(1);
+  }
+}
+
+inline void Relax() { __builtin_ia32_pause(); }
+
+// A registered page's device address (the page mapped, for the GPU to read and write).
+CUdeviceptr MapPage(void* page) {
+  CK(cudaHostRegister(page, 4096, cudaHostRegisterMapped | cudaHostRegisterPortable));
+  void* d = nullptr;
+  CK(cudaHostGetDevicePointer(&d, page, 0));
+  return reinterpret_cast<CUdeviceptr>(d);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The shared page's layout: commands from this process to the other one, and the two words.
+struct Shared {
+  std::atomic<uint32_t> command;  // the round's number; UINT32_MAX: stop
+  std::atomic<uint32_t> mode;     // 2: answer with a word, 3: with the event
+  std::atomic<uint32_t> armed;    // the other process enqueued its part of that round
+  std::atomic<uint32_t> ready;    // the event's handle is below
+  uint32_t to_other;              // written by this process's stream
+  uint32_t to_this;               // written by the other process's stream
+  char event_handle[64];
+};
+
+constexpr size_t kBytes = 4096;
+
+CUdeviceptr OffsetIn(const Shared* sh, const uint32_t* word) {
+  return static_cast<CUdeviceptr>(reinterpret_cast<const char*>(word) - reinterpret_cast<const char*>(sh));
+}
+
+// The other process: its own context; for each round it enqueues "wait for the word, copy 4 KiB
+// device to host, answer", then says it is armed.
+[[noreturn]] void Other(Shared* sh) {
+  CK(cudaSetDevice(0));
+  LoadDriverEntryPoints();
+  cudaStream_t cs;
+  CK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  void* pinned = nullptr;
+  void* dev = nullptr;
+  CK(cudaHostAlloc(&pinned, kBytes, cudaHostAllocDefault));
+  CK(cudaMalloc(&dev, kBytes));
+  const CUdeviceptr words = MapPage(sh);
+  const CUdeviceptr to_other = words + OffsetIn(sh, &sh->to_other), to_this = words + OffsetIn(sh, &sh->to_this);
+  while (sh->ready.load(std::memory_order_acquire) == 0) Relax();
+  cudaIpcEventHandle_t h;
+  std::memcpy(&h, sh->event_handle, sizeof h);
+  cudaEvent_t answer;
+  CK(cudaIpcOpenEventHandle(&answer, h));
+  for (uint32_t round = 1;; ++round) {
+    uint32_t c;
+    while ((c = sh->command.load(std::memory_order_acquire)) < round) Relax();
+    if (c == UINT32_MAX) break;
+    CkCu(wait_value(cs, to_other, round, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32 (other)");
+    CK(cudaMemcpyAsync(pinned, dev, kBytes, cudaMemcpyDeviceToHost, cs));
+    if (sh->mode.load(std::memory_order_relaxed) == 2) {
+      CkCu(write_value(cs, to_this, round, 0), "cuStreamWriteValue32 (other)");
+    } else {
+      CK(cudaEventRecord(answer, cs));
+    }
+    sh->armed.store(round, std::memory_order_release);
+    CK(cudaStreamSynchronize(cs));
+  }
+  std::_Exit(0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (AskedForHelp(argc, argv,
+                   "probe-handoff: a 4 KiB copy handed off on the GPU to a side stream, or to another\n"
+                   "process's stream and back (host words, or a word and an interprocess event), timed\n"
+                   "on the GPU; no arguments")) {
+    return 0;
+  }
+  constexpr int kReps = 2000;
+  // Before any CUDA call: a child forked after CUDA starts cannot use it.
+  auto* sh = static_cast<Shared*>(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  if (sh == MAP_FAILED) return 1;
+  std::memset(static_cast<void*>(sh), 0, 4096);
+  const pid_t other = fork();
+  if (other == 0) Other(sh);
+
+  CK(cudaSetDevice(0));
+  LoadDriverEntryPoints();
+  int lo = 0, hi = 0;
+  CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+  cudaStream_t s, side;
+  CK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, hi));
+  CK(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, hi));
+  void* pinned = nullptr;
+  void* dev = nullptr;
+  CK(cudaHostAlloc(&pinned, kBytes, cudaHostAllocDefault));
+  CK(cudaMalloc(&dev, kBytes));
+  auto* own = static_cast<uint32_t*>(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  std::memset(own, 0, 4096);
+  const CUdeviceptr go = MapPage(own);  // [0]: the host's go word
+  const CUdeviceptr words = MapPage(sh);
+  const CUdeviceptr to_other = words + OffsetIn(sh, &sh->to_other), to_this = words + OffsetIn(sh, &sh->to_this);
+  cudaEvent_t e0, e1, made, copied, answer;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaEventCreateWithFlags(&made, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&answer, cudaEventDisableTiming | cudaEventInterprocess));
+  cudaIpcEventHandle_t h;
+  CK(cudaIpcGetEventHandle(&h, answer));
+  std::memcpy(sh->event_handle, &h, sizeof h);
+  sh->ready.store(1, std::memory_order_release);
+
+  const char* names[4] = {"the copy on the stream itself (no hand-off)",
+                          "in this process: event, side stream, event back",
+                          "another process: host words both ways",
+                          "another process: a word there, its event back"};
+  std::vector<double> us[4];
+  uint32_t go_seq = 0, other_round = 0;
+  // The variants in turn, a round each, so that a slow spell of the machine hits them alike.
+  for (int r = -100; r < kReps; ++r) {
+    for (int v = 0; v < 4; ++v) {
+      ++go_seq;
+      if (v >= 2) {
+        ++other_round;
+        sh->mode.store(static_cast<uint32_t>(v), std::memory_order_relaxed);
+        sh->command.store(other_round, std::memory_order_release);
+        while (sh->armed.load(std::memory_order_acquire) != other_round) Relax();  // its part is enqueued
+      }
+      CkCu(wait_value(s, go, go_seq, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32 (go)");
+      CK(cudaEventRecord(e0, s));
+      if (v == 0) {
+        CK(cudaMemcpyAsync(pinned, dev, kBytes, cudaMemcpyDeviceToHost, s));
+      } else if (v == 1) {
+        CK(cudaEventRecord(made, s));
+        CK(cudaStreamWaitEvent(side, made, 0));
+        CK(cudaMemcpyAsync(pinned, dev, kBytes, cudaMemcpyDeviceToHost, side));
+        CK(cudaEventRecord(copied, side));
+        CK(cudaStreamWaitEvent(s, copied, 0));
+      } else {
+        CkCu(write_value(s, to_other, other_round, 0), "cuStreamWriteValue32 (to the other)");
+        if (v == 2) {
+          CkCu(wait_value(s, to_this, other_round, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32 (answer)");
+        } else {
+          CK(cudaStreamWaitEvent(s, answer, 0));
+        }
+      }
+      CK(cudaEventRecord(e1, s));
+      for (const double parked = Now(); Now() - parked < 50e-6;) {  // the streams reach their waits
+      }
+      std::atomic_ref<uint32_t>(own[0]).store(go_seq, std::memory_order_release);
+      CK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      if (r >= 0) us[v].push_back(static_cast<double>(ms) * 1e3);
+    }
+  }
+  sh->command.store(UINT32_MAX, std::memory_order_release);
+  int status = 0;
+  waitpid(other, &status, 0);
+  std::printf("probe-handoff: 4 KiB device to host, %d rounds, GPU time from the stream's release to its last wait (us)\n",
+              kReps);
+  const double base = Median(us[0]);
+  for (int v = 0; v < 4; ++v) {
+    std::vector<double>& x = us[v];
+    std::sort(x.begin(), x.end());
+    std::printf("%-52s p50 %7.2f  p99 %7.2f  min %7.2f", names[v], x[x.size() / 2], x[x.size() * 99 / 100], x[0]);
+    if (v > 0) std::printf("   hand-off +%.2f", x[x.size() / 2] - base);
+    std::printf("\n");
+  }
+  return 0;
+}
