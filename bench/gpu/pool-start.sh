@@ -17,6 +17,7 @@ settings=${THP_SETTINGS:-never advise}
 sizes=${SIZES:-2GiB 48GiB}
 rounds=${ROUNDS:-3}
 declare -A took  # "setting size who" -> the rounds' milliseconds
+ran=""           # the THP settings measured
 
 # Starts a command with its output to $2 and sets ms to the milliseconds from its start until
 # that file holds a line matching $1 (polled every 2 ms, the same for ferryd and the probe), or
@@ -65,6 +66,8 @@ median_ms() { printf '%s\n' "$@" | sort -n | awk '{v[NR]=$1} END {print NR % 2 ?
   echo "host: $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); shmem THP was: ${was:-unknown}; $rounds rounds"
   for setting in $settings; do
     if ! echo "$setting" >"$thp" 2>/dev/null; then echo "== shmem THP: cannot set '$setting' here (kept ${was})"; setting=${was:-unknown}; fi
+    case " $ran " in *" $setting "*) continue ;; esac  # that setting's figures are in already
+    ran+=" $setting"
     echo "== shmem THP: $(cat "$thp" 2>/dev/null)"
     for size in $sizes; do
       for round in $(seq "$rounds"); do
@@ -77,7 +80,7 @@ median_ms() { printf '%s\n' "$@" | sort -n | awk '{v[NR]=$1} END {print NR % 2 ?
   done
   [ -n "$was" ] && echo "$was" >"$thp" 2>/dev/null
   echo "== summary: seconds from the process's start to ready (ferryd) or registered (probe-pool --once), median [min, max] of $rounds"
-  for setting in $settings; do
+  for setting in $ran; do
     for size in $sizes; do
       read -ra f <<<"${took["$setting $size ferryd"]:-}"
       read -ra q <<<"${took["$setting $size probe"]:-}"
