@@ -551,16 +551,16 @@ TEST_F(CheckConfig, EveryCauseOfAFailedStartThatIsNotTheGpuFailsTheCheck) {
     std::string extra, message, runtime_dir;
   };
   for (const Case& c : {
-           Case{"allowed_group: no-such-group-ferry\n", "allowed_group 'no-such-group-ferry' does not exist"},
+           Case{"allowed_group: no-such-group-ferry\n", "allowed_group 'no-such-group-ferry' does not exist", ""},
            Case{"snapshots: {dir: " + dir_ + "/snap, key: " + dir_ + "/missing.key}\n",
-                "snapshots.key: open " + dir_ + "/missing.key: No such file or directory"},
+                "snapshots.key: open " + dir_ + "/missing.key: No such file or directory", ""},
            Case{"snapshots: {dir: " + dir_ + "/snap, key: " + dir_ + "/open.key}\n",
-                "is mode 0644; a secret key must be readable by its owner only (chmod 600)"},
-           Case{"metrics: {address: garbage}\n", "metrics.address 'garbage' has no port"},
-           Case{"metrics: {address: '127.0.0.1:99999'}\n", "metrics.address '127.0.0.1:99999' has no valid port"},
+                "is mode 0644; a secret key must be readable by its owner only (chmod 600)", ""},
+           Case{"metrics: {address: garbage}\n", "metrics.address 'garbage' has no port", ""},
+           Case{"metrics: {address: '127.0.0.1:99999'}\n", "metrics.address '127.0.0.1:99999' has no valid port", ""},
            Case{"", "runtime_dir " + dir_ + "/open is mode 0777", dir_ + "/open"},
-           Case{"policy: " + dir_ + "/bomb.yaml\n", "bomb.yaml:2:4: aliases and anchors are not allowed"},
-           Case{"policy: /dev/zero\n", "/dev/zero is a character device, not a regular file"},
+           Case{"policy: " + dir_ + "/bomb.yaml\n", "bomb.yaml:2:4: aliases and anchors are not allowed", ""},
+           Case{"policy: /dev/zero\n", "/dev/zero is a character device, not a regular file", ""},
        }) {
     ToolRun r = Check(Config(c.extra, c.runtime_dir));
     EXPECT_EQ(r.exit_code, 2) << c.extra << r.output;
