@@ -111,14 +111,9 @@ class CudaClientDevice : public ClientDevice {
       write_value_ = reinterpret_cast<WriteValue32>(fn);
     }
     FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    FERRY_CUDA_RETURN_IF_ERROR(cudaHostRegister(flags, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
-    void* dev = nullptr;
-    if (Status st = CudaStatus(cudaHostGetDevicePointer(&dev, flags, 0), "cudaHostGetDevicePointer"); !st.ok()) {
-      cudaHostUnregister(flags);
-      return st;
-    }
+    FERRY_ASSIGN_OR_RETURN(const uint64_t dev, RegisterMappedHost(flags, bytes));
     flags_host_ = static_cast<std::byte*>(flags);
-    flags_device_ = reinterpret_cast<CUdeviceptr>(dev);
+    flags_device_ = static_cast<CUdeviceptr>(dev);
     return Status::Ok();
   }
   void UnmapFlags(void* flags) override { cudaHostUnregister(flags); }

@@ -41,6 +41,16 @@ Result<void*> DriverFunction(const char* name) {
   return fn;
 }
 
+Result<uint64_t> RegisterMappedHost(void* host, size_t bytes) {
+  FERRY_CUDA_RETURN_IF_ERROR(cudaHostRegister(host, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
+  void* dev = nullptr;
+  if (Status st = CudaStatus(cudaHostGetDevicePointer(&dev, host, 0), "cudaHostGetDevicePointer"); !st.ok()) {
+    cudaHostUnregister(host);
+    return st;
+  }
+  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(dev));
+}
+
 Status CudaBufferId(const void* ptr, uint64_t* id) {
   using Fn = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
   static const Result<void*> found = DriverFunction("cuPointerGetAttribute");

@@ -170,13 +170,11 @@ class CudaBackend : public Backend {
                                                          &std::free);
     if (!page) return ResourceExhausted("no memory for the probe page");
     *page = 0;
-    FERRY_CUDA_RETURN_IF_ERROR(cudaHostRegister(page.get(), kPage, cudaHostRegisterMapped | cudaHostRegisterPortable));
-    void* dev = nullptr;
-    Status st = CudaStatus(cudaHostGetDevicePointer(&dev, page.get(), 0), "cudaHostGetDevicePointer");
+    FERRY_ASSIGN_OR_RETURN(const uint64_t dev, RegisterMappedHost(page.get(), kPage));
     cudaStream_t s = streams_[0][0];
-    if (st.ok()) st = DriverStatus(write_value_(s, reinterpret_cast<CUdeviceptr>(dev), 7, 0), "cuStreamWriteValue32");
+    Status st = DriverStatus(write_value_(s, static_cast<CUdeviceptr>(dev), 7, 0), "cuStreamWriteValue32");
     if (st.ok()) {
-      st = DriverStatus(wait_value_(s, reinterpret_cast<CUdeviceptr>(dev), 7, CU_STREAM_WAIT_VALUE_GEQ),
+      st = DriverStatus(wait_value_(s, static_cast<CUdeviceptr>(dev), 7, CU_STREAM_WAIT_VALUE_GEQ),
                         "cuStreamWaitValue32");
     }
     if (st.ok()) st = CudaStatus(cudaStreamSynchronize(s), "probe of stream memory operations");
@@ -387,13 +385,8 @@ class CudaBackend : public Backend {
   Status RegisterFlags(std::byte* flags, size_t bytes) override {
     if (!flag_waits_) return NotSupported("stream memory operations unusable on this device");
     FERRY_CUDA_RETURN_IF_ERROR(MakeCurrent());
-    FERRY_CUDA_RETURN_IF_ERROR(cudaHostRegister(flags, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
-    void* dev = nullptr;
-    if (Status st = CudaStatus(cudaHostGetDevicePointer(&dev, flags, 0), "cudaHostGetDevicePointer"); !st.ok()) {
-      cudaHostUnregister(flags);
-      return st;
-    }
-    flag_pages_[flags] = reinterpret_cast<CUdeviceptr>(dev);
+    FERRY_ASSIGN_OR_RETURN(const uint64_t dev, RegisterMappedHost(flags, bytes));
+    flag_pages_[flags] = static_cast<CUdeviceptr>(dev);
     return Status::Ok();
   }
   void UnregisterFlags(std::byte* flags) override {
