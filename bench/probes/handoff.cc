@@ -24,29 +24,9 @@
 #include <vector>
 
 #include "bench/probes/probe_util.hpp"
+#include "bench/probes/stream_memops.hpp"
 
 namespace {
-
-using StreamValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-StreamValue32 write_value = nullptr;
-StreamValue32 wait_value = nullptr;
-
-void LoadDriverEntryPoints() {
-  cudaDriverEntryPointQueryResult q;
-  CK(cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", reinterpret_cast<void**>(&write_value), 12000,
-                                      cudaEnableDefault, &q));
-  if (q != cudaDriverEntryPointSuccess) std::_Exit(2);
-  CK(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", reinterpret_cast<void**>(&wait_value), 12000,
-                                      cudaEnableDefault, &q));
-  if (q != cudaDriverEntryPointSuccess) std::_Exit(2);
-}
-
-void CkCu(CUresult r, const char* what) {
-  if (r != CUDA_SUCCESS) {
-    std::fprintf(stderr, "%s failed: %d\n", what, static_cast<int>(r));
-    std::_Exit(1);
-  }
-}
 
 inline void Relax() { __builtin_ia32_pause(); }
 
