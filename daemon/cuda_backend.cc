@@ -5,7 +5,8 @@
 // and fences (no CPU thread blocks on the GPU): where the device has stream memory operations,
 // each copy stream writes a sequence number into a word of a mapped page this backend owns
 // after a group's copies, and the loop reads the word (a load, where cudaEventQuery or
-// cudaStreamQuery cost 0.3 to 1.3 us a call, paid on every turn while a copy is out); else
+// cudaStreamQuery cost 0.2 to 1.3 us a call on the H200's host, paid on every turn while a copy
+// is out); else
 // events polled with cudaEventQuery. FERRY_FENCES=events keeps events, for comparison.
 // "After" a client's event, where the device has stream memory operations: a lane (a stream of
 // its own per session and direction) waits on the event's flag with cuStreamWaitValue32, then
