@@ -55,6 +55,7 @@ void Sessions::HandleAlloc(Session& s, uint32_t seq, const wire::AllocBufferRequ
     grants.push_back(std::move(*fd));
   }
   UpdatePoolCounters(svc_.pool, svc_.counters);
+  svc_.counters.buffers_allocated++;
   r.status = ToWire(Status::Ok());
   r.pool_offset = a->pool_offset;
   r.size = a->size;

@@ -197,6 +197,10 @@ class LiveGauges : public prometheus::Collectable {
                               {{none, double(c.poll_window_ns.load()) * 1e-9}}));
     out.push_back(CounterFamily("ferry_evictions_total", "Clients evicted for breaking the protocol or not keeping up.",
                                 double(c.evictions.load())));
+    out.push_back(CounterFamily("ferry_buffers_allocated_total",
+                                "Pool buffers granted to clients; each asked for on the client's socket, so a "
+                                "steady rise under a steady load means a client that does not keep its buffers.",
+                                double(c.buffers_allocated.load())));
     out.push_back(CounterFamily("ferry_sleeps_total",
                                 "Times ferryd's event loop went to sleep; the request that wakes it waits for the "
                                 "wake-up.",

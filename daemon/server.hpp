@@ -52,6 +52,7 @@ struct ServerCounters {
   std::atomic<uint64_t> policy_switches{0};
   std::atomic<uint64_t> policy_failures{0};
   std::atomic<uint64_t> sleeps{0};          // times the event loop went to sleep (each wake-up delays a request)
+  std::atomic<uint64_t> buffers_allocated{0};  // pool buffers granted to clients (each a round trip on a socket)
   std::atomic<uint64_t> poll_window_ns{0};  // it polls this long after its last activity (PollWindow)
   // The start, once done: the pool built, its registration, and Server::Create in all (ns).
   std::atomic<uint64_t> start_pool_ns{0};

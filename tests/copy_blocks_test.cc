@@ -310,6 +310,27 @@ TEST(BlockList, AListAfterAnEventWaitsForItAndIsStreamWaitable) {
 // More lists in flight than the ring has room for at once, inline ones (18 slots each, wrapping
 // around the ring) and pool-buffer ones, all in flight at once; later rounds reuse the list
 // buffers the first round's lists gave back.
+// A list too long for the ring travels in a pool buffer: the first of its size costs the client
+// a buffer from ferryd (a round trip on its socket), the ones after it reuse that buffer.
+TEST(BlockList, AListBufferIsAskedForOnceAndThenReused) {
+  DaemonHarness d;
+  ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
+  const uint64_t seed = testing::RandomSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  ASSERT_OK_AND_ASSIGN(ListCase c, MakeCase(*client, ListShape{1000, kInlineBlocks + 200, false}, seed));
+  for (int i = 0; i < 6; ++i) {
+    SCOPED_TRACE("list " + std::to_string(i));
+    const uint64_t asked_before = d.counters().buffers_allocated.load();
+    const Direction dir = i % 2 ? Direction::kDeviceToHost : Direction::kHostToDevice;
+    const std::vector<std::byte> want = Prepare(c, dir, seed + 10 + i);
+    ASSERT_OK_AND_ASSIGN(Transfer t, client->CopyBlocks(dir, c.host, c.host_offset, c.region, c.device_offset, c.list()));
+    ASSERT_OK(t.Wait(20s));
+    EXPECT_EQ(FirstDifference(Destination(c, dir), want.data(), want.size()), -1);
+    EXPECT_EQ(d.counters().buffers_allocated.load() - asked_before, i == 0 ? 1u : 0u)
+        << (i == 0 ? "the first list's buffer did not come from ferryd" : "a warm cache asked ferryd for a buffer");
+  }
+}
+
 TEST(BlockList, ManyListsInFlightWrapTheRingAndRecycleTheirListBuffers) {
   auto inner = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
   ASSERT_TRUE(inner.ok());

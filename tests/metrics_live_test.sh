@@ -47,6 +47,7 @@ for m in ferry_build_info ferry_copies_total ferry_copied_bytes_total ferry_copy
          ferry_exposed_seconds_bucket ferry_copy_queue_seconds_bucket ferry_pool_bytes ferry_clients \
          ferry_in_flight_bytes ferry_queued_bytes ferry_copies_in_flight ferry_policy_info \
          ferry_policy_reloads_total ferry_achieved_bandwidth_bytes_per_second ferry_sleeps_total \
+         ferry_buffers_allocated_total \
          ferry_poll_window_seconds; do
   grep -q "^$m" "$dir/scrape.txt" || { echo "FAIL: $m missing from the scrape"; exit 1; }
 done
