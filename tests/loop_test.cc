@@ -193,9 +193,9 @@ TEST(EventLoop, ClientsThatDoNotReadTheirRepliesNeitherStallOthersNorPileUp) {
   std::printf("4 KiB copy p99: %.3f ms alone, %.3f ms beside %d clients that do not read (%zu copies)\n",
               p99_base * 1e3, p99_clogged * 1e3, kClogs, clogged.size());
   // The bug made the loop wait up to 1 s per such client (copies stalled for seconds). The
-  // loop's own work for 20 x (fit + 32) requests can hold a copy for tens of ms under the
-  // sanitizers on a loaded 2-core machine (a 50 ms slack failed there once), so the slack is a
-  // quarter of the old wait.
+  // loop's own work for 20 x (fit + 32) requests can hold a copy for tens of ms on a loaded
+  // 2-core machine, more under the sanitizers (a 50 ms slack failed once under load), so the
+  // slack is a quarter of the old wait.
   EXPECT_LT(p99_clogged, std::max(3 * p99_base, p99_base + 0.25)) << "the loop waited on clients that do not read";
   EXPECT_EQ(d.counters().evictions.load(), 0u) << "no queue was over its limit yet";
 
