@@ -6,8 +6,8 @@
 // each copy stream writes a sequence number into a word of a mapped page this backend owns
 // after a group's copies, and the loop reads the word (a load, where cudaEventQuery or
 // cudaStreamQuery cost 0.2 to 1.3 us a call on the H200's host, paid on every turn while a copy
-// is out); else
-// events polled with cudaEventQuery. FERRY_FENCES=events keeps events, for comparison.
+// is out); else events polled with cudaEventQuery. FERRY_FENCES=events keeps events, for
+// comparison.
 // "After" a client's event, where the device has stream memory operations: a lane (a stream of
 // its own per session and direction) waits on the event's flag with cuStreamWaitValue32, then
 // copies; ferryd never waits on another process's event on the GPU (a cross-context wait cost
@@ -131,27 +131,26 @@ class CudaBackend : public Backend {
         FERRY_LOG(kWarning) << "fence words unusable (" << st.message() << "): copies are seen done by events";
       }
     }
-    describe_ += fence_host_ != nullptr ? "; copies seen done by fence words" : "; copies seen done by events";
+    describe_ += fence_page_ ? "; copies seen done by fence words" : "; copies seen done by events";
     return Status::Ok();
   }
 
   // The page of fence words, one a copy stream ([direction * 32 + stream]), zero to start.
   Status AllocateFenceWords() {
-    void* host = nullptr;
-    FERRY_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&host, kFencePageBytes, cudaHostAllocMapped | cudaHostAllocPortable));
-    std::memset(host, 0, kFencePageBytes);
-    void* dev = nullptr;
-    if (Status st = CudaStatus(cudaHostGetDevicePointer(&dev, host, 0), "cudaHostGetDevicePointer"); !st.ok()) {
-      cudaFreeHost(host);
-      return st;
+    fence_page_.reset(static_cast<uint32_t*>(std::aligned_alloc(kFencePageBytes, kFencePageBytes)));
+    if (!fence_page_) return ResourceExhausted("no memory for the fence words");
+    std::memset(fence_page_.get(), 0, kFencePageBytes);
+    auto dev = RegisterMappedHost(fence_page_.get(), kFencePageBytes);
+    if (!dev.ok()) {
+      fence_page_.reset();
+      return dev.status();
     }
-    fence_host_ = static_cast<uint32_t*>(host);
-    fence_dev_ = reinterpret_cast<CUdeviceptr>(dev);
+    fence_dev_ = static_cast<CUdeviceptr>(*dev);
     return Status::Ok();
   }
 
   uint32_t FenceWord(uint32_t index) const {
-    return std::atomic_ref<uint32_t>(fence_host_[index]).load(std::memory_order_acquire);
+    return std::atomic_ref<uint32_t>(fence_page_.get()[index]).load(std::memory_order_acquire);
   }
 
   // Whether a stream can wait on a word of host memory that a stream writes: the driver's entry
@@ -241,7 +240,7 @@ class CudaBackend : public Backend {
     }
     if (whole_ != nullptr) cudaHostUnregister(whole_);
     if (trace_origin_ != nullptr) cudaEventDestroy(trace_origin_);
-    if (fence_host_ != nullptr) cudaFreeHost(fence_host_);
+    if (fence_page_) cudaHostUnregister(fence_page_.get());
   }
 
   wire::BackendKind kind() const override { return wire::BackendKind::kCuda; }
@@ -556,7 +555,7 @@ class CudaBackend : public Backend {
       // else, so when no earlier latency group is still out, "the stream is idle" is this
       // group's fence and the event record can be saved.
       const bool needs_events = std::exchange(staging.needs_events, false);
-      const bool by_words = fence_host_ != nullptr && !needs_events;
+      const bool by_words = fence_page_ != nullptr && !needs_events;
       const bool query_stream = !by_words && &staging == &groups_[0] && streams_per_dir_ > 1 && latency_out_ == 0 &&
                                 !trace_ && !needs_events;
       g.by_stream_query = query_stream;
@@ -592,7 +591,9 @@ class CudaBackend : public Backend {
         for (const auto& [address, value] : st.done_writes) {
           if (!g.status.ok()) break;
           const CUresult r = write_value_(streams_[d][s], address, value, CU_STREAM_WRITE_VALUE_DEFAULT);
-          if (r != CUDA_SUCCESS) g.status = DeviceError("cuStreamWriteValue32 of a done word: error " + std::to_string(r));
+          if (r != CUDA_SUCCESS) {
+            g.status = DeviceError("cuStreamWriteValue32 of a done word: error " + std::to_string(r));
+          }
         }
         // Every issued stream is fenced, whatever came of its done words; a fence that could
         // not be set leaves the group to end when its streams are idle.
@@ -648,19 +649,21 @@ class CudaBackend : public Backend {
       }
       // A stream whose copy failed never writes its word: now and then its streams are asked,
       // and idle streams (or failed ones) end the group too.
-      if (!ready && now == 0) now = MonotonicNanos();
-      if (!ready && !it->words.empty() && now - it->checked_ns >= kFenceCheckNs) {
-        it->checked_ns = now;
-        bool busy = false;
-        for (cudaStream_t s : it->streams) {
-          const cudaError_t q = cudaStreamQuery(s);
-          if (q == cudaErrorNotReady) {
-            busy = true;
-          } else if (q != cudaSuccess && st.ok()) {
-            st = CudaStatus(q, "copy");
+      if (!ready) {
+        if (now == 0) now = MonotonicNanos();
+        if (now - it->checked_ns >= kFenceCheckNs) {
+          it->checked_ns = now;
+          bool busy = false;
+          for (cudaStream_t s : it->streams) {
+            const cudaError_t q = cudaStreamQuery(s);
+            if (q == cudaErrorNotReady) {
+              busy = true;
+            } else if (q != cudaSuccess && st.ok()) {
+              st = CudaStatus(q, "copy");
+            }
           }
+          ready = !busy;
         }
-        ready = !busy;
       }
       for (cudaEvent_t e : it->events) {
         cudaError_t q = cudaEventQuery(e);
@@ -840,7 +843,8 @@ class CudaBackend : public Backend {
   static constexpr uint64_t kHoldNs = 30'000;
   static constexpr size_t kFencePageBytes = 4096;
   static constexpr uint64_t kFenceCheckNs = 1'000'000;  // a group out this long: its streams asked each time
-  uint32_t* fence_host_ = nullptr;  // the fence words, written by the copy streams; null: events
+  // The fence words, registered, written by the copy streams; null: events.
+  std::unique_ptr<uint32_t, decltype(&std::free)> fence_page_{nullptr, &std::free};
   CUdeviceptr fence_dev_ = 0;       // where the engines write them
   uint32_t fence_seq_[64] = {};     // the last value each stream was told to write
 };
