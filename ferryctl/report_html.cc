@@ -249,12 +249,14 @@ int ReportHtml(const std::vector<std::string>& args) {
     if (!r.ok()) return Fail(r.status().message());
     in.records.push_back(std::move(*r));
   }
+  std::string key_id;  // of the key given, once it parsed
   if (!pub.empty()) {
     auto text = ReadFile(pub, 4096);
     if (!text.ok()) return Fail(pub + ": " + text.status().message() + " (not a public key file)");
     auto pk = signing::ParsePublicKey(*text);
     if (!pk.ok()) return Fail(pub + ": " + pk.status().message());
     in.public_key = *text;
+    key_id = signing::KeyIdHex(pk->id);
     for (const PageRecord& r : in.records) {
       Status st = CheckRecord(*pk, r);
       if (st.ok()) continue;
@@ -276,7 +278,7 @@ int ReportHtml(const std::vector<std::string>& args) {
     const char* verdict = unverified ? ", NOT verified by key "
                           : in.chain ? ", each record's signature verified by key "
                                      : ", verified by key ";
-    key_note = verdict + signing::KeyIdHex(signing::ParsePublicKey(in.public_key)->id) + ", which is embedded" +
+    key_note = verdict + key_id + ", which is embedded" +
                (in.chain && !unverified ? " (the chain's links are checked by the page and by ferryctl verify)" : "");
   }
   std::printf("wrote %s: %zu record%s%s\n", out.c_str(), in.records.size(), in.records.size() == 1 ? "" : "s",

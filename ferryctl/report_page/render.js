@@ -28,7 +28,7 @@
   function table(rows, head) {
     const t = el('table', {});
     if (head) t.append(el('tr', {}, head.map((h) => el('th', {}, h))));
-    for (const r of rows) t.append(el('tr', {}, r.map((c) => (c instanceof Node ? el('td', {}, c) : el('td', {}, c)))));
+    for (const r of rows) t.append(el('tr', {}, r.map((c) => el('td', {}, c))));
     return t;
   }
   function section(title, ...body) {
