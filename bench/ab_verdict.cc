@@ -68,13 +68,15 @@ double WinsorizedVariance(std::vector<double> v, int g) {
   return ss / static_cast<double>(n - 1);
 }
 
-std::string Percent(double f) {
+}  // namespace
+
+std::string Pct(double f) {
   char b[32];
   std::snprintf(b, sizeof b, "%+.1f%%", f * 100);
   return b;
 }
 
-}  // namespace
+std::string Interval(const AbResult& r) { return "[" + Pct(r.low) + ", " + Pct(r.high) + "]"; }
 
 double StudentTQuantile(double p, int df) {
   if (p < 0.5) return -StudentTQuantile(1 - p, df);
@@ -149,8 +151,8 @@ AbResult JudgeAb(const std::vector<AbPair>& pairs, const AbRule& rule) {
   if (!last && std::find(looks.begin(), looks.end(), n) == looks.end()) return r;
 
   const std::string numbers =
-      Percent(r.difference) + " [" + Percent(r.low) + ", " + Percent(r.high) + "] over " + std::to_string(n) + " pairs";
-  const std::string min = Percent(r.min_effect).substr(1);
+      Pct(r.difference) + " " + Interval(r) + " over " + std::to_string(n) + " pairs";
+  const std::string min = Pct(r.min_effect).substr(1);
   if (d + half < 0 && -d >= m) {
     r.verdict = AbVerdict::kBetter;
     r.reason = "better: " + numbers + "; the interval excludes zero and the gain passes the minimum effect " + min;

@@ -72,4 +72,7 @@ Result<AbResult> CompareAb(const std::function<Result<AbPair>(int)>& measure, co
 // The p-quantile of Student's t distribution with `df` degrees of freedom (0 < p < 1, df >= 1).
 double StudentTQuantile(double p, int df);
 
+std::string Pct(double f);                // "+1.2%"
+std::string Interval(const AbResult& r);  // "[-3.1%, +0.4%]"
+
 }  // namespace ferry::bench

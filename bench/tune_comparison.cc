@@ -1,23 +1,10 @@
 #include "bench/tune_comparison.hpp"
 
-#include <cstdio>
 #include <sstream>
 
 #include "common/json.hpp"
 
 namespace ferry::bench {
-
-std::string Pct(double f) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%+.1f%%", f * 100);
-  return b;
-}
-
-std::string Interval(const AbResult& r) {
-  char b[64];
-  std::snprintf(b, sizeof b, "[%+.1f%%, %+.1f%%]", r.low * 100, r.high * 100);
-  return b;
-}
 
 std::string AbJson(const AbResult& r, const std::vector<AbPair>& pairs) {
   std::ostringstream o;

@@ -32,8 +32,6 @@ struct Comparison {
   bool kept = false;
 };
 
-std::string Pct(double f);                // "+1.2%"
-std::string Interval(const AbResult& r);  // "[-3.1%, +0.4%]"
 std::string AbJson(const AbResult& r, const std::vector<AbPair>& pairs);
 std::string ComparisonJson(const Comparison& c);
 
