@@ -5,26 +5,12 @@
 #include <cerrno>
 #include <map>
 #include <set>
-#include <sstream>
 
 namespace ferry::daemon {
-namespace {
-
-std::map<std::string, std::string> Settings(const policy::Policy& p) {
-  std::map<std::string, std::string> kv;
-  std::istringstream in(p.Canonical());
-  for (std::string line; std::getline(in, line);) {
-    const auto colon = line.find(": ");
-    if (colon != std::string::npos) kv[line.substr(0, colon)] = line.substr(colon + 2);
-  }
-  return kv;
-}
-
-}  // namespace
 
 double HostLink::FactorFor(const policy::Policy* policy) const {
   if (slow_when.empty() || policy == nullptr) return 1;
-  const auto kv = Settings(*policy);
+  const auto kv = policy::CanonicalSettings(*policy);
   for (const auto& [key, value] : slow_when) {
     auto it = kv.find(key);
     if (it == kv.end() || it->second != value) return 1;
@@ -44,7 +30,7 @@ Status CheckPolicySettingKey(const std::string& key) {
   geometric.schedule = policy::Schedule::kGeometric;
   std::set<std::string> keys;
   for (const policy::Policy* p : {&chunked, &geometric}) {
-    for (const auto& [k, v] : Settings(*p)) {
+    for (const auto& [k, v] : policy::CanonicalSettings(*p)) {
       if (k != "name" && k.rfind("classes.", 0) != 0) keys.insert(k);
     }
   }

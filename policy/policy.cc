@@ -278,8 +278,6 @@ std::string_view ScheduleName(Schedule s) {
   return "?";
 }
 
-namespace {
-
 std::map<std::string, std::string> CanonicalSettings(const Policy& p) {
   std::map<std::string, std::string> kv;
   kv["name"] = p.name;
@@ -314,6 +312,8 @@ std::map<std::string, std::string> CanonicalSettings(const Policy& p) {
   }
   return kv;
 }
+
+namespace {
 
 // Each setting of `over` that differs from the node's (`node`: CanonicalSettings of the node's
 // policy): key -> {the node's value, or "(unset)"; the override's}.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -108,6 +109,9 @@ std::vector<std::string> DiffPolicies(const Policy& a, const Policy& b);
 // The same, from canonical text (what `policy show` prints; "#" lines are ignored).
 std::vector<std::string> DiffCanonical(const std::string& a, const std::string& b);
 std::string_view ScheduleName(Schedule s);
+// The policy's own settings as canonical key -> value ("streams.bulk_priority" -> "least"),
+// without its GPU overrides' lines.
+std::map<std::string, std::string> CanonicalSettings(const Policy& p);
 
 }  // namespace ferry::policy
 
