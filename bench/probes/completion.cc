@@ -29,19 +29,12 @@ void Print(const char* what, std::vector<double>& us) {
   std::printf("%-58s p50 %7.2f  p99 %7.2f  min %7.2f us\n", what, us[us.size() / 2], us[us.size() * 99 / 100], us[0]);
 }
 
-inline void Relax() { __builtin_ia32_pause(); }
-
 // A host word the GPU can read and write: mapped, with its device address.
 struct MappedWords {
   volatile uint32_t* host = nullptr;
   CUdeviceptr dev = 0;
 };
-MappedWords Map(void* page) {
-  CK(cudaHostRegister(page, 4096, cudaHostRegisterMapped | cudaHostRegisterPortable));
-  void* d = nullptr;
-  CK(cudaHostGetDevicePointer(&d, page, 0));
-  return {static_cast<volatile uint32_t*>(page), reinterpret_cast<CUdeviceptr>(d)};
-}
+MappedWords Map(void* page) { return {static_cast<volatile uint32_t*>(page), MapPage(page)}; }
 
 }  // namespace
 

@@ -28,21 +28,6 @@
 
 namespace {
 
-inline void Relax() { __builtin_ia32_pause(); }
-
-// A registered page's device address (the page mapped, for the GPU to read and write).
-CUdeviceptr MapPage(void* page) {
-  CK(cudaHostRegister(page, 4096, cudaHostRegisterMapped | cudaHostRegisterPortable));
-  void* d = nullptr;
-  CK(cudaHostGetDevicePointer(&d, page, 0));
-  return reinterpret_cast<CUdeviceptr>(d);
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // The shared page's layout: commands from this process to the other one, and the two words.
 struct Shared {
   std::atomic<uint32_t> command;  // the round's number; UINT32_MAX: stop
@@ -188,10 +173,10 @@ int main(int argc, char** argv) {
   waitpid(other, &status, 0);
   std::printf("probe-handoff: 4 KiB device to host, %d rounds, GPU time from the stream's release to its last wait (us)\n",
               kReps);
-  const double base = Median(us[0]);
+  for (std::vector<double>& x : us) std::sort(x.begin(), x.end());
+  const double base = us[0][us[0].size() / 2];
   for (int v = 0; v < 4; ++v) {
-    std::vector<double>& x = us[v];
-    std::sort(x.begin(), x.end());
+    const std::vector<double>& x = us[v];
     std::printf("%-52s p50 %7.2f  p99 %7.2f  min %7.2f", names[v], x[x.size() / 2], x[x.size() * 99 / 100], x[0]);
     if (v > 0) std::printf("   hand-off +%.2f", x[x.size() / 2] - base);
     std::printf("\n");

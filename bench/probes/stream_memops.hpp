@@ -1,5 +1,6 @@
 // The stream memory operations the probes use (cuStreamWriteValue32, cuStreamWaitValue32),
-// reached through the runtime's entry points, and a driver-call check that ends the probe.
+// reached through the runtime's entry points, the host words they work on (a mapped page), and
+// a driver-call check that ends the probe.
 #pragma once
 
 #include <cuda.h>
@@ -18,6 +19,16 @@ inline void LoadDriverEntryPoints() {
   CK(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", reinterpret_cast<void**>(&wait_value), 12000,
                                       cudaEnableDefault, &q));
   if (q != cudaDriverEntryPointSuccess) std::_Exit(2);
+}
+
+inline void Relax() { __builtin_ia32_pause(); }
+
+// A registered page's device address (the page mapped, for the GPU to read and write).
+inline CUdeviceptr MapPage(void* page) {
+  CK(cudaHostRegister(page, 4096, cudaHostRegisterMapped | cudaHostRegisterPortable));
+  void* d = nullptr;
+  CK(cudaHostGetDevicePointer(&d, page, 0));
+  return reinterpret_cast<CUdeviceptr>(d);
 }
 
 inline void CkCu(CUresult r, const char* what) {
