@@ -11,10 +11,7 @@ policy=${POLICY:-policies/chunked.yaml}
 for round in $(seq "${ROUNDS:-2}"); do
   for fences in words events; do
     echo "== round $round: fences $fences"
-    env_was=${FERRYD_ENV:-}
-    [ $fences = events ] && FERRYD_ENV="FERRY_FENCES=events"
-    start_ferryd >/dev/null
-    FERRYD_ENV=$env_was
+    FERRYD_ENV=$([ $fences = events ] && echo FERRY_FENCES=events) start_ferryd >/dev/null
     grep -h "fence words\|ready" "$rt/ferryd.log" | head -2
     "$BUILD/ferry-bench" transfer --socket "$sock" --only "${SECTIONS:-latency,many,blocks}" \
       >"$OUT/fences-$fences-$round.txt" 2>/dev/null

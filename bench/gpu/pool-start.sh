@@ -58,9 +58,10 @@ probe_round() {
   wait $p; rm -f "$log"
 }
 
-# median [min, max] of the numbers given, in seconds (from milliseconds).
-stats() { printf '%s\n' "$@" | sort -n | awk '{v[NR]=$1} END {m = NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2; printf "%.3f [%.3f, %.3f]", m/1000, v[1]/1000, v[NR]/1000}'; }
-median_ms() { printf '%s\n' "$@" | sort -n | awk '{v[NR]=$1} END {print NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
+# "MEDIAN MIN MAX" of the numbers given (milliseconds).
+summary_ms() { printf '%s\n' "$@" | sort -n | awk '{v[NR]=$1} END {print (NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2), v[1], v[NR]}'; }
+# "median [min, max]" in seconds, from summary_ms's three numbers.
+seconds() { awk -v m="$1" -v lo="$2" -v hi="$3" 'BEGIN {printf "%.3f [%.3f, %.3f]", m/1000, lo/1000, hi/1000}'; }
 
 {
   echo "host: $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); shmem THP was: ${was:-unknown}; $rounds rounds"
@@ -85,9 +86,10 @@ median_ms() { printf '%s\n' "$@" | sort -n | awk '{v[NR]=$1} END {print NR % 2 ?
       read -ra f <<<"${took["$setting $size ferryd"]:-}"
       read -ra q <<<"${took["$setting $size probe"]:-}"
       [ ${#f[@]} = 0 ] || [ ${#q[@]} = 0 ] && { echo "THP $setting $size: no figures"; continue; }
-      fm=$(median_ms "${f[@]}"); qm=$(median_ms "${q[@]}")
+      read -r fm flo fhi <<<"$(summary_ms "${f[@]}")"
+      read -r qm qlo qhi <<<"$(summary_ms "${q[@]}")"
       case $size in 48GiB) target=3000 ;; 2GiB) target=150 ;; *) target= ;; esac
-      line="THP $setting $size: ferryd $(stats "${f[@]}"), probe $(stats "${q[@]}"); ferryd/probe $(awk -v a="$fm" -v b="$qm" 'BEGIN {printf "%.2f", a/b}')x"
+      line="THP $setting $size: ferryd $(seconds "$fm" "$flo" "$fhi"), probe $(seconds "$qm" "$qlo" "$qhi"); ferryd/probe $(awk -v a="$fm" -v b="$qm" 'BEGIN {printf "%.2f", a/b}')x"
       if [ -z "$target" ]; then
         echo "$line"
       elif [ "${fm%.*}" -le "$target" ]; then
