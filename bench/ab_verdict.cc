@@ -115,6 +115,10 @@ std::string_view AbVerdictName(AbVerdict v) {
   return "?";
 }
 
+double AbLevel(const AbRule& rule) {
+  return 1 - (1 - rule.confidence) / static_cast<double>(AbLooks(rule).size());
+}
+
 std::vector<int> AbLooks(const AbRule& r) {
   std::vector<int> looks;
   for (int n = r.min_pairs; n < r.max_pairs; n *= 2) looks.push_back(n);
@@ -137,7 +141,7 @@ AbResult JudgeAb(const std::vector<AbPair>& pairs, const AbRule& rule) {
   const double sd = std::sqrt(WinsorizedVariance(diffs, g));
   const double se = std::sqrt(static_cast<double>(n - 1) * sd * sd / (static_cast<double>(h) * (h - 1)));
   const std::vector<int> looks = AbLooks(rule);
-  r.level = 1 - (1 - rule.confidence) / static_cast<double>(looks.size());
+  r.level = AbLevel(rule);
   const double half = StudentTQuantile(1 - (1 - r.level) / 2, h - 1) * se;
   // Everything relative to A's mean; the absolute floor of the minimum effect where that is ~0.
   const double scale = std::fabs(r.mean_a) > 0 ? std::fabs(r.mean_a) : 1;

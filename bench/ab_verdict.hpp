@@ -61,6 +61,8 @@ struct AbResult {
 
 // The pair counts at which the rule may give a verdict.
 std::vector<int> AbLooks(const AbRule& rule);
+// The confidence of each look's interval: the rule's confidence shared over its looks (Bonferroni).
+double AbLevel(const AbRule& rule);
 // The verdict on `pairs` (all of them, in order); kMorePairs when their count is not a look or
 // the look is not clear.
 AbResult JudgeAb(const std::vector<AbPair>& pairs, const AbRule& rule);

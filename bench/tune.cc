@@ -145,6 +145,8 @@ class Tuner {
   std::vector<std::pair<std::string, std::shared_ptr<policy::Policy>>> Alternatives(const policy::Policy& at, int dim);
   std::string ReportJson() const;
   void PrintText(const std::string& start_label) const;
+  // The tune started from the last tune's policy (not the running one or --start).
+  bool StartedFromLastTune() const { return previous_ && previous_->Hash() == noise_->policy->Hash(); }
 
   TuneSettings s_;
   std::unique_ptr<overlap::StepEngine> engine_;
@@ -387,7 +389,7 @@ std::string Tuner::ReportJson() const {
     first = false;
   }
   j << "],\n  \"noise_floor\": " << ComparisonJson(*noise_) << ",\n";
-  if (previous_ && previous_->Hash() == noise_->policy->Hash())
+  if (StartedFromLastTune())
     j << "  \"previous_tuned\": {\"policy_hash\": " << json::String(previous_->Hash())
       << ", \"checks_passed\": " << (noise_->checks_passed ? "true" : "false") << "},\n";
   j << "  \"candidates\": [\n";
@@ -432,7 +434,7 @@ void Tuner::PrintText(const std::string& start_label) const {
       "rule: keep a change when its interval lies below zero and it gains at least %.1f%%; pairs at %d..%d, "
       "intervals at %.2f%% per look (99%% over the looks)\n\n",
       s_.rule.min_effect * 100, s_.rule.min_pairs, s_.rule.max_pairs,
-      (1 - (1 - s_.rule.confidence) / static_cast<double>(AbLooks(s_.rule).size())) * 100);
+      AbLevel(s_.rule) * 100);
   std::printf("%-50s %9s %9s %8s %18s %5s  %s\n", "candidate (change from the best so far)", "A ms", "B ms", "B - A",
               "interval", "pairs", "verdict");
   for (const Comparison& c : comparisons_) {
@@ -451,12 +453,12 @@ void Tuner::PrintText(const std::string& start_label) const {
   std::printf("\n");
   if (setting_changes_.empty()) {
     std::printf("settings unchanged from %s: no candidate gained %.1f%% or more with an interval below zero\n",
-                previous_ && previous_->Hash() == noise_->policy->Hash() ? "the last tune" : "the start",
+                StartedFromLastTune() ? "the last tune" : "the start",
                 s_.rule.min_effect * 100);
     if (!env_changes_.empty()) std::printf("the last tune's settings still hold after the environment change\n");
   } else {
     std::printf("settings changed (%s -> new tune)%s:\n",
-                previous_ && previous_->Hash() == noise_->policy->Hash() ? "last tune" : "start",
+                StartedFromLastTune() ? "last tune" : "start",
                 env_changes_.empty() ? "" : " after the environment change");
     for (const auto& c : setting_changes_) std::printf("  %s\n", c.c_str());
     std::printf("each kept because:\n");
