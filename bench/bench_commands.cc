@@ -15,7 +15,9 @@
 
 #include "common/backend_name.hpp"
 #include "common/cli.hpp"
+#include "common/fd.hpp"
 #include "common/process.hpp"
+#include "common/signed_records.hpp"
 #include "common/signing.hpp"
 #include "common/status_macros.hpp"
 #include "ferry/client.hpp"
@@ -74,17 +76,6 @@ the host clock. See `ferry-bench transfer --help` for its options; and:
   --plot FILE.svg   also plot bandwidth against size for every path (python3; the samples go to
                     --csv, or FILE.svg.csv)
 )";
-
-bool WriteFile(const std::string& path, const std::string& data, std::string* error) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << data;
-  f.close();
-  if (!f) {
-    *error = "cannot write " + path + ": " + std::strerror(errno);
-    return false;
-  }
-  return true;
-}
 
 bool IsDir(const std::string& p) {
   struct stat st {};
@@ -167,11 +158,9 @@ Status SignFile(const std::string& path, const std::string& data, const std::str
   signing::SecretKey sk;
   FERRY_RETURN_IF_ERROR(signing::LoadSecretKey(key_path, sk));
   const std::string id = signing::RecordId(data);
-  FERRY_ASSIGN_OR_RETURN(std::string sig, signing::Sign(sk, data, "ferry report " + kind + " " + id,
+  FERRY_ASSIGN_OR_RETURN(std::string sig, signing::Sign(sk, data, signing::ReportTrustedComment(kind, id),
                                                         "signature from ferry secret key " + signing::KeyIdHex(sk.id)));
-  std::string err;
-  if (!WriteFile(path + ".minisig", sig, &err)) return Internal(err);
-  return Status::Ok();
+  return WriteFileAtomically(path + ".minisig", sig);
 }
 
 int BenchOverlap(const std::vector<std::string>& args) {
@@ -240,15 +229,16 @@ int BenchOverlap(const std::vector<std::string>& args) {
   auto r = overlap::Run(**e, o);
   if (!r.ok()) return Fail("bench overlap: " + r.status().ToString());
   const std::string j = overlap::ToJson(*r);
-  std::string err;
   if (!report_path.empty()) {
-    if (!WriteFile(report_path, j, &err)) return Fail(err);
+    if (Status s = WriteFileAtomically(report_path, j); !s.ok()) return Fail(s.message());
     if (!key.empty()) {
       if (Status s = SignFile(report_path, j, key, "overlap"); !s.ok())
         return Fail("signing the report: " + s.ToString());
     }
   }
-  if (!svg.empty() && !WriteFile(svg, overlap::ToSvg(*r), &err)) return Fail(err);
+  if (!svg.empty()) {
+    if (Status s = WriteFileAtomically(svg, overlap::ToSvg(*r)); !s.ok()) return Fail(s.message());
+  }
   std::fputs(json ? j.c_str() : overlap::ToText(*r).c_str(), stdout);
   if (!r->checks_passed()) {
     return Fail("bench overlap: a correctness check failed (see the checks above)");

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "common/cli.hpp"
+#include "common/fd.hpp"
 #include "common/status_macros.hpp"
 #include "common/yaml_util.hpp"
 #include "policy/policy.hpp"
@@ -142,7 +143,7 @@ class Tuner {
   Status Sweep(Comparison& c);
   Status GuardBandwidth(Comparison& c, const policy::Policy& a);
   Result<double> LargestCopySecondsPerGb(const policy::Policy& p);
-  std::vector<std::pair<std::string, std::shared_ptr<policy::Policy>>> Alternatives(const policy::Policy& at, int dim);
+  std::vector<std::shared_ptr<policy::Policy>> Alternatives(const policy::Policy& at, int dim);
   std::string ReportJson() const;
   void PrintText(const std::string& start_label) const;
   // The tune started from the last tune's policy (not the running one or --start).
@@ -291,18 +292,13 @@ Status Tuner::GuardBandwidth(Comparison& c, const policy::Policy& a) {
 }
 
 // dim 0: schedule, 1: streams, 2: batching, 3: priority.
-std::vector<std::pair<std::string, std::shared_ptr<policy::Policy>>> Tuner::Alternatives(const policy::Policy& at,
-                                                                                         int dim) {
-  std::vector<std::pair<std::string, std::shared_ptr<policy::Policy>>> out;
-  // Each alternative carries the settings it changes ("key: old -> new; ..."); none that
-  // changes nothing.
-  auto with = [&](auto&& edit) {
+std::vector<std::shared_ptr<policy::Policy>> Tuner::Alternatives(const policy::Policy& at, int dim) {
+  std::vector<std::shared_ptr<policy::Policy>> out;
+  auto with = [&](auto&& edit) {  // none that changes nothing
     auto p = std::make_shared<policy::Policy>(at);
     edit(*p);
     p->name = at.name;
-    std::string change;
-    for (const auto& d : policy::DiffPolicies(at, *p)) change += (change.empty() ? "" : "; ") + d;
-    if (!change.empty()) out.emplace_back(change, std::move(p));
+    if (!policy::DiffPolicies(at, *p).empty()) out.push_back(std::move(p));
   };
   switch (dim) {
     case 0: {
@@ -549,10 +545,12 @@ int Tuner::Run() {
   std::shared_ptr<const policy::Policy> best = start;
   for (int d = 0; d < 4; ++d) {
     if (!s_.dims[d]) continue;
-    for (const auto& [ignored, candidate] : Alternatives(*best, d)) {
+    // Each against the best as it is now: a change kept earlier in this setting may have made
+    // a candidate the best already, or changed what it differs in ("key: old -> new; ...").
+    for (const auto& candidate : Alternatives(*best, d)) {
       std::string change;
       for (const auto& diff : policy::DiffPolicies(*best, *candidate)) change += (change.empty() ? "" : "; ") + diff;
-      if (change.empty()) continue;  // the best already (a change earlier in this setting)
+      if (change.empty()) continue;
       auto c = Compare(std::string(kDimNames[d]) + ": " + ShortLabel(*candidate, d), change, best, candidate, s_.rule);
       if (!c.ok()) return Fail(c.status().ToString());
       if (c->checks_passed && c->ab.verdict == AbVerdict::kBetter) {
@@ -597,20 +595,11 @@ int Tuner::Run() {
   seconds_ = NowSeconds() - t0;
 
   // Write the policy, then its report (signed), then say what happened.
-  {
-    std::ofstream f(s_.out, std::ios::trunc);
-    f << "# " << tuned->description << "\n# hash " << tuned->Hash() << "; report: " << report_path << "\n"
-      << tuned->ToYaml();
-    f.close();
-    if (!f) return Fail("cannot write " + s_.out + ": " + std::strerror(errno));
-  }
+  const std::string policy_file =
+      "# " + tuned->description + "\n# hash " + tuned->Hash() + "; report: " + report_path + "\n" + tuned->ToYaml();
+  if (Status st = WriteFileAtomically(s_.out, policy_file); !st.ok()) return Fail(st.message());
   const std::string report = ReportJson();
-  {
-    std::ofstream f(report_path, std::ios::trunc);
-    f << report;
-    f.close();
-    if (!f) return Fail("cannot write " + report_path + ": " + std::strerror(errno));
-  }
+  if (Status st = WriteFileAtomically(report_path, report); !st.ok()) return Fail(st.message());
   if (!s_.key.empty()) {
     if (Status st = SignFile(report_path, report, s_.key, "tune"); !st.ok())
       return Fail("signing the report: " + st.ToString());

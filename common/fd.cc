@@ -151,4 +151,33 @@ Result<std::string> ReadWholeFd(int fd, size_t max_bytes) {
     if (out.size() > max_bytes) return InvalidArgument("file is larger than " + std::to_string(max_bytes) + " bytes");
   }
 }
+
+Result<std::string> ReadWholeFile(const std::string& path, size_t max_bytes, bool follow_links) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | (follow_links ? 0 : O_NOFOLLOW)));
+  if (!fd.valid()) return ErrnoStatus("open " + path, errno);
+  auto data = ReadWholeFd(fd.get(), max_bytes);
+  if (!data.ok()) return data.status().WithContext(path);
+  return data;
+}
+
+Status WriteFileAtomically(const std::string& path, std::string_view data, mode_t mode) {
+  const std::string tmp = path + ".tmp";
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, mode));
+  if (!fd.valid()) return ErrnoStatus("create " + tmp, errno);
+  auto fail = [&](const std::string& what) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoStatus(what, err);
+  };
+  for (size_t done = 0; done < data.size();) {
+    const ssize_t n = ::write(fd.get(), data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return fail("write " + tmp);
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd.get()) != 0) return fail("fsync " + tmp);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("rename " + tmp + " to " + path);
+  return Status::Ok();
+}
+
 }  // namespace ferry

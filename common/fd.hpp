@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "ferry/status.hpp"
@@ -82,6 +83,11 @@ Result<bool> WaitReadable(int fd, int timeout_ms);
 
 // Reads a whole file from its start; kInvalidArgument if it is longer than max_bytes.
 Result<std::string> ReadWholeFd(int fd, size_t max_bytes);
+// Reads the file at `path` (a symlink refused unless follow_links); errors name the path.
+Result<std::string> ReadWholeFile(const std::string& path, size_t max_bytes, bool follow_links = true);
+// Writes `data` to PATH.tmp (never through a symlink there), syncs it and renames it over
+// `path`, so a reader sees the old file or the whole new one; on failure PATH.tmp is removed.
+Status WriteFileAtomically(const std::string& path, std::string_view data, mode_t mode = 0644);
 
 uint64_t MonotonicNanos();
 

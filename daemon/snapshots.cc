@@ -1,6 +1,5 @@
 #include "daemon/snapshots.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,13 +8,13 @@
 #include <cinttypes>
 #include <cstdio>
 #include <ctime>
-#include <fstream>
 #include <sstream>
 
 #include "common/environment.hpp"
 #include "common/fd.hpp"
 #include "common/json.hpp"
 #include "common/log.hpp"
+#include "common/signed_records.hpp"
 #include "common/status_macros.hpp"
 #include "common/time_format.hpp"
 #include "common/yaml_util.hpp"
@@ -38,57 +37,21 @@ double Percentile(std::vector<float>& v, double q) {
   return v[k];
 }
 
-Status WriteAtomically(const std::string& path, std::string_view data) {
-  const std::string tmp = path + ".tmp";
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644));
-  if (!fd.valid()) return ErrnoStatus("create " + tmp, errno);
-  if (::write(fd.get(), data.data(), data.size()) != static_cast<ssize_t>(data.size())) return ErrnoStatus("write " + tmp, errno);
-  if (::fsync(fd.get()) != 0) return ErrnoStatus("fsync " + tmp, errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return ErrnoStatus("rename " + tmp, errno);
-  return Status::Ok();
-}
+constexpr size_t kMaxRecordBytes = 1 << 20;
 
-std::string SnapshotName(uint64_t seq) {
-  char b[40];
-  std::snprintf(b, sizeof b, "snapshot-%06" PRIu64 ".json", seq);
-  return b;
-}
+std::string RecordPath(const std::string& dir, uint64_t seq) { return dir + "/" + signing::SnapshotName(seq); }
 
-// The names in dir that are snapshot records, by sequence (numerically: names are padded to
-// six digits only, so seq 1000000 sorts before 999999 as text).
-Result<std::vector<uint64_t>> RecordSequences(const std::string& dir) {
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return ErrnoStatus("opendir " + dir, errno);
-  std::vector<uint64_t> seqs;
-  while (dirent* e = ::readdir(d)) {
-    unsigned long long n = 0;
-    char tail[8] = {0};
-    if (std::sscanf(e->d_name, "snapshot-%20llu.%5s", &n, tail) == 2 && std::string(tail) == "json" &&
-        std::string(e->d_name) == SnapshotName(n)) {
-      seqs.push_back(n);
-    }
+// Checks record `seq` as ferryctl verify would, with ferryd's own key: its signature, the record
+// id and sequence it was signed with, and that it is a complete record of this key. Returns its
+// "prev_sha256" and "chain".
+Result<std::pair<std::string, std::string>> VerifyOwnRecord(const signing::PublicKey& pk, const signing::SignedFile& f,
+                                                             uint64_t seq) {
+  FERRY_ASSIGN_OR_RETURN(signing::SignedIdentity who, signing::VerifyRecord(pk, f.record, f.minisig));
+  if (who.is_report || who.seq != seq) {
+    return InvalidArgument("signed as " + (who.is_report ? "a report" : "sequence " + std::to_string(who.seq)) +
+                           ", not as sequence " + std::to_string(seq));
   }
-  ::closedir(d);
-  std::sort(seqs.begin(), seqs.end());
-  return seqs;
-}
-
-Result<std::string> ReadSmallFile(const std::string& path, size_t max) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!fd.valid()) return ErrnoStatus("open " + path, errno);
-  return ReadWholeFd(fd.get(), max);
-}
-
-// Checks record `seq` in dir as ferryctl verify would, with ferryd's own key: its signature,
-// the record id and sequence it was signed with, and that it is a complete record of this key.
-// Returns its "prev_sha256" and "chain".
-Result<std::pair<std::string, std::string>> VerifyOwnRecord(const signing::PublicKey& pk, const std::string& dir,
-                                                             uint64_t seq, const std::string& body) {
-  FERRY_ASSIGN_OR_RETURN(std::string sig, ReadSmallFile(dir + "/" + SnapshotName(seq) + ".minisig", 4096));
-  FERRY_ASSIGN_OR_RETURN(std::string trusted, signing::Verify(pk, body, sig));
-  const std::string want = "ferry snapshot " + signing::RecordId(body) + " seq " + std::to_string(seq);
-  if (trusted != want) return InvalidArgument("signed as '" + trusted + "', not '" + want + "'");
-  auto root = yamlutil::LoadString(body, SnapshotName(seq));
+  auto root = yamlutil::LoadString(f.record, signing::SnapshotName(seq));
   if (!root.ok()) return root.status();
   try {
     const YAML::Node& r = *root;
@@ -115,17 +78,21 @@ Result<std::unique_ptr<SnapshotWriter>> SnapshotWriter::Create(const SnapshotOpt
 
 Status SnapshotWriter::VerifyTail(uint64_t seq, std::string* body) {
   const signing::PublicKey pk = signing::PublicKeyOf(key_);
-  FERRY_ASSIGN_OR_RETURN(*body, ReadSmallFile(opt_.dir + "/" + SnapshotName(seq), 1 << 20));
-  FERRY_ASSIGN_OR_RETURN(auto tail, VerifyOwnRecord(pk, opt_.dir, seq, *body));
+  FERRY_ASSIGN_OR_RETURN(signing::SignedFile last, signing::ReadSignedFile(RecordPath(opt_.dir, seq), kMaxRecordBytes, false));
+  FERRY_ASSIGN_OR_RETURN(auto tail, VerifyOwnRecord(pk, last, seq));
+  *body = std::move(last.record);
   chain_ = tail.second.empty() ? "continued-" + signing::RecordId(*body) : tail.second;
   if (tail.first == std::string(64, '0') || seq <= 1) return Status::Ok();  // the head of its chain
   // The link back, where the record before is still there (old ones may have been pruned).
-  auto prev_body = ReadSmallFile(opt_.dir + "/" + SnapshotName(seq - 1), 1 << 20);
-  if (!prev_body.ok()) return Status::Ok();
-  auto prev = VerifyOwnRecord(pk, opt_.dir, seq - 1, *prev_body);
-  if (!prev.ok()) return prev.status().WithContext(SnapshotName(seq - 1) + ", the record before it");
-  if (signing::Sha256Hex(*prev_body) != tail.first) {
-    return InvalidArgument("its previous-record hash is not " + SnapshotName(seq - 1) + "'s");
+  struct stat st{};
+  if (::lstat(RecordPath(opt_.dir, seq - 1).c_str(), &st) != 0 && errno == ENOENT) return Status::Ok();
+  const std::string before = signing::SnapshotName(seq - 1) + ", the record before it";
+  auto prev_file = signing::ReadSignedFile(RecordPath(opt_.dir, seq - 1), kMaxRecordBytes, false);
+  if (!prev_file.ok()) return prev_file.status().WithContext(before);
+  auto prev = VerifyOwnRecord(pk, *prev_file, seq - 1);
+  if (!prev.ok()) return prev.status().WithContext(before);
+  if (signing::Sha256Hex(prev_file->record) != tail.first) {
+    return InvalidArgument("its previous-record hash is not " + signing::SnapshotName(seq - 1) + "'s");
   }
   return Status::Ok();
 }
@@ -134,21 +101,21 @@ Status SnapshotWriter::VerifyTail(uint64_t seq, std::string* body) {
 // a record that does not (a planted or damaged file): then a new chain starts above it.
 Status SnapshotWriter::Continue() {
   prev_hash_ = std::string(64, '0');
-  FERRY_ASSIGN_OR_RETURN(std::vector<uint64_t> seqs, RecordSequences(opt_.dir));
+  FERRY_ASSIGN_OR_RETURN(auto seqs, signing::ListSnapshots(opt_.dir));
   if (seqs.empty()) {
     seq_ = opt_.first_sequence - 1;
     chain_ = signing::RecordId(host_id_ + " " + IsoTime(std::chrono::system_clock::now()) + " " +
                                std::to_string(::getpid()));
     return Status::Ok();
   }
-  const uint64_t best = seqs.back();
+  const uint64_t best = seqs.back().first;
   if (best >= (uint64_t{1} << 62)) {
-    return InvalidArgument(opt_.dir + "/" + SnapshotName(best) + ": a sequence this high is not ferryd's; move it away");
+    return InvalidArgument(opt_.dir + "/" + signing::SnapshotName(best) + ": a sequence this high is not ferryd's; move it away");
   }
   seq_ = best;
   std::string body;
   if (Status st = VerifyTail(best, &body); !st.ok()) {
-    chain_broken_ = SnapshotName(best) + " does not verify with ferryd's own key: " + st.message();
+    chain_broken_ = signing::SnapshotName(best) + " does not verify with ferryd's own key: " + st.message();
     chain_ = signing::RecordId(host_id_ + " " + chain_broken_ + " " + IsoTime(std::chrono::system_clock::now()));
     FERRY_LOG(kWarning) << "snapshots: not continuing the chain in " << opt_.dir << ": " << chain_broken_
                         << "; starting a new chain " << chain_ << " at sequence " << best + 1
@@ -304,13 +271,13 @@ Status SnapshotWriter::WriteNow() {
     << "}\n";
   const std::string record = j.str();
   const std::string id = signing::RecordId(record);
-  const std::string path = opt_.dir + "/" + SnapshotName(seq);
+  const std::string path = RecordPath(opt_.dir, seq);
   Status written = [&]() -> Status {
-    FERRY_ASSIGN_OR_RETURN(std::string sig, signing::Sign(key_, record, "ferry snapshot " + id + " seq " + std::to_string(seq),
+    FERRY_ASSIGN_OR_RETURN(std::string sig, signing::Sign(key_, record, signing::SnapshotTrustedComment(id, seq),
                                                           "ferry snapshot " + std::to_string(seq) + " from " + host_id_));
     // Signature first: a record is never on disk without its signature next to it.
-    FERRY_RETURN_IF_ERROR(WriteAtomically(path + ".minisig", sig));
-    return WriteAtomically(path, record);
+    FERRY_RETURN_IF_ERROR(WriteFileAtomically(path + ".minisig", sig));
+    return WriteFileAtomically(path, record);
   }();
   if (!written.ok()) {
     // The window goes back, merged with what came in since, so the next try includes it.

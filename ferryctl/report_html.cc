@@ -1,9 +1,5 @@
 #include "ferryctl/report_html.hpp"
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -13,6 +9,7 @@
 #include "common/cli.hpp"
 #include "common/fd.hpp"
 #include "common/json.hpp"
+#include "common/signed_records.hpp"
 #include "common/signing.hpp"
 #include "common/status_macros.hpp"
 
@@ -48,64 +45,21 @@ constexpr size_t kMaxRecordBytes = 16 << 20, kMaxChainRecords = 10000;
 
 int Fail(const std::string& what) { return cli::Fail("ferryctl: report html", what); }
 
-Result<std::string> ReadFile(const std::string& path, size_t max) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoStatus("open " + path, errno);
-  return ReadWholeFd(fd.get(), max);
-}
-
 std::string BaseName(const std::string& path) {
   const size_t slash = path.find_last_of('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-Result<PageRecord> ReadSigned(const std::string& path) {
-  PageRecord r;
-  r.file = BaseName(path);
-  FERRY_ASSIGN_OR_RETURN(r.record, ReadFile(path, kMaxRecordBytes));
-  auto sig = ReadFile(path + ".minisig", 4096);
-  if (!sig.ok()) return NotFound(sig.status().message() + " (no signature beside the record)");
-  r.minisig = std::move(*sig);
-  return r;
-}
-
-// snapshot-N.json files of DIR, in sequence order (names are padded to six digits only).
+// snapshot-N.json files of DIR, in sequence order.
 Result<std::vector<std::string>> SnapshotFiles(const std::string& dir) {
-  std::vector<std::pair<uint64_t, std::string>> found;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return ErrnoStatus("open directory " + dir, errno);
-  while (dirent* e = ::readdir(d)) {
-    const std::string n = e->d_name;
-    if (n.rfind("snapshot-", 0) == 0 && n.size() > 14 && n.substr(n.size() - 5) == ".json") {
-      found.emplace_back(std::strtoull(n.c_str() + 9, nullptr, 10), dir + "/" + n);
-    }
-  }
-  ::closedir(d);
+  FERRY_ASSIGN_OR_RETURN(auto found, signing::ListSnapshots(dir));
   if (found.empty()) return NotFound("no snapshot-*.json records in " + dir);
   if (found.size() > kMaxChainRecords)
     return InvalidArgument(dir +
                            " holds more than 10000 snapshots; copy the range to show into a directory of its own");
-  std::sort(found.begin(), found.end());
   std::vector<std::string> out;
-  for (auto& f : found) out.push_back(std::move(f.second));
+  for (auto& [seq, name] : found) out.push_back(dir + "/" + name);
   return out;
-}
-
-// The check ferryctl verify makes of one record: its signature, its trusted comment's, and the
-// record id the trusted comment names.
-Status CheckRecord(const signing::PublicKey& pk, const PageRecord& r) {
-  FERRY_ASSIGN_OR_RETURN(std::string trusted, signing::Verify(pk, r.record, r.minisig));
-  char a[64] = {0}, b[64] = {0};
-  std::string id;
-  if (std::sscanf(trusted.c_str(), "ferry report %63s %63s", a, b) == 2)
-    id = b;
-  else if (std::sscanf(trusted.c_str(), "ferry snapshot %63s seq", a) == 1)
-    id = a;
-  else
-    return InvalidArgument("trusted comment is not a ferry record's: '" + trusted + "'");
-  if (signing::RecordId(r.record) != id)
-    return InvalidArgument("record id " + id + " does not match the record's hash");
-  return Status::Ok();
 }
 
 // Fills {{NAME}} placeholders in one pass, so that nothing filled in is read as a placeholder.
@@ -154,31 +108,6 @@ std::string HtmlText(std::string_view s) {
     }
   }
   return out;
-}
-
-Status WriteAtomically(const std::string& path, std::string_view data) {
-  const std::string tmp = path + ".tmp";
-  {
-    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (!fd.valid()) return ErrnoStatus("create " + tmp, errno);
-    size_t done = 0;
-    while (done < data.size()) {
-      const ssize_t n = ::write(fd.get(), data.data() + done, data.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        const int err = errno;
-        ::unlink(tmp.c_str());
-        return ErrnoStatus("write " + tmp, err);
-      }
-      done += static_cast<size_t>(n);
-    }
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoStatus("rename to " + path, err);
-  }
-  return Status::Ok();
 }
 
 }  // namespace
@@ -245,20 +174,20 @@ int ReportHtml(const std::vector<std::string>& args) {
     in.title = "ferry signed record";
   }
   for (const std::string& p : paths) {
-    auto r = ReadSigned(p);
+    auto r = signing::ReadSignedFile(p, kMaxRecordBytes);
     if (!r.ok()) return Fail(r.status().message());
-    in.records.push_back(std::move(*r));
+    in.records.push_back(PageRecord{BaseName(p), std::move(r->record), std::move(r->minisig)});
   }
   std::string key_id;  // of the key given, once it parsed
   if (!pub.empty()) {
-    auto text = ReadFile(pub, 4096);
+    auto text = ReadWholeFile(pub, 4096);
     if (!text.ok()) return Fail(pub + ": " + text.status().message() + " (not a public key file)");
     auto pk = signing::ParsePublicKey(*text);
     if (!pk.ok()) return Fail(pub + ": " + pk.status().message());
     in.public_key = *text;
     key_id = signing::KeyIdHex(pk->id);
     for (const PageRecord& r : in.records) {
-      Status st = CheckRecord(*pk, r);
+      Status st = signing::VerifyRecord(*pk, r.record, r.minisig).status();
       if (st.ok()) continue;
       unverified = true;
       if (!allow_unverified) {
@@ -271,7 +200,7 @@ int ReportHtml(const std::vector<std::string>& args) {
   }
   auto page = BuildReportPage(in);
   if (!page.ok()) return Fail(page.status().message());
-  if (Status st = WriteAtomically(out, *page); !st.ok()) return Fail(st.message());
+  if (Status st = WriteFileAtomically(out, *page); !st.ok()) return Fail(st.message());
   std::string key_note = ", no key embedded (the reader pastes the operator's published key)";
   if (!pub.empty()) {
     // Only each record's signature is checked here: the chain's links are the page's and ferryctl verify's.

@@ -1,12 +1,8 @@
 #include "ferryctl/verify.hpp"
 
-#include <dirent.h>
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -16,7 +12,7 @@
 #include <vector>
 
 #include "common/cli.hpp"
-#include "common/fd.hpp"
+#include "common/signed_records.hpp"
 #include "common/signing.hpp"
 #include "common/status_macros.hpp"
 #include "common/yaml_util.hpp"
@@ -35,42 +31,20 @@ struct VerifiedRecord {
   double p99 = 0;
 };
 
-// A record and its .minisig, read once.
-struct SignedFile {
-  std::string file, record, sig;
-  bool is_report() const { return sig.find("trusted comment: ferry report ") != std::string::npos; }
-};
-
 constexpr size_t kMaxSnapshotBytes = 1 << 20, kMaxReportBytes = 16 << 20;
-
-Result<SignedFile> ReadSigned(const std::string& file) {
-  UniqueFd rf(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!rf.valid()) return NotFound(file + ": " + std::strerror(errno));
-  SignedFile f{file, "", ""};
-  FERRY_ASSIGN_OR_RETURN(f.record, ReadWholeFd(rf.get(), kMaxReportBytes));
-  UniqueFd sf(::open((file + ".minisig").c_str(), O_RDONLY | O_CLOEXEC));
-  if (!sf.valid()) return NotFound(file + ".minisig: " + std::strerror(errno) + " (no signature)");
-  FERRY_ASSIGN_OR_RETURN(f.sig, ReadWholeFd(sf.get(), 4096));
-  return f;
-}
 
 // Verifies one snapshot: signature, trusted comment, record id, key id. Nothing of the record
 // is believed before its signature checks out.
-Result<VerifiedRecord> VerifyOne(const signing::PublicKey& pk, const SignedFile& in) {
-  const std::string& file = in.file;
+Result<VerifiedRecord> VerifyOne(const signing::PublicKey& pk, const signing::SignedFile& in) {
+  const std::string& file = in.path;
   const std::string& record = in.record;
   if (record.size() > kMaxSnapshotBytes) return InvalidArgument("larger than a snapshot can be (1 MiB)");
-  FERRY_ASSIGN_OR_RETURN(std::string trusted, signing::Verify(pk, record, in.sig));
+  FERRY_ASSIGN_OR_RETURN(signing::SignedIdentity who, signing::VerifyRecord(pk, record, in.minisig));
+  if (who.is_report) return InvalidArgument("signed as a " + who.report_kind + " report, not as a snapshot");
   VerifiedRecord v;
   v.file = file;
-  char id[64] = {0};
-  unsigned long long seq = 0;
-  if (std::sscanf(trusted.c_str(), "ferry snapshot %40s seq %llu", id, &seq) != 2) {
-    return InvalidArgument("trusted comment is not a ferry snapshot's: '" + trusted + "'");
-  }
-  v.id = id;
-  v.seq = seq;
-  if (signing::RecordId(record) != v.id) return InvalidArgument("record id " + v.id + " does not match the record's hash");
+  v.id = who.id;
+  v.seq = who.seq;
   auto root = yamlutil::LoadString(record, file);
   if (!root.ok()) return root.status();
   try {
@@ -102,15 +76,10 @@ Result<VerifiedRecord> VerifyOne(const signing::PublicKey& pk, const SignedFile&
 
 // A signed report (bench overlap, tune): "report KIND RECORD-ID" once its signature and id
 // check out.
-Result<std::string> VerifyReport(const signing::PublicKey& pk, const SignedFile& in) {
-  const std::string& record = in.record;
-  FERRY_ASSIGN_OR_RETURN(std::string trusted, signing::Verify(pk, record, in.sig));
-  char kind[32] = {0}, id[64] = {0};
-  if (std::sscanf(trusted.c_str(), "ferry report %31s %63s", kind, id) != 2) {
-    return InvalidArgument("trusted comment is not a ferry report's: '" + trusted + "'");
-  }
-  if (signing::RecordId(record) != id) return InvalidArgument(std::string("record id ") + id + " does not match the report's hash");
-  return std::string("report ") + kind + " " + id;
+Result<std::string> VerifyReport(const signing::PublicKey& pk, const signing::SignedFile& in) {
+  FERRY_ASSIGN_OR_RETURN(signing::SignedIdentity who, signing::VerifyRecord(pk, in.record, in.minisig));
+  if (!who.is_report) return InvalidArgument("signed as snapshot " + std::to_string(who.seq) + ", not as a report");
+  return "report " + who.report_kind + " " + who.id;
 }
 
 }  // namespace
@@ -162,28 +131,18 @@ int Verify(const std::vector<std::string>& args) {
   for (const auto& f : files) {
     struct stat st{};
     if (::stat(f.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-      // In sequence order, not name order: names are padded to six digits only.
-      std::vector<std::pair<uint64_t, std::string>> in_dir;
-      if (DIR* d = ::opendir(f.c_str())) {
-        while (dirent* e = ::readdir(d)) {
-          std::string n = e->d_name;
-          if (n.rfind("snapshot-", 0) == 0 && n.size() > 5 && n.substr(n.size() - 5) == ".json") {
-            in_dir.emplace_back(std::strtoull(n.c_str() + 9, nullptr, 10), f + "/" + n);
-          }
-        }
-        ::closedir(d);
-      }
-      std::sort(in_dir.begin(), in_dir.end());
-      for (auto& [seq, path] : in_dir) records.push_back(std::move(path));
+      auto in_dir = signing::ListSnapshots(f);
+      if (!in_dir.ok()) return Fail("FAILED: " + in_dir.status().message());
+      for (auto& [seq, name] : *in_dir) records.push_back(f + "/" + name);
     } else {
       records.push_back(f);
     }
   }
   // Signed reports (bench overlap, tune) stand alone: a signature and a record id, no chain.
-  std::vector<SignedFile> snapshots;
+  std::vector<signing::SignedFile> snapshots;
   int reports = 0;
   for (const auto& f : records) {
-    auto in = ReadSigned(f);
+    auto in = signing::ReadSignedFile(f, kMaxReportBytes);
     if (!in.ok()) return Fail("FAILED: " + f + ": " + in.status().message());
     if (!in->is_report()) {
       snapshots.push_back(std::move(*in));
@@ -201,9 +160,9 @@ int Verify(const std::vector<std::string>& args) {
   if (snapshots.empty()) return Fail("no snapshot records found");
   // Every record's own signature first; then what the set says: replays, order, gaps, chain.
   std::vector<VerifiedRecord> ok;
-  for (const SignedFile& f : snapshots) {
+  for (const signing::SignedFile& f : snapshots) {
     auto v = VerifyOne(*pk, f);
-    if (!v.ok()) return Fail("FAILED: " + f.file + ": " + v.status().message());
+    if (!v.ok()) return Fail("FAILED: " + f.path + ": " + v.status().message());
     ok.push_back(std::move(*v));
   }
   std::map<uint64_t, std::string> by_seq;

@@ -12,6 +12,8 @@
 #include "client/streaming_copy.hpp"
 #include "common/byte_size.hpp"
 #include "common/channel.hpp"
+#include "common/fd.hpp"
+#include "common/signed_records.hpp"
 #include "common/signing.hpp"
 #include "common/yaml_util.hpp"
 #include "daemon/config.hpp"
@@ -486,6 +488,80 @@ TEST(Signing, RecordIdsLookLikeTheirFormatAndFollowTheContent) {
   EXPECT_TRUE(std::regex_match(a, std::regex("FRY(-[0-9A-HJKMNP-TV-Z]{5}){4}"))) << a;
   EXPECT_NE(a, b);
   EXPECT_EQ(a, signing::RecordId("a"));
+}
+
+// What every reader of a signed record believes: the trusted comment exactly as ferry writes it,
+// naming the record's own id; and which files in a directory are snapshots.
+TEST(SignedRecords, ATrustedCommentIsBelievedOnlyExactlyAsWrittenAndNamingThisRecord) {
+  const std::string dir = testing::MakeTempDir("signed");
+  ASSERT_OK(signing::GenerateKeyFiles(dir, "k").status());
+  signing::SecretKey sk;
+  ASSERT_OK(signing::LoadSecretKey(dir + "/k.key", sk));
+  const signing::PublicKey pk = signing::PublicKeyOf(sk);
+  const std::string record = "{\"seq\": 7}\n", id = signing::RecordId(record);
+  auto signed_as = [&](const std::string& trusted) {
+    auto sig = signing::Sign(sk, record, trusted, "u");
+    EXPECT_TRUE(sig.ok());
+    return signing::VerifyRecord(pk, record, sig.ok() ? *sig : "");
+  };
+  ASSERT_OK_AND_ASSIGN(signing::SignedIdentity snap, signed_as(signing::SnapshotTrustedComment(id, 7)));
+  EXPECT_FALSE(snap.is_report);
+  EXPECT_EQ(snap.id, id);
+  EXPECT_EQ(snap.seq, 7u);
+  ASSERT_OK_AND_ASSIGN(signing::SignedIdentity report, signed_as(signing::ReportTrustedComment("tune", id)));
+  EXPECT_TRUE(report.is_report);
+  EXPECT_EQ(report.report_kind, "tune");
+  EXPECT_EQ(report.id, id);
+  for (const std::string& bad : {"ferry snapshot " + id + " seq 7 extra", "ferry snapshot " + id + " seq +7",
+                                 "ferry snapshot " + id + "  seq 7", "ferry report tune " + id + " x",
+                                 " ferry report tune " + id, std::string("ferry snapshot seq 7"), std::string("x")}) {
+    auto v = signed_as(bad);
+    ASSERT_FALSE(v.ok()) << bad;
+    EXPECT_NE(v.status().message().find("not a ferry record's"), std::string::npos) << v.status().message();
+  }
+  auto other = signed_as(signing::SnapshotTrustedComment(signing::RecordId("another record"), 7));
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("does not match the record's hash"), std::string::npos);
+
+  for (const char* name : {"snapshot-000002.json", "snapshot-1000000.json", "snapshot-000010.json",
+                           "snapshot-1.json", "snapshot-000003.json.tmp", "snapshot-000004.jsonx",
+                           "snapshot-000005.json.minisig", "snapshot-x.json", "report.json"}) {
+    ASSERT_OK(WriteFileAtomically(dir + "/" + name, "x"));
+  }
+  ASSERT_OK_AND_ASSIGN(auto listed, signing::ListSnapshots(dir));
+  std::vector<std::pair<uint64_t, std::string>> want = {
+      {2, "snapshot-000002.json"}, {10, "snapshot-000010.json"}, {1000000, "snapshot-1000000.json"}};
+  EXPECT_EQ(listed, want);
+  EXPECT_FALSE(signing::ListSnapshots(dir + "/none").ok());
+
+  auto unsigned_file = signing::ReadSignedFile(dir + "/report.json", 1 << 20);
+  ASSERT_FALSE(unsigned_file.ok());
+  EXPECT_NE(unsigned_file.status().message().find("no signature beside the record"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Files, AnAtomicWriteReplacesTheWholeFileAndLeavesNothingBehindWhenItCannot) {
+  const std::string dir = testing::MakeTempDir("atomic");
+  const std::string path = dir + "/f";
+  ASSERT_OK(WriteFileAtomically(path, "first version"));
+  ASSERT_OK(WriteFileAtomically(path, "second"));
+  ASSERT_OK_AND_ASSIGN(std::string text, ReadWholeFile(path, 1024));
+  EXPECT_EQ(text, "second");
+  EXPECT_FALSE(ReadWholeFile(path, 3).ok()) << "longer than allowed";
+  ASSERT_EQ(::symlink(path.c_str(), (dir + "/link").c_str()), 0);
+  EXPECT_TRUE(ReadWholeFile(dir + "/link", 1024).ok()) << "a symlink followed";
+  EXPECT_FALSE(ReadWholeFile(dir + "/link", 1024, false).ok()) << "a symlink refused";
+  // PATH.tmp planted as a symlink: never written through.
+  ASSERT_EQ(::symlink(path.c_str(), (dir + "/g.tmp").c_str()), 0);
+  EXPECT_FALSE(WriteFileAtomically(dir + "/g", "through the link").ok());
+  ASSERT_OK_AND_ASSIGN(text, ReadWholeFile(path, 1024));
+  EXPECT_EQ(text, "second");
+  // A rename that cannot happen (onto a directory) leaves no PATH.tmp.
+  ASSERT_EQ(::mkdir((dir + "/d").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((dir + "/d/sub").c_str(), 0755), 0);
+  EXPECT_FALSE(WriteFileAtomically(dir + "/d", "x").ok());
+  EXPECT_NE(::access((dir + "/d.tmp").c_str(), F_OK), 0);
+  std::filesystem::remove_all(dir);
 }
 
 // The staged path's copy: every byte lands, at sizes around the streaming threshold and the

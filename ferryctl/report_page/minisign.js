@@ -61,10 +61,19 @@
     };
   }
 
+  async function sha256(subtle, bytes) {
+    return new Uint8Array(await subtle.digest('SHA-256', bytes));
+  }
+
+  const hex = (bytes) => Array.from(bytes, (b) => b.toString(16).padStart(2, '0')).join('');
+
+  async function sha256Hex(subtle, bytes) {
+    return hex(await sha256(subtle, bytes));
+  }
+
   // The record id ferry gives a record: "FRY-" and four groups of five Crockford base32
-  // characters of the first 100 bits of its SHA-256.
-  async function recordId(subtle, bytes) {
-    const h = new Uint8Array(await subtle.digest('SHA-256', bytes));
+  // characters of the first 100 bits of its SHA-256 (`h`, the digest's bytes).
+  function recordIdOfDigest(h) {
     const alphabet = '0123456789ABCDEFGHJKMNPQRSTVWXYZ';
     let out = 'FRY';
     for (let i = 0; i < 20; i++) {
@@ -76,9 +85,8 @@
     return out;
   }
 
-  async function sha256Hex(subtle, bytes) {
-    const h = new Uint8Array(await subtle.digest('SHA-256', bytes));
-    return Array.from(h, (b) => b.toString(16).padStart(2, '0')).join('');
+  async function recordId(subtle, bytes) {
+    return recordIdOfDigest(await sha256(subtle, bytes));
   }
 
   // What a ferry record's trusted comment says: {kind: 'report'|'snapshot', what, id, seq}.
@@ -96,8 +104,9 @@
 
   // Checks `data` (Uint8Array) against the .minisig text and the public key text.
   // Returns {status: 'verified'|'failed'|'unsupported'|'no-key', part, reason, keyIdHex,
-  // signedByHex, trustedComment, claim}. `subtle` is a WebCrypto SubtleCrypto.
-  async function verifyRecord(subtle, data, sigText, pubText) {
+  // signedByHex, trustedComment, claim}. `subtle` is a WebCrypto SubtleCrypto; `digest`, where
+  // the caller has it already, is the SHA-256 of `data`.
+  async function verifyRecord(subtle, data, sigText, pubText, digest) {
     if (!subtle) return { status: 'unsupported', reason: 'this browser offers no WebCrypto (crypto.subtle)' };
     let sig;
     try {
@@ -155,12 +164,12 @@
     }
     const claim = parseTrustedComment(sig.trustedComment);
     if (!claim) return fail('comment', 'the trusted comment is not a ferry record\'s: "' + sig.trustedComment + '"', ids);
-    const id = await recordId(subtle, data);
+    const id = recordIdOfDigest(digest || await sha256(subtle, data));
     if (id !== claim.id) return fail('data', 'record id ' + claim.id + ' does not match the record\'s hash (' + id + ')', ids);
     return Object.assign({ status: 'verified', claim, recordId: id }, ids);
   }
 
-  const api = { decodeBase64, keyIdHex, parsePublicKey, parseSignature, parseTrustedComment, recordId, sha256Hex, verifyRecord };
+  const api = { decodeBase64, hex, keyIdHex, parsePublicKey, parseSignature, parseTrustedComment, recordId, sha256, sha256Hex, verifyRecord };
   root.FerryMinisign = api;
   if (typeof module === 'object' && module.exports) module.exports = api;
 })(globalThis);
