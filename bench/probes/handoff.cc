@@ -6,11 +6,18 @@
 //  0. the copy on the stream itself (no hand-off);
 //  1. in this process: the stream records an event, a side stream waits on it, copies and
 //     records an event the stream waits on (what an in-process in-step copy does);
-//  2. another process, host words both ways: the stream writes a word (cuStreamWriteValue32),
-//     the other process's stream waits on it (cuStreamWaitValue32), copies and writes a second
-//     word the stream waits on;
-//  3. another process, a word there and an interprocess event back (what ferryd's lanes do
-//     today: the client's stream waits on ferryd's event).
+//  2. in this process, host words both ways: the stream writes a word in mapped host memory
+//     (cuStreamWriteValue32), the side stream waits on it (cuStreamWaitValue32), copies and
+//     writes a second word the stream waits on;
+//  3. in this process, the same with the words in device memory;
+//  4. another process, host words both ways (as 2, the side stream the other process's);
+//  5. another process, a host word there and an interprocess event back (what ferryd's lanes
+//     do today: the client's stream waits on ferryd's event);
+//  6. another process, device words both ways (this process's device memory, opened there by
+//     its CUDA IPC handle);
+//  7. another process, a device word there and an interprocess event back.
+// So a hand-off's cost splits into the process boundary (1-3 against 4-7), events against words
+// (1 against 2-3, 5 against 4, 7 against 6) and where a word lives (2 against 3, 4 against 6).
 // Prints medians with p99 and min in microseconds, and each hand-off's median beyond 0.
 #include <cuda.h>
 #include <sys/mman.h>
@@ -31,13 +38,17 @@ namespace {
 // The shared page's layout: commands from this process to the other one, and the two words.
 struct Shared {
   std::atomic<uint32_t> command;  // the round's number; UINT32_MAX: stop
-  std::atomic<uint32_t> mode;     // 2: answer with a word, 3: with the event
+  std::atomic<uint32_t> mode;     // the variant, 4 to 7
   std::atomic<uint32_t> armed;    // the other process enqueued its part of that round
-  std::atomic<uint32_t> ready;    // the event's handle is below
+  std::atomic<uint32_t> ready;    // the handles are below
   uint32_t to_other;              // written by this process's stream
   uint32_t to_this;               // written by the other process's stream
   char event_handle[64];
+  char words_handle[64];  // device memory of this process: [0] to the other, [1] back
 };
+constexpr int kVariants = 8;
+bool DeviceWords(uint32_t v) { return v == 3 || v == 6 || v == 7; }
+bool EventBack(uint32_t v) { return v == 1 || v == 5 || v == 7; }
 
 constexpr size_t kBytes = 4096;
 
@@ -63,16 +74,23 @@ CUdeviceptr OffsetIn(const Shared* sh, const uint32_t* word) {
   std::memcpy(&h, sh->event_handle, sizeof h);
   cudaEvent_t answer;
   CK(cudaIpcOpenEventHandle(&answer, h));
+  cudaIpcMemHandle_t mh;
+  std::memcpy(&mh, sh->words_handle, sizeof mh);
+  void* dwords = nullptr;
+  CK(cudaIpcOpenMemHandle(&dwords, mh, cudaIpcMemLazyEnablePeerAccess));
+  const CUdeviceptr dev_to_other = reinterpret_cast<CUdeviceptr>(dwords), dev_to_this = dev_to_other + 4;
   for (uint32_t round = 1;; ++round) {
     uint32_t c;
     while ((c = sh->command.load(std::memory_order_acquire)) < round) Relax();
     if (c == UINT32_MAX) break;
-    CkCu(wait_value(cs, to_other, round, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32 (other)");
+    const uint32_t mode = sh->mode.load(std::memory_order_relaxed);
+    CkCu(wait_value(cs, DeviceWords(mode) ? dev_to_other : to_other, round, CU_STREAM_WAIT_VALUE_GEQ),
+         "cuStreamWaitValue32 (other)");
     CK(cudaMemcpyAsync(pinned, dev, kBytes, cudaMemcpyDeviceToHost, cs));
-    if (sh->mode.load(std::memory_order_relaxed) == 2) {
-      CkCu(write_value(cs, to_this, round, 0), "cuStreamWriteValue32 (other)");
-    } else {
+    if (EventBack(mode)) {
       CK(cudaEventRecord(answer, cs));
+    } else {
+      CkCu(write_value(cs, DeviceWords(mode) ? dev_to_this : to_this, round, 0), "cuStreamWriteValue32 (other)");
     }
     sh->armed.store(round, std::memory_order_release);
     CK(cudaStreamSynchronize(cs));
@@ -84,9 +102,9 @@ CUdeviceptr OffsetIn(const Shared* sh, const uint32_t* word) {
 
 int main(int argc, char** argv) {
   if (AskedForHelp(argc, argv,
-                   "probe-handoff: a 4 KiB copy handed off on the GPU to a side stream, or to another\n"
-                   "process's stream and back (host words, or a word and an interprocess event), timed\n"
-                   "on the GPU; no arguments")) {
+                   "probe-handoff: a 4 KiB copy handed off on the GPU to a side stream of this process\n"
+                   "or to another process's stream and back (events, words in host or device memory, or a\n"
+                   "word there and an interprocess event back), timed on the GPU; no arguments")) {
     return 0;
   }
   constexpr int kReps = 2000;
@@ -110,9 +128,20 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&dev, kBytes));
   auto* own = static_cast<uint32_t*>(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   std::memset(own, 0, 4096);
-  const CUdeviceptr go = MapPage(own);  // [0]: the host's go word
+  const CUdeviceptr go = MapPage(own);  // [0]: the host's go word; [1], [2]: variant 2's words
   const CUdeviceptr words = MapPage(sh);
   const CUdeviceptr to_other = words + OffsetIn(sh, &sh->to_other), to_this = words + OffsetIn(sh, &sh->to_this);
+  // Device words: [0], [1] to the other process and back; [2], [3] variant 3's.
+  void* dwords = nullptr;
+  CK(cudaMalloc(&dwords, 4096));
+  CK(cudaMemset(dwords, 0, 4096));
+  CK(cudaDeviceSynchronize());
+  const CUdeviceptr dev_to_other = reinterpret_cast<CUdeviceptr>(dwords), dev_to_this = dev_to_other + 4;
+  const CUdeviceptr dev_side = dev_to_other + 8, dev_back = dev_to_other + 12;
+  const CUdeviceptr host_side = go + 4, host_back = go + 8;
+  cudaIpcMemHandle_t mh;
+  CK(cudaIpcGetMemHandle(&mh, dwords));
+  std::memcpy(sh->words_handle, &mh, sizeof mh);
   cudaEvent_t e0, e1, made, copied, answer;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
@@ -124,17 +153,21 @@ int main(int argc, char** argv) {
   std::memcpy(sh->event_handle, &h, sizeof h);
   sh->ready.store(1, std::memory_order_release);
 
-  const char* names[4] = {"the copy on the stream itself (no hand-off)",
-                          "in this process: event, side stream, event back",
-                          "another process: host words both ways",
-                          "another process: a word there, its event back"};
-  std::vector<double> us[4];
+  const char* names[kVariants] = {"the copy on the stream itself (no hand-off)",
+                                  "in this process: event, side stream, event back",
+                                  "in this process: host words both ways",
+                                  "in this process: device words both ways",
+                                  "another process: host words both ways",
+                                  "another process: a host word there, its event back",
+                                  "another process: device words both ways",
+                                  "another process: a device word there, its event back"};
+  std::vector<double> us[kVariants];
   uint32_t go_seq = 0, other_round = 0;
   // The variants in turn, a round each, so that a slow spell of the machine hits them alike.
   for (int r = -100; r < kReps; ++r) {
-    for (int v = 0; v < 4; ++v) {
+    for (int v = 0; v < kVariants; ++v) {
       ++go_seq;
-      if (v >= 2) {
+      if (v >= 4) {
         ++other_round;
         sh->mode.store(static_cast<uint32_t>(v), std::memory_order_relaxed);
         sh->command.store(other_round, std::memory_order_release);
@@ -150,12 +183,20 @@ int main(int argc, char** argv) {
         CK(cudaMemcpyAsync(pinned, dev, kBytes, cudaMemcpyDeviceToHost, side));
         CK(cudaEventRecord(copied, side));
         CK(cudaStreamWaitEvent(s, copied, 0));
+      } else if (v <= 3) {
+        const CUdeviceptr there = v == 3 ? dev_side : host_side, back = v == 3 ? dev_back : host_back;
+        CkCu(wait_value(side, there, go_seq, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32 (side)");
+        CK(cudaMemcpyAsync(pinned, dev, kBytes, cudaMemcpyDeviceToHost, side));
+        CkCu(write_value(side, back, go_seq, 0), "cuStreamWriteValue32 (side)");
+        CkCu(write_value(s, there, go_seq, 0), "cuStreamWriteValue32 (to the side)");
+        CkCu(wait_value(s, back, go_seq, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32 (from the side)");
       } else {
-        CkCu(write_value(s, to_other, other_round, 0), "cuStreamWriteValue32 (to the other)");
-        if (v == 2) {
-          CkCu(wait_value(s, to_this, other_round, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32 (answer)");
-        } else {
+        CkCu(write_value(s, DeviceWords(v) ? dev_to_other : to_other, other_round, 0), "cuStreamWriteValue32 (to the other)");
+        if (EventBack(v)) {
           CK(cudaStreamWaitEvent(s, answer, 0));
+        } else {
+          CkCu(wait_value(s, DeviceWords(v) ? dev_to_this : to_this, other_round, CU_STREAM_WAIT_VALUE_GEQ),
+               "cuStreamWaitValue32 (answer)");
         }
       }
       CK(cudaEventRecord(e1, s));
@@ -175,7 +216,7 @@ int main(int argc, char** argv) {
               kReps);
   for (std::vector<double>& x : us) std::sort(x.begin(), x.end());
   const double base = us[0][us[0].size() / 2];
-  for (int v = 0; v < 4; ++v) {
+  for (int v = 0; v < kVariants; ++v) {
     const std::vector<double>& x = us[v];
     std::printf("%-52s p50 %7.2f  p99 %7.2f  min %7.2f", names[v], x[x.size() / 2], x[x.size() * 99 / 100], x[0]);
     if (v > 0) std::printf("   hand-off +%.2f", x[x.size() / 2] - base);
