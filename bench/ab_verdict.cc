@@ -76,7 +76,7 @@ std::string Pct(double f) {
   return b;
 }
 
-std::string Interval(const AbResult& r) { return "[" + Pct(r.low) + ", " + Pct(r.high) + "]"; }
+std::string Interval(const AbResult& r) { return std::string("[").append(Pct(r.low)).append(", ").append(Pct(r.high)).append("]"); }
 
 double StudentTQuantile(double p, int df) {
   if (p < 0.5) return -StudentTQuantile(1 - p, df);

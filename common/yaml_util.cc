@@ -86,7 +86,7 @@ class FileScanner : public YAML::EventHandler {
       Refuse(mark, "nested deeper than " + std::to_string(kMaxYamlDepth) +
                        " levels (ferry's files need a few; is this the right file, or is its indentation off?)");
     }
-    open_.push_back(Collection{is_map});
+    open_.push_back(Collection{.is_map = is_map, .next_is_key = true, .keys = {}});
   }
 
   const std::string& name_;
@@ -152,7 +152,7 @@ Result<YAML::Node> LoadFile(const std::string& path) {
 Status ErrorAt(const std::string& file, const YAML::Node& node, std::string_view what) {
   YAML::Mark m = node.Mark();
   std::string where = file;
-  if (!m.is_null()) where += ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+  if (!m.is_null()) where.append(":").append(std::to_string(m.line + 1)).append(":").append(std::to_string(m.column + 1));
   return InvalidArgument(where + ": " + std::string(what));
 }
 

@@ -23,7 +23,7 @@ Result<std::vector<GpuLocation>> LocateHostGpus(const DaemonConfig& config) {
     ordinals.push_back(ordinal);
   }
   std::vector<GpuLocation> out;
-  for (int ordinal : ordinals) out.push_back({ordinal, ordinal % static_cast<int>(config.host_numa_nodes)});
+  for (int ordinal : ordinals) out.push_back({ordinal, ordinal % static_cast<int>(config.host_numa_nodes), ""});
   return out;
 }
 

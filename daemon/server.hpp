@@ -113,7 +113,7 @@ struct ServerOptions {
   // Tests: a policy to start with instead of the checked config's (config.policy_path's, or
   // the built-in default), and where it came from, for the log.
   std::shared_ptr<const Policy> policy;
-  std::string policy_source;
+  std::string policy_source = {};
   ServerObserver* observer = nullptr;    // must outlive the server
   // Test seam: runs on the pool's zeroer thread before a reclaimed slab gets fresh pages.
   std::function<void(std::byte* slab, uint64_t bytes)> before_slab_renewal = nullptr;

@@ -244,7 +244,9 @@ TEST(BlockListRing, GroupsAreReadWholeAtATurnsEndAndAcrossTheRingsEnd) {
       ASSERT_GE(c->user_tag, first_tag);
       ASSERT_LT(c->user_tag, first_tag + n);
       seen[c->user_tag - first_tag]++;
-      if (c->user_tag == list_tag) EXPECT_EQ(c->bytes, list_bytes);
+      if (c->user_tag == list_tag) {
+        EXPECT_EQ(c->bytes, list_bytes);
+      }
     }
     EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), static_cast<long>(n));
   };

@@ -69,7 +69,10 @@ Result<ListCase> MakeCase(Client& client, const ListShape& s, uint64_t seed) {
              .region = std::move(region),
              .host_offset = host_offset,
              .device_offset = device_offset,
-             .block_bytes = s.block_bytes};
+             .block_bytes = s.block_bytes,
+             .src = {},
+             .dst = {},
+             .lengths = {}};
   c.src = ShuffledIndices(region_blocks, s.blocks, rng);
   c.dst = ShuffledIndices(region_blocks, s.blocks, rng);
   if (s.lengths) {
@@ -220,7 +223,7 @@ TEST(BlockList, BadListsAreRefusedNamingTheFirstBadBlockAndMoveNothing) {
   for (const Bad& b : bad) {
     SCOPED_TRACE(b.what);
     std::vector<uint32_t> s = src, t = dst, n = lengths;
-    BlockList list{.block_bytes = kBlock, .src = s, .dst = t};
+    BlockList list{.block_bytes = kBlock, .src = s, .dst = t, .lengths = {}};
     b.spoil(list, s, t, n);
     auto r = client->CopyBlocks(Direction::kHostToDevice, host, b.host_offset, region, b.device_offset, list);
     ASSERT_FALSE(r.ok());
@@ -234,7 +237,7 @@ TEST(BlockList, BadListsAreRefusedNamingTheFirstBadBlockAndMoveNothing) {
     ASSERT_OK_AND_ASSIGN(DeviceRegion big_region, client->RegisterDevice(big.data(), big.size()));
     std::vector<uint32_t> s = {0, 1, 2, 3}, t = {(1u << 27) + 5, 5, (1u << 27) + 5, 5};
     auto r =
-        client->CopyBlocks(Direction::kHostToDevice, host, 0, big_region, 0, {.block_bytes = 1, .src = s, .dst = t});
+        client->CopyBlocks(Direction::kHostToDevice, host, 0, big_region, 0, {.block_bytes = 1, .src = s, .dst = t, .lengths = {}});
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.status().message().find("block 2: destination block 134217733 is also block 0's"), std::string::npos)
         << r.status().ToString();
@@ -245,7 +248,7 @@ TEST(BlockList, BadListsAreRefusedNamingTheFirstBadBlockAndMoveNothing) {
     s[30] = 70;
     t[0] = 0;
     auto r =
-        client->CopyBlocks(Direction::kDeviceToHost, host, 0, region, 0, {.block_bytes = kBlock, .src = s, .dst = t});
+        client->CopyBlocks(Direction::kDeviceToHost, host, 0, region, 0, {.block_bytes = kBlock, .src = s, .dst = t, .lengths = {}});
     ASSERT_FALSE(r.ok());
     EXPECT_NE(
         r.status().message().find("block 30: source block 70 (bytes [286720, +4096)) is outside the device region"),

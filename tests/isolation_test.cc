@@ -455,7 +455,7 @@ TEST(UidLimits, SessionsPerUidRefusesTheSeventeenthWithAClearMessage) {
   ASSERT_TRUE(d.ok());
   std::vector<std::unique_ptr<Client>> clients;
   for (int i = 0; i < 16; ++i) {
-    ASSERT_OK_AND_ASSIGN(auto cl, d.Connect("s" + std::to_string(i)));
+    ASSERT_OK_AND_ASSIGN(auto cl, d.Connect(std::string("s").append(std::to_string(i))));
     clients.push_back(std::move(cl));
   }
   auto seventeenth = d.Connect("s16");

@@ -575,7 +575,7 @@ std::string ScrapeWithin(int port, std::chrono::milliseconds timeout) {
 
 // Issue 19 item 7: one half-sent HTTP request held the exporter's only worker ~28 s.
 TEST(Metrics, SlowClientsDoNotHoldUpAScrapeAndAreDroppedAfterTheRequestTimeout) {
-  auto m = daemon::MetricsExporter::Create("127.0.0.1:0", {"test", {"host", 0, "host", "", 0, 0, ""}});
+  auto m = daemon::MetricsExporter::Create("127.0.0.1:0", {"test", {"host", 0, "host", "", 0, 0, "", -1, ""}, {}});
   ASSERT_OK(m.status());
   const int port = (*m)->port();
   std::vector<UniqueFd> slow;

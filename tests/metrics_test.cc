@@ -30,7 +30,7 @@ double Sample(const std::string& scrape, const std::string& series) {
   return std::stod(m[1]);
 }
 
-daemon::MetricsInfo Info() { return {"test", {"host", 0, "host", "", 0, 0, ""}}; }
+daemon::MetricsInfo Info() { return {"test", {"host", 0, "host", "", 0, 0, "", -1, ""}, {}}; }
 
 TEST(Metrics, TheExporterBindsInABinaryThatMapsBoostInterprocessRegions) {
   // A region mapped before the exporter starts, one mapped while it runs, and a named segment.

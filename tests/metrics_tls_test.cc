@@ -39,7 +39,7 @@ TEST(MetricsStaticTls, AProcessWhoseStaticTlsOutgrowsCivetwebsThreadStacksGetsTh
   GTEST_SKIP() << "ThreadSanitizer's pthread_create enlarges small thread stacks: the hazard does not exist under it";
 #endif
   TouchTheTlsOwner();
-  auto m = daemon::MetricsExporter::Create("127.0.0.1:0", {"test", {"host", 0, "host", "", 0, 0, ""}});
+  auto m = daemon::MetricsExporter::Create("127.0.0.1:0", {"test", {"host", 0, "host", "", 0, 0, "", -1, ""}, {}});
   ASSERT_FALSE(m.ok()) << "the exporter started although civetweb's threads cannot";
   EXPECT_EQ(m.status().code(), Code::kUnavailable);
   const std::string& why = m.status().message();

@@ -267,7 +267,9 @@ TEST(MultiGpu, TheDevicesKeyParses) {
                           "devices: {a: 1}\n", "host:\n  gpus: 0\n", "host:\n  cpus: 2\n"}) {
     auto c = daemon::ParseConfig(bad, "t.yaml");
     EXPECT_FALSE(c.ok()) << bad;
-    if (!c.ok()) EXPECT_NE(c.status().message().find("t.yaml:"), std::string::npos) << c.status().ToString();
+    if (!c.ok()) {
+      EXPECT_NE(c.status().message().find("t.yaml:"), std::string::npos) << c.status().ToString();
+    }
   }
   auto flag = daemon::ParseDeviceList("0, 2,GPU-ab");
   ASSERT_TRUE(flag.ok());
