@@ -7,6 +7,7 @@
 # usage: build-debs.sh BUILD_DIR OUT_DIR [VERSION]
 #   VERSION: the packages' version (default: the tree's, project(VERSION) in CMakeLists.txt)
 # env: FERRY_DEB_MAINTAINER overrides the Maintainer field.
+case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 BUILD_DIR OUT_DIR [VERSION]" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)

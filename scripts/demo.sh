@@ -2,6 +2,9 @@
 # The main job on a fresh machine: build, start ferryd on a private runtime directory, push data
 # through it with ferry-demo (every byte checked), print bandwidth and latency, stop ferryd.
 # Uses the GPU when there is one and CUDA was found; otherwise the host backend, and says so.
+# usage: scripts/demo.sh [FERRY_DEMO_OPTIONS...]   (`build/ferry-demo --help` lists them;
+#        FERRY_POOL: ferryd's pool, 512MiB by default)
+case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh >/dev/null

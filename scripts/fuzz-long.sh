@@ -4,14 +4,16 @@
 # each input limited to 10 s (30 s for the targets that start a live ferryd in their first input;
 # an alias bomb took 29 s before it was refused, so a hang still fails the run), starting
 # from the shipped YAML files and the seed corpora under tests/fuzz/seeds/.
-#   usage: scripts/fuzz-long.sh [RUNS] [TARGET...]      (targets: yaml control ring session; default all)
+#   usage: scripts/fuzz-long.sh [RUNS] [TARGET...]
+#   (targets: yaml control ring session block_list numa_maps signed; default all)
 # Prints one line per target with the executions libFuzzer reports; exits 1 on any crash or hang.
+case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-1000000}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(yaml control ring session)
+[ ${#targets[@]} -gt 0 ] || targets=(yaml control ring session block_list numa_maps signed)
 build=${FERRY_BUILD_DIR:-build-fuzz}
 CC=clang CXX=clang++ FERRY_BUILD_DIR=$build FERRY_BUILD_TYPE=RelWithDebInfo bash scripts/build.sh \
   -DFERRY_CUDA=OFF -DFERRY_FUZZ_LIBFUZZER=ON >/dev/null

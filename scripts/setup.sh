@@ -2,6 +2,8 @@
 # Installs what ferry needs to build and test on Debian 12 (run as root, or with sudo available).
 # The CUDA toolkit is not a Debian package here: if /usr/local/cuda exists the build uses it,
 # otherwise ferry builds the host backend alone and says so.
+# usage: scripts/setup.sh
+case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi

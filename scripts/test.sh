@@ -5,6 +5,8 @@
 # without a GPU. The package test (ctest label "package": the Debian packages made from the build,
 # installed, served and purged; root only) runs after the others. FERRY_SANITIZERS=0 skips the
 # sanitizer builds; extra arguments go to the first ctest, e.g. scripts/test.sh -L unit
+# usage: scripts/test.sh [CTEST_ARGUMENTS...]
+case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${FERRY_BUILD_DIR:-build}

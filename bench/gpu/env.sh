@@ -3,6 +3,8 @@
 # to the checkout), its bundled libraries in $BUILD/devlibs if any, and the results folder $OUT
 # (default $BUILD/gpu-results). A build configured in another checkout path runs here when
 # FERRY_BUILT_AT names that path: it becomes a link to this checkout.
+# A script that sources this answers --help (or -h as its first argument) with its header comment.
+case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 ferry_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ferry_root" || exit 1
 BUILD=${BUILD:-build-dev}

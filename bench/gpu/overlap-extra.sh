@@ -2,6 +2,7 @@
 # Extra runs for a GPU session (session.sh runs it with OVERLAP_EXTRA, from the checkout): other
 # cuts of the overlap workload's math, staged-copy settings, and ferryctl tune twice. Needs the
 # runtime directory of a running ferryd as $1.
+case "${1:-}" in -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 set -uo pipefail
 rt=$1; sock=$rt/ferryd.sock
 cd "$(dirname "$0")/../.." || exit 1
