@@ -25,6 +25,7 @@
 #include "daemon/config.hpp"
 #include "policy/policy.hpp"
 #include "process_util.hpp"
+#include "raw_connection.hpp"
 #include "test_util.hpp"
 #include "client/operator_control.hpp"
 
@@ -249,61 +250,14 @@ TEST(Messages, EveryLoggedLineIsOneLine) {
   fs::remove_all(dir);
 }
 
-// A client that speaks the protocol by hand: a hello with any name, ring entries libferry
-// would never write.
-class RawClient {
- public:
-  Status Hello(const std::string& socket, const std::string& name, wire::HelloReply* out) {
-    FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(socket));
-    wire::HelloRequest h{};
-    h.client_version = wire::kVersion;
-    CopyCString(h.name, name);
-    FERRY_RETURN_IF_ERROR(Send(sock_.get(), wire::MsgType::kHello, 1, h));
-    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, RecvMessage(sock_.get(), 5000));
-    if (m.type() != wire::MsgType::kHelloReply) return Internal("bad hello reply");
-    *out = m.As<wire::HelloReply>();
-    FERRY_RETURN_IF_ERROR(FromWire(out->status));
-    if (m.fds.size() != 3) return Internal("hello reply without its fds");
-    FERRY_ASSIGN_OR_RETURN(ring_, MapShared(m.fds[0].get(), out->ring_bytes));
-    submit_ = std::move(m.fds[1]);
-    sq_entries_ = out->sq_entries;
-    cq_entries_ = out->cq_entries;
-    return Status::Ok();
-  }
-  wire::RingHeader* header() { return reinterpret_cast<wire::RingHeader*>(ring_.data()); }
-  void Push(const wire::SubmissionEntry& e) {
-    const uint32_t tail = header()->sq_tail.value.load();
-    wire::SubmissionEntries(ring_.data())[tail & (sq_entries_ - 1)] = e;
-    header()->sq_tail.value.store(tail + 1);
-    RingDoorbell(submit_.get());
-  }
-  bool NextCompletion() {
-    for (int i = 0; i < 5000; ++i) {
-      const uint32_t head = header()->cq_head.value.load();
-      if (header()->cq_tail.value.load() != head) {
-        header()->cq_head.value.store(head + 1);
-        return true;
-      }
-      std::this_thread::sleep_for(1ms);
-    }
-    return false;
-  }
-
- private:
-  UniqueFd sock_, submit_;
-  Mapping ring_;
-  uint32_t sq_entries_ = 0, cq_entries_ = 0;
-};
-
 TEST(Messages, AHelloWithAControlCharacterInItsNameIsRefusedAndForgesNoLogLine) {
   const std::string dir = testing::MakeTempDir("hello");
   std::string log;
   {
     StderrCapture cap(dir + "/err");
     DaemonHarness d;
-    RawClient raw;
-    wire::HelloReply r{};
-    Status st = raw.Hello(d.socket_path(), "x\nferryd[error] forged", &r);
+    testing::RawConnection raw;
+    Status st = raw.Open(d.socket_path(), "x\nferryd[error] forged");
     EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.ToString();
     EXPECT_NE(st.message().find("the client name has a control character (byte 10 at offset 1)"), std::string::npos)
         << st.ToString();
@@ -327,15 +281,14 @@ TEST(Messages, RefusedRequestsAreLoggedAsWarningsTheFirstTenOfASession) {
   {
     StderrCapture cap(dir + "/err");
     DaemonHarness d;
-    RawClient raw;
-    wire::HelloReply r{};
-    ASSERT_OK(raw.Hello(d.socket_path(), "noisy", &r));
+    testing::RawConnection raw;
+    ASSERT_OK(raw.Open(d.socket_path(), "noisy"));
     for (int i = 0; i < 25; ++i) {
       wire::SubmissionEntry e{};
       e.user_tag = 1000 + i;
       e.opcode = 99;
       raw.Push(e);
-      ASSERT_TRUE(raw.NextCompletion()) << i;
+      ASSERT_TRUE(raw.Next().has_value()) << i;
     }
     d.Stop();
     log = cap.Text();

@@ -362,12 +362,6 @@ TEST(Daemon, DeviceFailureFailsThatCopyAndTheDaemonKeepsServing) {
 // A client that speaks the protocol by hand, to do what libferry never would.
 class RawSession : public testing::RawConnection {
  public:
-  void Push(const wire::SubmissionEntry& e) {
-    uint32_t tail = header()->sq_tail.value.load();
-    sq()[tail & (reply_.sq_entries - 1)] = e;
-    header()->sq_tail.value.store(tail + 1);
-    Kick();
-  }
   // A pool buffer of this session and a device region (a sealed memfd, as on the host backend).
   Result<uint64_t> AllocBuffer(uint64_t size) {
     wire::AllocBufferRequest req{size};

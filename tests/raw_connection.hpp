@@ -16,16 +16,18 @@ namespace ferry::testing {
 
 class RawConnection {
  public:
-  Status Open(const std::string& socket, const char* name = "raw") {
+  // The hello; a refused one returns ferryd's reason.
+  Status Open(const std::string& socket, const std::string& name = "raw") {
     FERRY_ASSIGN_OR_RETURN(sock_, ConnectUnix(socket));
     wire::HelloRequest h{};
     h.client_version = wire::kVersion;
     CopyCString(h.name, name);
     FERRY_RETURN_IF_ERROR(Send(sock_.get(), wire::MsgType::kHello, 1, h));
     FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, RecvMessage(sock_.get(), 5000));
-    if (m.type() != wire::MsgType::kHelloReply || m.fds.size() != 3) return Internal("bad hello reply");
+    if (m.type() != wire::MsgType::kHelloReply) return Internal("bad hello reply");
     reply_ = m.As<wire::HelloReply>();
     FERRY_RETURN_IF_ERROR(FromWire(reply_.status));
+    if (m.fds.size() != 3) return Internal("hello reply without its three fds");
     FERRY_ASSIGN_OR_RETURN(ring_, MapShared(m.fds[0].get(), reply_.ring_bytes));
     submit_ = std::move(m.fds[1]);
     return Status::Ok();
@@ -34,6 +36,13 @@ class RawConnection {
   wire::SubmissionEntry* sq() { return wire::SubmissionEntries(ring_.data()); }
   wire::CompletionEntry* cq() { return wire::CompletionEntries(ring_.data(), reply_.sq_entries); }
   void Kick() { RingDoorbell(submit_.get()); }
+  // One entry into the ring, published and rung.
+  void Push(const wire::SubmissionEntry& e) {
+    const uint32_t tail = header()->sq_tail.value.load();
+    sq()[tail & (reply_.sq_entries - 1)] = e;
+    header()->sq_tail.value.store(tail + 1);
+    Kick();
+  }
   // The next completion; nullopt if none comes within `timeout`.
   std::optional<wire::CompletionEntry> Next(std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
