@@ -160,7 +160,7 @@ Status SignFile(const std::string& path, const std::string& data, const std::str
   const std::string id = signing::RecordId(data);
   FERRY_ASSIGN_OR_RETURN(std::string sig, signing::Sign(sk, data, signing::ReportTrustedComment(kind, id),
                                                         "signature from ferry secret key " + signing::KeyIdHex(sk.id)));
-  return WriteFileAtomically(path + ".minisig", sig);
+  return WriteWholeFile(path + ".minisig", sig);
 }
 
 int BenchOverlap(const std::vector<std::string>& args) {
@@ -230,14 +230,14 @@ int BenchOverlap(const std::vector<std::string>& args) {
   if (!r.ok()) return Fail("bench overlap: " + r.status().ToString());
   const std::string j = overlap::ToJson(*r);
   if (!report_path.empty()) {
-    if (Status s = WriteFileAtomically(report_path, j); !s.ok()) return Fail(s.message());
+    if (Status s = WriteWholeFile(report_path, j); !s.ok()) return Fail(s.message());
     if (!key.empty()) {
       if (Status s = SignFile(report_path, j, key, "overlap"); !s.ok())
         return Fail("signing the report: " + s.ToString());
     }
   }
   if (!svg.empty()) {
-    if (Status s = WriteFileAtomically(svg, overlap::ToSvg(*r)); !s.ok()) return Fail(s.message());
+    if (Status s = WriteWholeFile(svg, overlap::ToSvg(*r)); !s.ok()) return Fail(s.message());
   }
   std::fputs(json ? j.c_str() : overlap::ToText(*r).c_str(), stdout);
   if (!r->checks_passed()) {

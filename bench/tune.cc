@@ -597,9 +597,9 @@ int Tuner::Run() {
   // Write the policy, then its report (signed), then say what happened.
   const std::string policy_file =
       "# " + tuned->description + "\n# hash " + tuned->Hash() + "; report: " + report_path + "\n" + tuned->ToYaml();
-  if (Status st = WriteFileAtomically(s_.out, policy_file); !st.ok()) return Fail(st.message());
+  if (Status st = WriteWholeFile(s_.out, policy_file); !st.ok()) return Fail(st.message());
   const std::string report = ReportJson();
-  if (Status st = WriteFileAtomically(report_path, report); !st.ok()) return Fail(st.message());
+  if (Status st = WriteWholeFile(report_path, report); !st.ok()) return Fail(st.message());
   if (!s_.key.empty()) {
     if (Status st = SignFile(report_path, report, s_.key, "tune"); !st.ok())
       return Fail("signing the report: " + st.ToString());

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <string>
@@ -153,31 +154,53 @@ Result<std::string> ReadWholeFd(int fd, size_t max_bytes) {
 }
 
 Result<std::string> ReadWholeFile(const std::string& path, size_t max_bytes, bool follow_links) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | (follow_links ? 0 : O_NOFOLLOW)));
+  // O_NONBLOCK: opening a FIFO planted where a file should be must not wait for a writer.
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow_links ? 0 : O_NOFOLLOW)));
+  if (!fd.valid() && errno == ELOOP && !follow_links) return InvalidArgument(path + " is a symbolic link (not followed here)");
   if (!fd.valid()) return ErrnoStatus("open " + path, errno);
+  struct stat st{};
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("stat " + path, errno);
+  if (!S_ISREG(st.st_mode)) return InvalidArgument(path + " is not a regular file");
   auto data = ReadWholeFd(fd.get(), max_bytes);
   if (!data.ok()) return data.status().WithContext(path);
   return data;
 }
 
-Status WriteFileAtomically(const std::string& path, std::string_view data, mode_t mode) {
-  const std::string tmp = path + ".tmp";
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, mode));
-  if (!fd.valid()) return ErrnoStatus("create " + tmp, errno);
-  auto fail = [&](const std::string& what) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoStatus(what, err);
-  };
+namespace {
+Status WriteAll(int fd, std::string_view data, const std::string& what) {
   for (size_t done = 0; done < data.size();) {
-    const ssize_t n = ::write(fd.get(), data.data() + done, data.size() - done);
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return fail("write " + tmp);
+    if (n <= 0) return ErrnoStatus("write " + what, n < 0 ? errno : EIO);
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd.get()) != 0) return fail("fsync " + tmp);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("rename " + tmp + " to " + path);
   return Status::Ok();
+}
+}  // namespace
+
+Status WriteFileAtomically(const std::string& path, std::string_view data, mode_t mode) {
+  std::string tmp = path + ".tmp.XXXXXX";
+  UniqueFd fd(::mkostemp(tmp.data(), O_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus("create a temporary file beside " + path, errno);
+  auto fail = [&](Status st) {
+    ::unlink(tmp.c_str());
+    return st;
+  };
+  if (::fchmod(fd.get(), mode) != 0) return fail(ErrnoStatus("chmod " + tmp, errno));
+  if (Status st = WriteAll(fd.get(), data, tmp); !st.ok()) return fail(st);
+  if (::fsync(fd.get()) != 0) return fail(ErrnoStatus("fsync " + tmp, errno));
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail(ErrnoStatus("rename " + tmp + " to " + path, errno));
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!d.valid() || ::fsync(d.get()) != 0) return ErrnoStatus("fsync the directory " + dir, errno);
+  return Status::Ok();
+}
+
+Status WriteWholeFile(const std::string& path, std::string_view data) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd.valid()) return ErrnoStatus("open " + path + " for writing", errno);
+  return WriteAll(fd.get(), data, path);
 }
 
 }  // namespace ferry

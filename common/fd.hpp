@@ -83,11 +83,17 @@ Result<bool> WaitReadable(int fd, int timeout_ms);
 
 // Reads a whole file from its start; kInvalidArgument if it is longer than max_bytes.
 Result<std::string> ReadWholeFd(int fd, size_t max_bytes);
-// Reads the file at `path` (a symlink refused unless follow_links); errors name the path.
+// Reads the regular file at `path` (anything else refused without blocking on it, a FIFO
+// included; a symlink refused unless follow_links); errors name the path.
 Result<std::string> ReadWholeFile(const std::string& path, size_t max_bytes, bool follow_links = true);
-// Writes `data` to PATH.tmp (never through a symlink there), syncs it and renames it over
-// `path`, so a reader sees the old file or the whole new one; on failure PATH.tmp is removed.
+// Writes `data` to a new temporary file beside `path` (created exclusively, so nothing planted
+// there is written through), syncs it, renames it over `path` and syncs the directory: a reader
+// sees the old file or the whole new one, and after a crash one of them is there. On failure
+// the temporary file is removed. For the files ferry keeps (snapshots, report pages).
 Status WriteFileAtomically(const std::string& path, std::string_view data, mode_t mode = 0644);
+// Writes `data` to `path` in place (through a symlink, an existing file keeping its mode): for
+// outputs a user names, which may be a link or /dev/stdout.
+Status WriteWholeFile(const std::string& path, std::string_view data);
 
 uint64_t MonotonicNanos();
 

@@ -59,20 +59,25 @@ std::string SnapshotName(uint64_t seq) {
   return b;
 }
 
-Result<std::vector<std::pair<uint64_t, std::string>>> ListSnapshots(const std::string& dir) {
+Result<SnapshotListing> ListSnapshots(const std::string& dir) {
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return ErrnoStatus("open directory " + dir, errno);
-  std::vector<std::pair<uint64_t, std::string>> found;
+  SnapshotListing found;
   while (dirent* e = ::readdir(d)) {
+    const std::string_view name = e->d_name;
+    if (!name.starts_with("snapshot-") || !name.ends_with(".json")) continue;
     unsigned long long n = 0;
     char tail[8] = {0};
     if (std::sscanf(e->d_name, "snapshot-%20llu.%5s", &n, tail) == 2 && std::string_view(tail) == "json" &&
-        e->d_name == SnapshotName(n)) {
-      found.emplace_back(n, e->d_name);
+        name == SnapshotName(n)) {
+      found.snapshots.emplace_back(n, name);
+    } else {
+      found.strays.emplace_back(name);
     }
   }
   ::closedir(d);
-  std::sort(found.begin(), found.end());
+  std::sort(found.snapshots.begin(), found.snapshots.end());
+  std::sort(found.strays.begin(), found.strays.end());
   return found;
 }
 

@@ -32,20 +32,26 @@ struct SignedIdentity {
 // or report's (exactly as written above), and checks that the id it names is the record's.
 Result<SignedIdentity> VerifyRecord(const PublicKey& pk, std::string_view record, std::string_view minisig);
 
-// A record and its signature, read once.
+// A record and its signature, read once. Whether it is a report or a snapshot is known only
+// once VerifyRecord has checked it (the untrusted comment could say anything).
 struct SignedFile {
   std::string path, record, minisig;
-  bool is_report() const { return minisig.find("trusted comment: ferry report ") != std::string::npos; }
 };
 inline constexpr size_t kMaxMinisigBytes = 4096;
-// Reads PATH and PATH.minisig (symlinks refused unless follow_links); a missing signature says
-// "(no signature beside the record)".
+// Reads PATH and PATH.minisig, regular files only (symlinks refused unless follow_links: a record
+// found in a directory is never read through a link, which could point at any file, a secret
+// key included); a missing signature says "(no signature beside the record)".
 Result<SignedFile> ReadSignedFile(const std::string& path, size_t max_record_bytes, bool follow_links = true);
 
 std::string SnapshotName(uint64_t seq);  // snapshot-000042.json (six digits at least)
 // The snapshots in `dir` by sequence, numerically (names are padded to six digits only, so
 // seq 1000000 sorts before 999999 as text): (seq, name) of every entry named exactly
-// SnapshotName(seq); anything else there is not a snapshot.
-Result<std::vector<std::pair<uint64_t, std::string>>> ListSnapshots(const std::string& dir);
+// SnapshotName(seq). `strays`: other names that look like one (snapshot-*.json), which ferryd
+// never writes: a reader of the directory says so rather than pass over them in silence.
+struct SnapshotListing {
+  std::vector<std::pair<uint64_t, std::string>> snapshots;
+  std::vector<std::string> strays;
+};
+Result<SnapshotListing> ListSnapshots(const std::string& dir);
 
 }  // namespace ferry::signing

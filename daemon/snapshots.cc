@@ -101,7 +101,8 @@ Status SnapshotWriter::VerifyTail(uint64_t seq, std::string* body) {
 // a record that does not (a planted or damaged file): then a new chain starts above it.
 Status SnapshotWriter::Continue() {
   prev_hash_ = std::string(64, '0');
-  FERRY_ASSIGN_OR_RETURN(auto seqs, signing::ListSnapshots(opt_.dir));
+  FERRY_ASSIGN_OR_RETURN(signing::SnapshotListing listing, signing::ListSnapshots(opt_.dir));
+  const auto& seqs = listing.snapshots;
   if (seqs.empty()) {
     seq_ = opt_.first_sequence - 1;
     chain_ = signing::RecordId(host_id_ + " " + IsoTime(std::chrono::system_clock::now()) + " " +

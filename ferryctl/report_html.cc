@@ -26,7 +26,8 @@ constexpr const char* kUsage =
 
 Writes one self-contained HTML page that a reader opens in a browser to check a signed record:
 a signed overlap report, tune report or snapshot (FILE.json with FILE.json.minisig beside it),
-or with --chain every snapshot-*.json in DIR and the hash chain between them. The page embeds
+or with --chain every snapshot record in DIR (snapshot-NNNNNN.json; a symlink or another name
+like it refused) and the hash chain between them. The page embeds
 the record's exact bytes and signature, checks the minisign signature (Ed25519 over BLAKE2b-512,
 and the trusted comment's signature) with the browser's WebCrypto on open, says which key it
 checked against, and re-checks against a public key the reader pastes or drops. It loads
@@ -52,8 +53,14 @@ std::string BaseName(const std::string& path) {
 
 // snapshot-N.json files of DIR, in sequence order.
 Result<std::vector<std::string>> SnapshotFiles(const std::string& dir) {
-  FERRY_ASSIGN_OR_RETURN(auto found, signing::ListSnapshots(dir));
-  if (found.empty()) return NotFound("no snapshot-*.json records in " + dir);
+  FERRY_ASSIGN_OR_RETURN(signing::SnapshotListing listing, signing::ListSnapshots(dir));
+  if (!listing.strays.empty()) {
+    return InvalidArgument(dir + "/" + listing.strays.front() +
+                           " is not a name ferryd gives a snapshot (snapshot-NNNNNN.json, the sequence in at least "
+                           "six digits); move it out of the directory");
+  }
+  const auto& found = listing.snapshots;
+  if (found.empty()) return NotFound("no snapshot records (snapshot-NNNNNN.json) in " + dir);
   if (found.size() > kMaxChainRecords)
     return InvalidArgument(dir +
                            " holds more than 10000 snapshots; copy the range to show into a directory of its own");
@@ -174,7 +181,8 @@ int ReportHtml(const std::vector<std::string>& args) {
     in.title = "ferry signed record";
   }
   for (const std::string& p : paths) {
-    auto r = signing::ReadSignedFile(p, kMaxRecordBytes);
+    // A record found in DIR is never read through a link: the page is published.
+    auto r = signing::ReadSignedFile(p, kMaxRecordBytes, /*follow_links=*/!in.chain);
     if (!r.ok()) return Fail(r.status().message());
     in.records.push_back(PageRecord{BaseName(p), std::move(r->record), std::move(r->minisig)});
   }

@@ -35,12 +35,12 @@ constexpr size_t kMaxSnapshotBytes = 1 << 20, kMaxReportBytes = 16 << 20;
 
 // Verifies one snapshot: signature, trusted comment, record id, key id. Nothing of the record
 // is believed before its signature checks out.
-Result<VerifiedRecord> VerifyOne(const signing::PublicKey& pk, const signing::SignedFile& in) {
+// `who`: what its signature said, already checked (VerifyRecord).
+Result<VerifiedRecord> VerifyOne(const signing::PublicKey& pk, const signing::SignedFile& in,
+                                 const signing::SignedIdentity& who) {
   const std::string& file = in.path;
   const std::string& record = in.record;
   if (record.size() > kMaxSnapshotBytes) return InvalidArgument("larger than a snapshot can be (1 MiB)");
-  FERRY_ASSIGN_OR_RETURN(signing::SignedIdentity who, signing::VerifyRecord(pk, record, in.minisig));
-  if (who.is_report) return InvalidArgument("signed as a " + who.report_kind + " report, not as a snapshot");
   VerifiedRecord v;
   v.file = file;
   v.id = who.id;
@@ -72,14 +72,6 @@ Result<VerifiedRecord> VerifyOne(const signing::PublicKey& pk, const signing::Si
   }
   v.hash = signing::Sha256Hex(record);
   return v;
-}
-
-// A signed report (bench overlap, tune): "report KIND RECORD-ID" once its signature and id
-// check out.
-Result<std::string> VerifyReport(const signing::PublicKey& pk, const signing::SignedFile& in) {
-  FERRY_ASSIGN_OR_RETURN(signing::SignedIdentity who, signing::VerifyRecord(pk, in.record, in.minisig));
-  if (!who.is_report) return InvalidArgument("signed as snapshot " + std::to_string(who.seq) + ", not as a report");
-  return "report " + who.report_kind + " " + who.id;
 }
 
 }  // namespace
@@ -127,31 +119,42 @@ int Verify(const std::vector<std::string>& args) {
   if (pub.empty() || files.empty()) return Fail("verify needs --pub KEY and at least one record or directory");
   auto pk = signing::LoadPublicKey(pub);
   if (!pk.ok()) return Fail(pk.status().message());
-  std::vector<std::string> records;
+  // Records named on the command line are read as given; those found in a directory never
+  // through a link, and a name there that looks like a snapshot's but is not ferryd's fails.
+  std::vector<std::pair<std::string, bool>> records;  // path, follow links
   for (const auto& f : files) {
     struct stat st{};
     if (::stat(f.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
       auto in_dir = signing::ListSnapshots(f);
       if (!in_dir.ok()) return Fail("FAILED: " + in_dir.status().message());
-      for (auto& [seq, name] : *in_dir) records.push_back(f + "/" + name);
+      if (!in_dir->strays.empty()) {
+        return Fail("FAILED: " + f + "/" + in_dir->strays.front() +
+                    ": not a name ferryd gives a snapshot (snapshot-NNNNNN.json, the sequence in at least six digits); "
+                    "move it out of the directory, or name the records to check");
+      }
+      for (auto& [seq, name] : in_dir->snapshots) records.emplace_back(f + "/" + name, false);
     } else {
-      records.push_back(f);
+      records.emplace_back(f, true);
     }
   }
-  // Signed reports (bench overlap, tune) stand alone: a signature and a record id, no chain.
-  std::vector<signing::SignedFile> snapshots;
+  // Each record's signature first; a signed report (bench overlap, tune) then stands alone: a
+  // signature and a record id, no chain.
+  std::vector<std::pair<signing::SignedFile, signing::SignedIdentity>> snapshots;
   int reports = 0;
-  for (const auto& f : records) {
-    auto in = signing::ReadSignedFile(f, kMaxReportBytes);
+  for (const auto& [f, follow] : records) {
+    auto in = signing::ReadSignedFile(f, kMaxReportBytes, follow);
     if (!in.ok()) return Fail("FAILED: " + f + ": " + in.status().message());
-    if (!in->is_report()) {
-      snapshots.push_back(std::move(*in));
+    auto who = signing::VerifyRecord(*pk, in->record, in->minisig);
+    if (!who.ok()) return Fail("FAILED: " + f + ": " + who.status().message());
+    if (!who->is_report) {
+      snapshots.emplace_back(std::move(*in), std::move(*who));
       continue;
     }
-    auto r = VerifyReport(*pk, *in);
-    if (!r.ok()) return Fail("FAILED: " + f + ": " + r.status().message());
     ++reports;
-    if (!json) std::printf("verified %s: %s, signed by key %s\n", f.c_str(), r->c_str(), signing::KeyIdHex(pk->id).c_str());
+    if (!json) {
+      std::printf("verified %s: report %s %s, signed by key %s\n", f.c_str(), who->report_kind.c_str(), who->id.c_str(),
+                  signing::KeyIdHex(pk->id).c_str());
+    }
   }
   if (reports > 0 && snapshots.empty()) {
     if (json) std::printf("{\"ok\":true,\"key_id\":\"%s\",\"reports\":%d}\n", signing::KeyIdHex(pk->id).c_str(), reports);
@@ -160,8 +163,8 @@ int Verify(const std::vector<std::string>& args) {
   if (snapshots.empty()) return Fail("no snapshot records found");
   // Every record's own signature first; then what the set says: replays, order, gaps, chain.
   std::vector<VerifiedRecord> ok;
-  for (const signing::SignedFile& f : snapshots) {
-    auto v = VerifyOne(*pk, f);
+  for (const auto& [f, who] : snapshots) {
+    auto v = VerifyOne(*pk, f, who);
     if (!v.ok()) return Fail("FAILED: " + f.path + ": " + v.status().message());
     ok.push_back(std::move(*v));
   }

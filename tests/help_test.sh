@@ -10,8 +10,10 @@ shift
 fail() { echo "FAIL: $*"; exit 1; }
 checked=0
 for program in "$@"; do
-  out=$(timeout 10 "$program" --help 2>&1) || fail "$program --help exited $?: $out"
-  grep -q "^usage: " <<<"$out" || fail "$program --help prints no usage line: $out"
+  for flag in --help -h; do
+    out=$(timeout 10 "$program" $flag 2>&1) || fail "$program $flag exited $?: $out"
+    grep -q "^usage: " <<<"$out" || fail "$program $flag prints no usage line: $out"
+  done
   checked=$((checked + 1))
 done
 for script in "$src"/scripts/*.sh "$src"/bench/gpu/*.sh "$src"/packaging/build-debs.sh; do

@@ -49,6 +49,16 @@ refused "no signature" "no signature beside the record" "$dir/r.json"
 refused "not a key" "not a public key file" "$m/h200-overlap-2026-12-03.json" --pub "$m/h200-overlap-2026-12-03.json"
 refused "no record" "give a record FILE.json or --chain DIR"
 refused "a record and a chain" "give a record FILE.json or --chain DIR" "$m/h200-overlap-2026-12-03.json" --chain "$dir"
-refused "an empty chain" "no snapshot-*.json records" --chain "$dir"
+refused "an empty chain" "no snapshot records (snapshot-NNNNNN.json)" --chain "$dir"
+# A chain's page is published: a record in DIR that is a link (to a secret key, say) is never
+# read into it, and a name like a snapshot's that ferryd never gives is refused.
+mkdir "$dir/chain"
+printf 'secret\n' >"$dir/secret.key"
+ln -s "$dir/secret.key" "$dir/chain/snapshot-000001.json"
+cp "$m/h200-overlap-2026-12-03.json.minisig" "$dir/chain/snapshot-000001.json.minisig"
+refused "a record that is a link" "snapshot-000001.json is a symbolic link" --chain "$dir/chain"
+rm "$dir/chain/snapshot-000001.json"*
+touch "$dir/chain/snapshot-1.json"
+refused "a name ferryd never gives" "snapshot-1.json is not a name ferryd gives a snapshot" --chain "$dir/chain"
 refused "two records" "one record at a time" "$m/h200-overlap-2026-12-03.json" "$m/h200-tune-2026-12-02.json"
 echo "OK"

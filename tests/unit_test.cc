@@ -528,10 +528,11 @@ TEST(SignedRecords, ATrustedCommentIsBelievedOnlyExactlyAsWrittenAndNamingThisRe
                            "snapshot-000005.json.minisig", "snapshot-x.json", "report.json"}) {
     ASSERT_OK(WriteFileAtomically(dir + "/" + name, "x"));
   }
-  ASSERT_OK_AND_ASSIGN(auto listed, signing::ListSnapshots(dir));
+  ASSERT_OK_AND_ASSIGN(signing::SnapshotListing listed, signing::ListSnapshots(dir));
   std::vector<std::pair<uint64_t, std::string>> want = {
       {2, "snapshot-000002.json"}, {10, "snapshot-000010.json"}, {1000000, "snapshot-1000000.json"}};
-  EXPECT_EQ(listed, want);
+  EXPECT_EQ(listed.snapshots, want);
+  EXPECT_EQ(listed.strays, (std::vector<std::string>{"snapshot-1.json", "snapshot-x.json"}));
   EXPECT_FALSE(signing::ListSnapshots(dir + "/none").ok());
 
   auto unsigned_file = signing::ReadSignedFile(dir + "/report.json", 1 << 20);
@@ -548,19 +549,38 @@ TEST(Files, AnAtomicWriteReplacesTheWholeFileAndLeavesNothingBehindWhenItCannot)
   ASSERT_OK_AND_ASSIGN(std::string text, ReadWholeFile(path, 1024));
   EXPECT_EQ(text, "second");
   EXPECT_FALSE(ReadWholeFile(path, 3).ok()) << "longer than allowed";
+  struct stat st{};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0644u);
   ASSERT_EQ(::symlink(path.c_str(), (dir + "/link").c_str()), 0);
   EXPECT_TRUE(ReadWholeFile(dir + "/link", 1024).ok()) << "a symlink followed";
   EXPECT_FALSE(ReadWholeFile(dir + "/link", 1024, false).ok()) << "a symlink refused";
-  // PATH.tmp planted as a symlink: never written through.
-  ASSERT_EQ(::symlink(path.c_str(), (dir + "/g.tmp").c_str()), 0);
-  EXPECT_FALSE(WriteFileAtomically(dir + "/g", "through the link").ok());
+  // A FIFO where a file should be: refused at once, not waited on.
+  ASSERT_EQ(::mkfifo((dir + "/fifo").c_str(), 0600), 0);
+  auto fifo = ReadWholeFile(dir + "/fifo", 1024);
+  ASSERT_FALSE(fifo.ok());
+  EXPECT_NE(fifo.status().message().find("not a regular file"), std::string::npos) << fifo.status().ToString();
+  // Links planted where a temporary file might go are never written through.
+  for (const char* planted : {"/g.tmp", "/g.tmp.XXXXXX"}) ASSERT_EQ(::symlink(path.c_str(), (dir + planted).c_str()), 0);
+  ASSERT_OK(WriteFileAtomically(dir + "/g", "new"));
   ASSERT_OK_AND_ASSIGN(text, ReadWholeFile(path, 1024));
   EXPECT_EQ(text, "second");
-  // A rename that cannot happen (onto a directory) leaves no PATH.tmp.
+  ASSERT_OK_AND_ASSIGN(text, ReadWholeFile(dir + "/g", 1024, false));
+  EXPECT_EQ(text, "new");
+  // A rename that cannot happen (onto a directory) leaves no temporary file.
   ASSERT_EQ(::mkdir((dir + "/d").c_str(), 0755), 0);
   ASSERT_EQ(::mkdir((dir + "/d/sub").c_str(), 0755), 0);
   EXPECT_FALSE(WriteFileAtomically(dir + "/d", "x").ok());
-  EXPECT_NE(::access((dir + "/d.tmp").c_str(), F_OK), 0);
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    EXPECT_NE(e.path().filename().string().rfind("d.tmp", 0), 0u) << e.path();
+  }
+  // In place, for outputs a user names: through a link, an existing file keeping its mode.
+  ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
+  ASSERT_OK(WriteWholeFile(dir + "/link", "third"));
+  ASSERT_OK_AND_ASSIGN(text, ReadWholeFile(path, 1024));
+  EXPECT_EQ(text, "third");
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
   std::filesystem::remove_all(dir);
 }
 

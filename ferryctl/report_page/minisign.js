@@ -93,7 +93,8 @@
   function parseTrustedComment(tc) {
     let m = /^ferry report (\S+) (FRY-[0-9A-Z-]+)$/.exec(tc);
     if (m) return { kind: 'report', what: m[1], id: m[2] };
-    m = /^ferry snapshot (FRY-[0-9A-Z-]+) seq (\d+)$/.exec(tc);
+    // As ferryd writes it: no leading zeros, and below 10^15 (a Number holds it exactly).
+    m = /^ferry snapshot (FRY-[0-9A-Z-]+) seq (0|[1-9]\d{0,14})$/.exec(tc);
     if (m) return { kind: 'snapshot', what: 'snapshot', id: m[1], seq: Number(m[2]) };
     return null;
   }
