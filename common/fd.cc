@@ -14,6 +14,8 @@
 #include <ctime>
 #include <string>
 
+#include "common/status_macros.hpp"
+
 namespace ferry {
 
 void UniqueFd::reset(int fd) {
@@ -153,14 +155,25 @@ Result<std::string> ReadWholeFd(int fd, size_t max_bytes) {
   }
 }
 
+Status CheckRegularFile(int fd, const std::string& name) {
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) return ErrnoStatus("stat " + name, errno);
+  if (S_ISREG(st.st_mode)) return Status::Ok();
+  const char* kind = S_ISDIR(st.st_mode)    ? "a directory, "
+                     : S_ISFIFO(st.st_mode) ? "a FIFO, "
+                     : S_ISCHR(st.st_mode)  ? "a character device, "
+                     : S_ISBLK(st.st_mode)  ? "a block device, "
+                     : S_ISSOCK(st.st_mode) ? "a socket, "
+                                            : "";
+  return InvalidArgument(name + " is " + kind + "not a regular file");
+}
+
 Result<std::string> ReadWholeFile(const std::string& path, size_t max_bytes, bool follow_links) {
   // O_NONBLOCK: opening a FIFO planted where a file should be must not wait for a writer.
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow_links ? 0 : O_NOFOLLOW)));
   if (!fd.valid() && errno == ELOOP && !follow_links) return InvalidArgument(path + " is a symbolic link (not followed here)");
   if (!fd.valid()) return ErrnoStatus("open " + path, errno);
-  struct stat st{};
-  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("stat " + path, errno);
-  if (!S_ISREG(st.st_mode)) return InvalidArgument(path + " is not a regular file");
+  FERRY_RETURN_IF_ERROR(CheckRegularFile(fd.get(), path));
   auto data = ReadWholeFd(fd.get(), max_bytes);
   if (!data.ok()) return data.status().WithContext(path);
   return data;

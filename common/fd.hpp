@@ -83,6 +83,9 @@ Result<bool> WaitReadable(int fd, int timeout_ms);
 
 // Reads a whole file from its start; kInvalidArgument if it is longer than max_bytes.
 Result<std::string> ReadWholeFd(int fd, size_t max_bytes);
+// OK when `fd` is a regular file; else an error saying what `name` is instead ("NAME is a FIFO,
+// not a regular file").
+Status CheckRegularFile(int fd, const std::string& name);
 // Reads the regular file at `path` (anything else refused without blocking on it, a FIFO
 // included; a symlink refused unless follow_links); errors name the path.
 Result<std::string> ReadWholeFile(const std::string& path, size_t max_bytes, bool follow_links = true);

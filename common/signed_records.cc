@@ -81,4 +81,11 @@ Result<SnapshotListing> ListSnapshots(const std::string& dir) {
   return found;
 }
 
+Status NoStrays(const std::string& dir, const SnapshotListing& listing) {
+  if (listing.strays.empty()) return Status::Ok();
+  return InvalidArgument(dir + "/" + listing.strays.front() +
+                         " is not a name ferryd gives a snapshot (snapshot-NNNNNN.json, the sequence in at least six "
+                         "digits); move it out of the directory");
+}
+
 }  // namespace ferry::signing

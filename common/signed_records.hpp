@@ -53,5 +53,7 @@ struct SnapshotListing {
   std::vector<std::string> strays;
 };
 Result<SnapshotListing> ListSnapshots(const std::string& dir);
+// OK when `listing` of `dir` has no strays; else an error naming the first.
+Status NoStrays(const std::string& dir, const SnapshotListing& listing);
 
 }  // namespace ferry::signing

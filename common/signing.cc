@@ -62,12 +62,6 @@ Status WriteNew(const std::string& path, std::string_view data, mode_t mode) {
   return Status::Ok();
 }
 
-Result<std::string> ReadFile(const std::string& path, size_t max) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoStatus("open " + path, errno);
-  return ReadWholeFd(fd.get(), max);
-}
-
 }  // namespace
 
 SecretKey::SecretKey() : key_(static_cast<uint8_t*>((SodiumReady(), sodium_malloc(crypto_sign_SECRETKEYBYTES)))) {}
@@ -122,7 +116,7 @@ Result<PublicKey> ParsePublicKey(std::string_view text) {
 }
 
 Result<PublicKey> LoadPublicKey(const std::string& path) {
-  FERRY_ASSIGN_OR_RETURN(std::string text, ReadFile(path, 4096));
+  FERRY_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path, 4096));
   auto pk = ParsePublicKey(text);
   if (!pk.ok()) return pk.status().WithContext(path);
   return pk;

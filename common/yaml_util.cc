@@ -1,7 +1,6 @@
 #include "common/yaml_util.hpp"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -116,15 +115,9 @@ Result<YAML::Node> LoadString(const std::string& text, const std::string& name) 
 }
 
 Result<std::string> ReadYamlFd(int fd, const std::string& name) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return ErrnoStatus("stat " + name, errno);
-  if (!S_ISREG(st.st_mode)) {
-    const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
-                       : S_ISFIFO(st.st_mode) ? "a FIFO"
-                       : S_ISCHR(st.st_mode)  ? "a character device"
-                       : S_ISSOCK(st.st_mode) ? "a socket"
-                                              : "not a regular file";
-    return InvalidArgument(name + " is " + kind + ", not a regular file; give the path of a YAML file");
+  if (Status regular = CheckRegularFile(fd, name); !regular.ok()) {
+    if (regular.code() != Code::kInvalidArgument) return regular;
+    return InvalidArgument(regular.message() + "; give the path of a YAML file");
   }
   // Read at most one byte past the limit, whatever the file claims its size is.
   std::string text(kMaxYamlBytes + 1, '\0');

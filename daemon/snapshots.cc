@@ -1,11 +1,9 @@
 #include "daemon/snapshots.hpp"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cinttypes>
 #include <cstdio>
 #include <ctime>
 #include <sstream>
@@ -84,10 +82,11 @@ Status SnapshotWriter::VerifyTail(uint64_t seq, std::string* body) {
   chain_ = tail.second.empty() ? "continued-" + signing::RecordId(*body) : tail.second;
   if (tail.first == std::string(64, '0') || seq <= 1) return Status::Ok();  // the head of its chain
   // The link back, where the record before is still there (old ones may have been pruned).
+  const std::string prev_path = RecordPath(opt_.dir, seq - 1);
   struct stat st{};
-  if (::lstat(RecordPath(opt_.dir, seq - 1).c_str(), &st) != 0 && errno == ENOENT) return Status::Ok();
+  if (::lstat(prev_path.c_str(), &st) != 0 && errno == ENOENT) return Status::Ok();
   const std::string before = signing::SnapshotName(seq - 1) + ", the record before it";
-  auto prev_file = signing::ReadSignedFile(RecordPath(opt_.dir, seq - 1), kMaxRecordBytes, false);
+  auto prev_file = signing::ReadSignedFile(prev_path, kMaxRecordBytes, false);
   if (!prev_file.ok()) return prev_file.status().WithContext(before);
   auto prev = VerifyOwnRecord(pk, *prev_file, seq - 1);
   if (!prev.ok()) return prev.status().WithContext(before);

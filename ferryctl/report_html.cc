@@ -54,11 +54,7 @@ std::string BaseName(const std::string& path) {
 // snapshot-N.json files of DIR, in sequence order.
 Result<std::vector<std::string>> SnapshotFiles(const std::string& dir) {
   FERRY_ASSIGN_OR_RETURN(signing::SnapshotListing listing, signing::ListSnapshots(dir));
-  if (!listing.strays.empty()) {
-    return InvalidArgument(dir + "/" + listing.strays.front() +
-                           " is not a name ferryd gives a snapshot (snapshot-NNNNNN.json, the sequence in at least "
-                           "six digits); move it out of the directory");
-  }
+  FERRY_RETURN_IF_ERROR(signing::NoStrays(dir, listing));
   const auto& found = listing.snapshots;
   if (found.empty()) return NotFound("no snapshot records (snapshot-NNNNNN.json) in " + dir);
   if (found.size() > kMaxChainRecords)

@@ -33,9 +33,9 @@ struct VerifiedRecord {
 
 constexpr size_t kMaxSnapshotBytes = 1 << 20, kMaxReportBytes = 16 << 20;
 
-// Verifies one snapshot: signature, trusted comment, record id, key id. Nothing of the record
-// is believed before its signature checks out.
-// `who`: what its signature said, already checked (VerifyRecord).
+// The rest of one snapshot's check, once its signature, trusted comment and record id held
+// (VerifyRecord gave `who`; nothing of the record is believed before): its size, format,
+// sequence and key as the record states them.
 Result<VerifiedRecord> VerifyOne(const signing::PublicKey& pk, const signing::SignedFile& in,
                                  const signing::SignedIdentity& who) {
   const std::string& file = in.path;
@@ -127,10 +127,8 @@ int Verify(const std::vector<std::string>& args) {
     if (::stat(f.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
       auto in_dir = signing::ListSnapshots(f);
       if (!in_dir.ok()) return Fail("FAILED: " + in_dir.status().message());
-      if (!in_dir->strays.empty()) {
-        return Fail("FAILED: " + f + "/" + in_dir->strays.front() +
-                    ": not a name ferryd gives a snapshot (snapshot-NNNNNN.json, the sequence in at least six digits); "
-                    "move it out of the directory, or name the records to check");
+      if (Status st = signing::NoStrays(f, *in_dir); !st.ok()) {
+        return Fail("FAILED: " + st.message() + ", or name the records to check");
       }
       for (auto& [seq, name] : in_dir->snapshots) records.emplace_back(f + "/" + name, false);
     } else {
@@ -161,7 +159,7 @@ int Verify(const std::vector<std::string>& args) {
     return 0;
   }
   if (snapshots.empty()) return Fail("no snapshot records found");
-  // Every record's own signature first; then what the set says: replays, order, gaps, chain.
+  // Every record on its own first; then what the set says: replays, order, gaps, chain.
   std::vector<VerifiedRecord> ok;
   for (const auto& [f, who] : snapshots) {
     auto v = VerifyOne(*pk, f, who);

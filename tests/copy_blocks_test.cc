@@ -310,9 +310,6 @@ TEST(BlockList, AListAfterAnEventWaitsForItAndIsStreamWaitable) {
   EXPECT_EQ(FirstDifference(Destination(free, Direction::kHostToDevice), up_want.data(), up_want.size()), -1);
 }
 
-// More lists in flight than the ring has room for at once, inline ones (18 slots each, wrapping
-// around the ring) and pool-buffer ones, all in flight at once; later rounds reuse the list
-// buffers the first round's lists gave back.
 // A list too long for the ring travels in a pool buffer: the first of its size costs the client
 // a buffer from ferryd (a round trip on its socket), the ones after it reuse that buffer.
 TEST(BlockList, AListBufferIsAskedForOnceAndThenReused) {
@@ -334,6 +331,9 @@ TEST(BlockList, AListBufferIsAskedForOnceAndThenReused) {
   }
 }
 
+// More lists in flight than the ring has room for at once, inline ones (18 slots each, wrapping
+// around the ring) and pool-buffer ones, all in flight at once; later rounds reuse the list
+// buffers the first round's lists gave back.
 TEST(BlockList, ManyListsInFlightWrapTheRingAndRecycleTheirListBuffers) {
   auto inner = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
   ASSERT_TRUE(inner.ok());

@@ -104,13 +104,13 @@ expect_fail "a record without its signature" "no signature" "$dir/ferry.pub" "$t
 # (it was a replay before names were checked); a record that is a link (it could point at any
 # file) or a FIFO (an open would wait for a writer) is refused, not read.
 reset; cp "$t/snapshot-000003.json" "$t/snapshot-3.json"
-expect_fail "a record under another name" "snapshot-3.json: not a name ferryd gives a snapshot" "$dir/ferry.pub" "$t"
+expect_fail "a record under another name" "snapshot-3.json is not a name ferryd gives a snapshot" "$dir/ferry.pub" "$t"
 reset; mv "$t/snapshot-000003.json" "$t/real3"; ln -s real3 "$t/snapshot-000003.json"
 expect_fail "a record that is a symlink" "snapshot-000003.json is a symbolic link" "$dir/ferry.pub" "$t"
 reset; rm "$t/snapshot-000003.json"; mkfifo "$t/snapshot-000003.json"
 out=$(timeout 10 "$ctl" verify --pub "$dir/ferry.pub" "$t" 2>&1); rc=$?
 [ $rc != 0 ] && [ $rc != 124 ] || fail "a FIFO in place of a record: verify rc=$rc (124: it waited on the FIFO): $out"
-echo "$out" | grep -q "not a regular file" || fail "a FIFO in place of a record: $out"
+echo "$out" | grep -q "snapshot-000003.json is a FIFO, not a regular file" || fail "a FIFO in place of a record: $out"
 echo "rejected (a FIFO in place of a record): $out"
 
 # Deletions at either end: the first record is missing unless told where the chain starts; the
