@@ -276,6 +276,23 @@ TEST_F(GpuDaemon, ACopyAfterAnEventWaitsOnTheGpuForTheKernelBeforeIt) {
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(host.data()[i], std::byte{0x3C}) << "copy ran ahead of the kernel at " << i;
 }
 
+// A record writes the event's flag from the stream when the stream gets there, which may be after
+// the client is gone and its flag pages unregistered and unmapped: the stream must still end
+// cleanly and the process's CUDA context stay usable.
+TEST_F(GpuDaemon, AClientGoneBeforeItsStreamWritesAnEventsFlagLeavesTheStreamUnharmed) {
+  ASSERT_OK_AND_ASSIGN(SharedEvent ready, client_->CreateEvent());
+  ASSERT_CUDA(testing::LaunchSpin(200'000'000, stream_));  // ~100 ms
+  ASSERT_OK(ready.Record(stream_));
+  ASSERT_EQ(cudaStreamQuery(stream_), cudaErrorNotReady) << "the kernel ended before the client was gone";
+  client_.reset();
+  ASSERT_CUDA(cudaStreamSynchronize(stream_));
+  void* p = nullptr;
+  ASSERT_CUDA(cudaMalloc(&p, 4096));
+  ASSERT_CUDA(cudaMemset(p, 0, 4096));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  ASSERT_CUDA(cudaFree(p));
+}
+
 // GPU-side hand-off: the copy is submitted while the producing kernel still runs, goes to the
 // client's lane at once and starts when the stream writes the event's flag after the kernel.
 TEST_F(GpuDaemon, ACopyAfterAnEventSubmittedWhileTheKernelRunsCarriesTheKernelsOutput) {
@@ -381,6 +398,48 @@ TEST_F(GpuDaemon, AStreamWaitsOnTheGpuForACopyWithoutTheHostBlocking) {
   std::vector<std::byte> back = ReadBack(mirror, n);
   EXPECT_EQ(FirstDifference(back.data(), host.data(), n), -1) << "the stream did not wait for the copy";
   ASSERT_OK(t.Wait(1s));
+  cudaFree(mirror);
+}
+
+// Copies after events run on the session's lane; a stream waiting on a batch of them runs on only
+// once every one has landed.
+TEST_F(GpuDaemon, AStreamWaitingOnCopiesAfterEventsRunsOnOnlyOnceEveryOneLanded) {
+  constexpr size_t kCount = 6;
+  const size_t sizes[kCount] = {(32 << 20) + 3, 16 << 20, 4096, (8 << 20) + 1, 65536, (24 << 20) + 7};
+  size_t offsets[kCount] = {}, n = 0;
+  for (size_t i = 0; i < kCount; ++i) {
+    offsets[i] = n;
+    n += sizes[i];
+  }
+  ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(n));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client_->AllocateDevice(n));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
+  void* mirror = nullptr;
+  ASSERT_CUDA(cudaMalloc(&mirror, n));
+  ASSERT_CUDA(cudaMemset(dev.data(), 0xA5, n));
+  ASSERT_CUDA(cudaMemset(mirror, 0x5A, n));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  FillRandom(host.data(), n, testing::RandomSeed());
+  std::vector<SharedEvent> events;
+  std::vector<Transfer> batch;
+  for (size_t i = 0; i < kCount; ++i) {
+    ASSERT_OK_AND_ASSIGN(SharedEvent ev, client_->CreateEvent());
+    ASSERT_CUDA(testing::LaunchSpin(4'000'000, stream_));  // ~2 ms each
+    ASSERT_OK(ev.Record(stream_));
+    ASSERT_OK_AND_ASSIGN(Transfer t, client_->Copy(Direction::kHostToDevice, host, offsets[i], region, offsets[i],
+                                                   sizes[i], {.after = &ev, .stream_waitable = true}));
+    events.push_back(std::move(ev));
+    batch.push_back(std::move(t));
+  }
+  ASSERT_OK(client_->StreamWait(batch, stream_));
+  ASSERT_CUDA(cudaMemcpyAsync(mirror, dev.data(), n, cudaMemcpyDeviceToDevice, stream_));
+  ASSERT_CUDA(cudaStreamSynchronize(stream_));
+  std::vector<std::byte> back = ReadBack(mirror, n);
+  for (size_t i = 0; i < kCount; ++i) {
+    EXPECT_EQ(FirstDifference(back.data() + offsets[i], host.data() + offsets[i], sizes[i]), -1)
+        << "the stream ran on before copy " << i << " landed";
+  }
+  for (Transfer& t : batch) ASSERT_OK(t.Wait(1s));
   cudaFree(mirror);
 }
 
