@@ -61,7 +61,7 @@ struct Policy {
   uint64_t first_chunk_bytes = 0;         // geometric: 0 = (1 - ratio) of the copy
   double ratio = 0.5;                     // geometric: each chunk this fraction of the one before
   uint64_t min_chunk_bytes = 1ull << 20;  // geometric: no chunk smaller (except a copy's remainder)
-  uint32_t bulk_streams = 2;              // per direction
+  uint32_t bulk_streams = 4;              // per direction
   StreamPriority bulk_priority = StreamPriority::kLeast;
   uint64_t in_flight_bytes = 128ull << 20;        // per direction: bulk bytes on the engines at once, all clients
   uint64_t client_in_flight_bytes = 0;            // per client; 0: same as in_flight_bytes
