@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "block_list_client.hpp"
+#include "common/status_macros.hpp"
 #include "ferry/client.hpp"
 #include "gpu_kernels.hpp"
 #include "process_util.hpp"
@@ -76,6 +77,37 @@ class GpuDaemon : public ::testing::Test {
     std::vector<std::byte> out(n);
     EXPECT_EQ(cudaMemcpy(out.data(), dev, n, cudaMemcpyDeviceToHost), cudaSuccess);
     return out;
+  }
+
+  // What a stream-wait test copies and checks: `n` random bytes in a pool buffer, a device
+  // region (poisoned) to copy them into, and a mirror (poisoned) that the test's stream copies
+  // the region into once it has waited, so that the mirror holds what the stream saw.
+  struct MirroredRegion {
+    size_t n;
+    HostBuffer host;
+    DeviceAllocation dev;
+    DeviceRegion region;
+    std::unique_ptr<void, decltype(&cudaFree)> mirror;
+  };
+  Result<MirroredRegion> MakeMirroredRegion(size_t n) {
+    FERRY_ASSIGN_OR_RETURN(HostBuffer host, client_->AllocateHost(n));
+    FERRY_ASSIGN_OR_RETURN(DeviceAllocation dev, client_->AllocateDevice(n));
+    FERRY_ASSIGN_OR_RETURN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
+    void* mirror = nullptr;
+    if (cudaMalloc(&mirror, n) != cudaSuccess) return Internal("cudaMalloc of the mirror failed");
+    MirroredRegion m{n, std::move(host), std::move(dev), std::move(region), {mirror, &cudaFree}};
+    if (cudaMemset(m.dev.data(), 0xA5, n) != cudaSuccess || cudaMemset(mirror, 0x5A, n) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess) {
+      return Internal("poisoning the region and the mirror failed");
+    }
+    FillRandom(m.host.data(), n, testing::RandomSeed());
+    return m;
+  }
+  // The region as the stream sees it now: copied into the mirror in the stream's order, read back.
+  std::vector<std::byte> SeenByStream(const MirroredRegion& m) {
+    EXPECT_EQ(cudaMemcpyAsync(m.mirror.get(), m.dev.data(), m.n, cudaMemcpyDeviceToDevice, stream_), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    return ReadBack(m.mirror.get(), m.n);
   }
 
   std::string dir_, socket_;
@@ -381,24 +413,14 @@ TEST_F(GpuDaemon, ACopyWaitingOnAnotherClientsEventDoesNotDelayThisClientsCopies
 
 TEST_F(GpuDaemon, AStreamWaitsOnTheGpuForACopyWithoutTheHostBlocking) {
   constexpr size_t n = 256 << 20;  // ~5 ms on the bus
-  ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(n));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client_->AllocateDevice(n));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
-  void* mirror = nullptr;
-  ASSERT_CUDA(cudaMalloc(&mirror, n));
-  ASSERT_CUDA(cudaMemset(dev.data(), 0xA5, n));
-  ASSERT_CUDA(cudaMemset(mirror, 0x5A, n));
-  ASSERT_CUDA(cudaDeviceSynchronize());
-  FillRandom(host.data(), n, testing::RandomSeed());
-  ASSERT_OK_AND_ASSIGN(Transfer t, client_->Copy(Direction::kHostToDevice, host, 0, region, 0, n, {.stream_waitable = true}));
+  ASSERT_OK_AND_ASSIGN(MirroredRegion m, MakeMirroredRegion(n));
+  ASSERT_OK_AND_ASSIGN(Transfer t,
+                       client_->Copy(Direction::kHostToDevice, m.host, 0, m.region, 0, n, {.stream_waitable = true}));
   ASSERT_OK(t.StreamWait(stream_));
   // The consumer: a device-to-device copy on our stream, which must see the copied bytes.
-  ASSERT_CUDA(cudaMemcpyAsync(mirror, dev.data(), n, cudaMemcpyDeviceToDevice, stream_));
-  ASSERT_CUDA(cudaStreamSynchronize(stream_));
-  std::vector<std::byte> back = ReadBack(mirror, n);
-  EXPECT_EQ(FirstDifference(back.data(), host.data(), n), -1) << "the stream did not wait for the copy";
+  std::vector<std::byte> back = SeenByStream(m);
+  EXPECT_EQ(FirstDifference(back.data(), m.host.data(), n), -1) << "the stream did not wait for the copy";
   ASSERT_OK(t.Wait(1s));
-  cudaFree(mirror);
 }
 
 // Copies after events run on the session's lane; a stream waiting on a batch of them runs on only
@@ -411,36 +433,25 @@ TEST_F(GpuDaemon, AStreamWaitingOnCopiesAfterEventsRunsOnOnlyOnceEveryOneLanded)
     offsets[i] = n;
     n += sizes[i];
   }
-  ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(n));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client_->AllocateDevice(n));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
-  void* mirror = nullptr;
-  ASSERT_CUDA(cudaMalloc(&mirror, n));
-  ASSERT_CUDA(cudaMemset(dev.data(), 0xA5, n));
-  ASSERT_CUDA(cudaMemset(mirror, 0x5A, n));
-  ASSERT_CUDA(cudaDeviceSynchronize());
-  FillRandom(host.data(), n, testing::RandomSeed());
+  ASSERT_OK_AND_ASSIGN(MirroredRegion m, MakeMirroredRegion(n));
   std::vector<SharedEvent> events;
   std::vector<Transfer> batch;
   for (size_t i = 0; i < kCount; ++i) {
     ASSERT_OK_AND_ASSIGN(SharedEvent ev, client_->CreateEvent());
     ASSERT_CUDA(testing::LaunchSpin(4'000'000, stream_));  // ~2 ms each
     ASSERT_OK(ev.Record(stream_));
-    ASSERT_OK_AND_ASSIGN(Transfer t, client_->Copy(Direction::kHostToDevice, host, offsets[i], region, offsets[i],
+    ASSERT_OK_AND_ASSIGN(Transfer t, client_->Copy(Direction::kHostToDevice, m.host, offsets[i], m.region, offsets[i],
                                                    sizes[i], {.after = &ev, .stream_waitable = true}));
     events.push_back(std::move(ev));
     batch.push_back(std::move(t));
   }
   ASSERT_OK(client_->StreamWait(batch, stream_));
-  ASSERT_CUDA(cudaMemcpyAsync(mirror, dev.data(), n, cudaMemcpyDeviceToDevice, stream_));
-  ASSERT_CUDA(cudaStreamSynchronize(stream_));
-  std::vector<std::byte> back = ReadBack(mirror, n);
+  std::vector<std::byte> back = SeenByStream(m);
   for (size_t i = 0; i < kCount; ++i) {
-    EXPECT_EQ(FirstDifference(back.data() + offsets[i], host.data() + offsets[i], sizes[i]), -1)
+    EXPECT_EQ(FirstDifference(back.data() + offsets[i], m.host.data() + offsets[i], sizes[i]), -1)
         << "the stream ran on before copy " << i << " landed";
   }
   for (Transfer& t : batch) ASSERT_OK(t.Wait(1s));
-  cudaFree(mirror);
 }
 
 // GET /metrics from the daemon under test (its log names the port it bound).
@@ -489,31 +500,21 @@ TEST_F(GpuDaemon, AStreamsStallOnACopyIsMeasuredOnTheGpuAndExportedAsExposedTime
 TEST_F(GpuDaemon, AStreamWaitsOnABatchOfCopiesWithOneProbeAndOneReport) {
   constexpr size_t kPiece = 64 << 20, kCount = 6;  // ~8 ms on the bus in all
   constexpr size_t n = kPiece * kCount;
-  ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(n));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client_->AllocateDevice(n));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
-  void* mirror = nullptr;
-  ASSERT_CUDA(cudaMalloc(&mirror, n));
-  ASSERT_CUDA(cudaMemset(dev.data(), 0xA5, n));
-  ASSERT_CUDA(cudaMemset(mirror, 0x5A, n));
-  ASSERT_CUDA(cudaDeviceSynchronize());
-  FillRandom(host.data(), n, testing::RandomSeed());
+  ASSERT_OK_AND_ASSIGN(MirroredRegion m, MakeMirroredRegion(n));
   const std::string first = ScrapeDaemon(daemon_->Output());
   const double before = std::max(0.0, ExposedSumH2d(first));
   const double reports_before = std::max(0.0, ExposedCountH2d(first));
   std::vector<Transfer> batch;
   for (size_t i = 0; i < kCount; ++i) {
-    ASSERT_OK_AND_ASSIGN(Transfer t, client_->Copy(Direction::kHostToDevice, host, i * kPiece, region, i * kPiece,
+    ASSERT_OK_AND_ASSIGN(Transfer t, client_->Copy(Direction::kHostToDevice, m.host, i * kPiece, m.region, i * kPiece,
                                                    kPiece, {.stream_waitable = true}));
     batch.push_back(std::move(t));
   }
   ASSERT_OK(client_->StreamWait(batch, stream_));
-  ASSERT_CUDA(cudaMemcpyAsync(mirror, dev.data(), n, cudaMemcpyDeviceToDevice, stream_));
-  ASSERT_CUDA(cudaStreamSynchronize(stream_));
-  std::vector<std::byte> back = ReadBack(mirror, n);
-  EXPECT_EQ(FirstDifference(back.data(), host.data(), n), -1) << "the stream did not wait for every copy";
+  std::vector<std::byte> back = SeenByStream(m);
+  EXPECT_EQ(FirstDifference(back.data(), m.host.data(), n), -1) << "the stream did not wait for every copy";
   for (Transfer& t : batch) ASSERT_OK(t.Wait(1s));
-  ASSERT_OK_AND_ASSIGN(Transfer poke, client_->Copy(Direction::kHostToDevice, host, 0, region, 0, 4096));
+  ASSERT_OK_AND_ASSIGN(Transfer poke, client_->Copy(Direction::kHostToDevice, m.host, 0, m.region, 0, 4096));
   ASSERT_OK(poke.Wait(1s));
   double after = -1, reports = -1;
   EXPECT_TRUE(testing::DaemonHarness::Eventually([&] {
@@ -524,7 +525,6 @@ TEST_F(GpuDaemon, AStreamWaitsOnABatchOfCopiesWithOneProbeAndOneReport) {
   }, 5000)) << "exposed h2d seconds went from " << before << " to " << after << "; the stream waited ~8 ms";
   // The batch's one report and the poke's host wait: six stream waits one by one would make seven.
   EXPECT_EQ(reports - reports_before, 2);
-  cudaFree(mirror);
 }
 
 TEST_F(GpuDaemon, PageableMemoryIsStagedBothWays) {

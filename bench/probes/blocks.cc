@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
-#include <string>
 #include <vector>
 
 #include "bench/probes/probe_util.hpp"
