@@ -62,6 +62,10 @@ options:
                      host clock on the host engine) beside what ferryd's ferry_exposed_seconds
                      recorded for the same steps, and whether they agree (within 10%, or
                      0.05 ms). Use a ferryd no other client is using meanwhile.
+  --timeline FILE    (GPU) write each timed step's GPU times (its start, the end of its math,
+                     its end) as CSV in microseconds on CLOCK_MONOTONIC, the clock of
+                     ferryd --trace-engine's log, to set each copy's time on the engines
+                     beside the step it served (bench/gpu/instep_trace.py)
   -h, --help         this help
 )";
 
@@ -211,6 +215,9 @@ int BenchOverlap(const std::vector<std::string>& args) {
     } else if (a.Is("--metrics")) {
       o.metrics = a.Value();
       if (o.metrics.empty()) return Fail("--metrics takes ferryd's metrics address, IPV4:PORT");
+    } else if (a.Is("--timeline")) {
+      o.timeline = a.Value();
+      if (o.timeline.empty()) return Fail("--timeline takes a file name");
     } else {
       return Fail("bench overlap: unknown option '" + a.current() + "' (try --help)");
     }

@@ -159,6 +159,9 @@ class Runner {
   std::map<std::string, ModeResult> meta_;
   std::map<std::string, double> own_exposed_, metric_exposed_;  // seconds, over the timed runs
   std::map<std::string, uint64_t> metric_reports_, compared_steps_;
+  std::string mode_name_;  // the mode and round RunSteps times now, for the timeline
+  int round_ = 0;
+  std::string timeline_;  // --timeline's lines so far
 };
 
 Status Runner::Setup() {
@@ -271,7 +274,7 @@ Status Runner::RunSteps(Kind kind, int steps, std::vector<double>* times, double
       }
     }
     if (lanes > 1) FERRY_RETURN_IF_ERROR(e_.JoinLanes());
-    if (own_exposed) FERRY_RETURN_IF_ERROR(e_.Mark(kWaitMarks + k));
+    if (own_exposed || !o_.timeline.empty()) FERRY_RETURN_IF_ERROR(e_.Mark(kWaitMarks + k));
     switch (kind) {
       case Kind::kSideStream:
         if (k >= 1) FERRY_RETURN_IF_ERROR(e_.StreamWaitCopy(tokens[prev]));
@@ -316,6 +319,16 @@ Status Runner::RunSteps(Kind kind, int steps, std::vector<double>* times, double
     for (int k = std::min(o_.warmup, steps - 1); k < steps; ++k) {
       FERRY_ASSIGN_OR_RETURN(double s, e_.MarkSeconds(k, k + 1));
       times->push_back(s);
+    }
+  }
+  if (times && !o_.timeline.empty()) {
+    for (int k = std::min(o_.warmup, steps - 1); k < steps; ++k) {
+      FERRY_ASSIGN_OR_RETURN(double start, e_.MarkClockMicros(k));
+      FERRY_ASSIGN_OR_RETURN(double waits, e_.MarkClockMicros(kWaitMarks + k));
+      FERRY_ASSIGN_OR_RETURN(double end, e_.MarkClockMicros(k + 1));
+      char line[160];
+      std::snprintf(line, sizeof line, ",%d,%d,%.3f,%.3f,%.3f\n", round_, k, start, waits, end);
+      timeline_ += "\"" + mode_name_ + "\"" + line;
     }
   }
   return Status::Ok();
@@ -487,6 +500,9 @@ Result<Report> Runner::Run() {
        "device outputs poisoned (0xFE) before each checked step's math: poisoned words that reached the host", 0, 0,
        true, ""},
   };
+  if (!o_.timeline.empty() && e_.kind() != "cuda") {
+    return InvalidArgument("--timeline needs the GPU engine: the host engine's steps have no GPU times");
+  }
   FERRY_RETURN_IF_ERROR(Setup());
   report_.environment = e_.Environment();
 
@@ -538,6 +554,8 @@ Result<Report> Runner::Run() {
           FERRY_ASSIGN_OR_RETURN(before, SettledExposed());
         }
         double own = 0;
+        mode_name_ = m.name;
+        round_ = round;
         FERRY_RETURN_IF_ERROR(RunSteps(m.kind, o_.warmup + o_.steps, &t, compare ? &own : nullptr).WithContext(m.name));
         if (compare) {
           FERRY_ASSIGN_OR_RETURN(auto after, SettledExposed());
@@ -553,6 +571,13 @@ Result<Report> Runner::Run() {
     return Status::Ok();
   };
   Status st = body();
+  if (st.ok() && !o_.timeline.empty()) {
+    st = WriteFileAtomically(o_.timeline,
+                             "# each timed step's GPU times, us on CLOCK_MONOTONIC: step start, its waits for the "
+                             "copies enqueued (the math done), step end\nmode,round,step,start_us,waits_us,end_us\n" +
+                                 timeline_)
+             .WithContext("writing the timeline");
+  }
   // Put back what was running, whatever happened.
   auto restored = control_.ApplyPolicyText(original, "policy running before the overlap benchmark");
   if (!st.ok()) return st;

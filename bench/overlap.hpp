@@ -54,6 +54,9 @@ class StepEngine {
   virtual Status Mark(int i) = 0;                        // step boundary i on the stream (i < kMaxMarks)
   virtual Result<double> MarkSeconds(int a, int b) = 0;  // from mark a to mark b, both happened
   virtual Status WaitMark(int i) = 0;                    // host blocks until mark i has happened
+  // When mark i happened, in microseconds on CLOCK_MONOTONIC (the clock ferryd's engine trace
+  // uses), so a step's GPU times can be set beside another process's.
+  virtual Result<double> MarkClockMicros(int) { return NotSupported("this engine's marks have no host clock"); }
   virtual Status Sync() = 0;
   virtual Status ReadOutput(int buf, std::vector<float>& out) = 0;  // synchronous
 
@@ -103,6 +106,7 @@ struct Options {
   int lanes = 2;         // in-step: compute streams the blocks take turns on (StepEngine::SetLanes)
   bool quiet = false;    // no progress bar
   std::string metrics;   // ferryd's /metrics address (HOST:PORT): compare its exposed time with ours
+  std::string timeline;  // write each timed step's GPU times here (CSV, CLOCK_MONOTONIC us)
 };
 
 struct Stat {

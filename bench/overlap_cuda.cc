@@ -8,6 +8,7 @@
 
 #include "common/cuda_status.hpp"
 #include "common/environment.hpp"
+#include "common/fd.hpp"
 #include "common/gpu_uuid.hpp"
 #include "bench/overlap.hpp"
 #include "common/status_macros.hpp"
@@ -161,6 +162,12 @@ class CudaStepEngine : public StepEngine {
     return static_cast<double>(ms) * 1e-3;
   }
   Status WaitMark(int i) override { return CudaStatus(cudaEventSynchronize(marks_[i]), "cudaEventSynchronize"); }
+  Result<double> MarkClockMicros(int i) override {
+    if (clock_origin_ == nullptr) FERRY_RETURN_IF_ERROR(StartClock());
+    float ms = 0;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, clock_origin_, marks_[i]));
+    return static_cast<double>(clock_origin_ns_) / 1e3 + static_cast<double>(ms) * 1e3;
+  }
   Status Sync() override {
     for (cudaStream_t s : lane_streams_) FERRY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
     FERRY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_stream_));
@@ -173,6 +180,46 @@ class CudaStepEngine : public StepEngine {
   }
 
   bool has_in_process() const override { return true; }
+
+  // Time zero of MarkClockMicros: an event on the idle stream whose CLOCK_MONOTONIC time is
+  // pinned down as ferryd's engine trace pins its own (probe events recorded and polled; each
+  // one's GPU time lies between the host clock before its record and after it was seen done;
+  // the narrowest such window wins).
+  Status StartClock() {
+    FERRY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    cudaEvent_t origin = nullptr, probe = nullptr;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreate(&origin));
+    if (Status s = CudaStatus(cudaEventCreate(&probe), "cudaEventCreate"); !s.ok()) {
+      cudaEventDestroy(origin);
+      return s;
+    }
+    Status st = CudaStatus(cudaEventRecord(origin, stream_), "clock origin");
+    if (st.ok()) st = CudaStatus(cudaEventSynchronize(origin), "clock origin");
+    uint64_t best_window = UINT64_MAX, origin_ns = 0;
+    for (int i = 0; i < 20 && st.ok(); ++i) {
+      const uint64_t before = MonotonicNanos();
+      st = CudaStatus(cudaEventRecord(probe, stream_), "clock probe");
+      cudaError_t q = cudaErrorNotReady;
+      while (st.ok() && (q = cudaEventQuery(probe)) == cudaErrorNotReady) {
+      }
+      const uint64_t after = MonotonicNanos();
+      float ms = 0;
+      if (st.ok()) st = CudaStatus(q, "clock probe");
+      if (st.ok()) st = CudaStatus(cudaEventElapsedTime(&ms, origin, probe), "clock probe");
+      if (st.ok() && after - before < best_window) {
+        best_window = after - before;
+        origin_ns = before + (after - before) / 2 - static_cast<uint64_t>(static_cast<double>(ms) * 1e6);
+      }
+    }
+    cudaEventDestroy(probe);
+    if (!st.ok()) {
+      cudaEventDestroy(origin);
+      return st;
+    }
+    clock_origin_ = origin;
+    clock_origin_ns_ = origin_ns;
+    return Status::Ok();
+  }
   std::byte* pinned(int buf) override { return static_cast<std::byte*>(pinned_[buf]); }
   Status CopyOnStream(int buf, size_t offset, size_t bytes) override {
     return CudaStatus(
@@ -203,6 +250,8 @@ class CudaStepEngine : public StepEngine {
   float* c_[2] = {nullptr, nullptr};
   void* pinned_[2] = {nullptr, nullptr};
   std::vector<cudaEvent_t> marks_;
+  cudaEvent_t clock_origin_ = nullptr;  // MarkClockMicros' time zero, made on first use
+  uint64_t clock_origin_ns_ = 0;        // ... on CLOCK_MONOTONIC
   int lanes() const { return 1 + static_cast<int>(lane_streams_.size()); }
   std::vector<cudaStream_t> lane_streams_;  // lanes 1.. (lane 0 is stream_)
   std::vector<cublasHandle_t> lane_blas_;

@@ -64,7 +64,8 @@ options:
                      runs ferry's list copies alone against a ferryd on the host backend)
   --staged-chunk B   CopyStaged chunk size (default: the policy's, fitted to the copy)
   --staged-threads N CopyStaged threads (default: the policy's)
-  --timeline         print each both-ways copy's submit and done times (CLOCK_MONOTONIC ns) on
+  --timeline         print each both-ways copy's and each 4 KiB latency copy's (not the
+                     alternating ones) submit and done times (CLOCK_MONOTONIC ns) on
                      stderr, to line up with the log of a ferryd run with --trace-engine
   -h, --help         this help
 )";
@@ -419,12 +420,21 @@ int TransferBench::Latency() {
       last_ = NowSeconds() - t0;
       return 0;
     };
+    std::string timeline;  // printed after the reps, so the printing does not delay them
     auto through_ferry = [&]() -> int {
       const double t0 = NowSeconds();
       auto t = client_->Copy(fdir, *pool_buf_, 0, *region_, 0, n, {.priority = ferry::Priority::kLatency});
+      const double t_submitted = NowSeconds();
       FERRY_OR_DIE(t.status());
       FERRY_OR_DIE(t->Wait(1s));
-      last_ = NowSeconds() - t0;
+      const double t_end = NowSeconds();
+      last_ = t_end - t0;
+      if (timeline_) {
+        char line[160];
+        std::snprintf(line, sizeof line, "timeline latency %s: start %.0f, submitted %.0f, done %.0f ns\n",
+                      dname.c_str(), t0 * 1e9, t_submitted * 1e9, t_end * 1e9);
+        timeline += line;
+      }
       return 0;
     };
     for (int rep = -100; rep < reps; ++rep) {
@@ -435,6 +445,8 @@ int TransferBench::Latency() {
       if (int rc = through_ferry()) return rc;
       if (rep >= 0) Add("latency", n, dname, "ferry", rep, last_);
     }
+    std::fputs(timeline.c_str(), stderr);
+    timeline.clear();
     // Mixed: this process's own copies alternating with ferryd's, as a client that also copies
     // by itself would see them.
     for (int rep = -10; rep < reps / 5; ++rep) {
@@ -443,6 +455,7 @@ int TransferBench::Latency() {
       if (int rc = through_ferry()) return rc;
       if (rep >= 0) Add("latency-mixed", n, dname, "ferry", rep, last_);
     }
+    timeline.clear();  // the alternating copies' lines: not printed
     progress_->Step("4 KiB latency " + dname);
   }
   return 0;

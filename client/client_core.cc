@@ -101,6 +101,9 @@ Status ClientCore::Connect(const ConnectOptions& o) {
   // FERRY_DONE_WORDS=0: wait for latency copies' completions alone (to measure what the done
   // words save).
   if (const char* s = std::getenv("FERRY_DONE_WORDS"); s != nullptr && std::string_view(s) == "0") done_words_ = nullptr;
+  // FERRY_STALL_PROBES=0: stream waits without their two timing events (to measure what the
+  // probes cost the stream; ferryd's exposed-time metric then misses those stalls).
+  if (const char* s = std::getenv("FERRY_STALL_PROBES"); s != nullptr && std::string_view(s) == "0") stall_probes_on_ = false;
   return Status::Ok();
 }
 
@@ -588,7 +591,7 @@ Status ClientCore::StreamWait(std::span<TransferState* const> batch, void* strea
       if (!t->event && !t->done) return InvalidArgument("StreamWait needs a copy submitted with stream_waitable = true");
     }
     for (TransferState* t : batch) {
-      if (!t->done && !t->wait_reported) {
+      if (stall_probes_on_ && !t->done && !t->wait_reported) {
         p = TakeProbeLocked();
         break;
       }

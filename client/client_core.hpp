@@ -202,6 +202,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   wire::SubmissionEntry* sq_ = nullptr;
   wire::CompletionEntry* cq_ = nullptr;
   std::atomic<uint32_t>* done_words_ = nullptr;  // the ring segment's, written by ferryd's engines
+  bool stall_probes_on_ = true;                   // FERRY_STALL_PROBES=0 turns them off
   uint32_t sq_entries_ = 0, cq_entries_ = 0;
   UniqueFd submit_efd_, complete_efd_;
   uint32_t* flags_ = nullptr;  // the ring segment's flag area

@@ -436,6 +436,12 @@ class CudaBackend : public Backend {
         wait_value_(s, flag, plan.wait.value, CU_STREAM_WAIT_VALUE_GEQ),
         "cuStreamWaitValue32");
     const bool h2d = plan.direction == Direction::kHostToDevice;
+    cudaEvent_t trace_start = nullptr;  // with the trace on: once the wait is over
+    if (g.status.ok() && trace_) {
+      auto e = TakeEvent();
+      g.status = e.ok() ? CudaStatus(cudaEventRecord(*e, s), "trace event") : e.status();
+      if (e.ok()) trace_start = *e;
+    }
     StagedCopies& st = lane_staged_;
     for (const CopyPiece& p : plan.pieces) {
       st.dsts.push_back(h2d ? static_cast<void*>(p.device) : static_cast<void*>(p.host));
@@ -453,6 +459,10 @@ class CudaBackend : public Backend {
       auto e = TakeEvent();
       g.status = e.ok() ? CudaStatus(cudaEventRecord(*e, s), "fence") : e.status();
       if (e.ok()) g.events.push_back(*e);
+    }
+    if (trace_start != nullptr) {
+      const size_t fence = g.status.ok() && !g.events.empty() ? 0 : SIZE_MAX;
+      g.spans.push_back(CopySpan{static_cast<int>(plan.direction), kLaneSpan, g.bytes, MonotonicNanos(), trace_start, fence});
     }
     if (g.status.ok() && plan.signal != nullptr) {
       g.status = CudaStatus(cudaEventRecord(static_cast<CudaEvent*>(plan.signal)->get(), s), "signal");
@@ -700,9 +710,10 @@ class CudaBackend : public Backend {
  private:
   // With the trace on: one stream's share of a group, from an event recorded before its copies
   // to its fence event (events[fence]).
+  static constexpr uint32_t kLaneSpan = UINT32_MAX;  // CopySpan::stream of a session's lane
   struct CopySpan {
     int direction;
-    uint32_t stream;
+    uint32_t stream;  // of streams_[direction], or kLaneSpan
     uint64_t bytes;
     uint64_t issued_ns;
     cudaEvent_t start;
@@ -761,12 +772,14 @@ class CudaBackend : public Backend {
         cudaEventElapsedTime(&start_ms, trace_origin_, sp.start);
         cudaEventElapsedTime(&end_ms, trace_origin_, g.events[sp.fence]);
       }
+      // A lane's span starts when its wait for the client's event is over.
+      const std::string stream = sp.stream == kLaneSpan ? "lane" : "stream " + std::to_string(sp.stream);
       char line[256];
       std::snprintf(
           line, sizeof line,
-          "engine trace: %s stream %u, %llu bytes: accepted %.1f, issued %.1f, on the engine %.1f to %.1f, seen "
+          "engine trace: %s %s, %llu bytes: accepted %.1f, issued %.1f, on the engine %.1f to %.1f, seen "
           "done %.1f us",
-          sp.direction == 0 ? "h2d" : "d2h", sp.stream, static_cast<unsigned long long>(sp.bytes),
+          sp.direction == 0 ? "h2d" : "d2h", stream.c_str(), static_cast<unsigned long long>(sp.bytes),
           (static_cast<double>(g.accepted_ns) - static_cast<double>(trace_origin_ns_)) / 1e3,
           static_cast<double>(sp.issued_ns - trace_origin_ns_) / 1e3, start_ms * 1e3, end_ms * 1e3, seen);
       FERRY_LOG(kInfo) << line;
