@@ -150,6 +150,11 @@ void Scheduler::PlanPieces(Copy& c, uint64_t pool_offset, std::byte* device) {
   }
 }
 
+// On the H200, a list of 16 KiB blocks host to device went at 15.6 GB/s as one stream's batch
+// and at 7.3 to 5.9 GB/s cut over 2 to 4 streams, where 64 KiB blocks went from 39.6 (one
+// stream) to 49.8 GB/s (four) (docs/measurements/h200-handoff-2026-12-05.txt, run C).
+constexpr uint64_t kSpreadMinHostToDevicePiece = 32 << 10;
+
 // A block list goes in units of what the policy would cut a copy of its bytes into (a latency
 // list: one, on the latency stream). A unit of several pieces is one batch on one stream, so its
 // pieces are all batchable; a unit of one piece is like a single copy's piece.
@@ -162,9 +167,12 @@ void Scheduler::PlanBlockList(Copy& c, uint64_t pool_offset, std::byte* device, 
     c.policy->Pieces(c.bytes, lengths_);
     // At least a unit per bulk stream, where the list has the blocks for it: each stream's engine
     // takes its unit's batch at once, and small blocks are bound by an engine's work per block,
-    // not by the bus.
+    // not by the bus. Not for host-to-device pieces under kSpreadMinHostToDevicePiece: engines
+    // reading small scattered pieces of host memory at once slow each other down.
     const uint64_t streams = std::min(c.policy->bulk_streams, kMaxBulkStreams);
-    if (lengths_.size() < streams && pieces.size() >= 2 * streams) {
+    const bool small_h2d = c.direction == Direction::kHostToDevice &&
+                           c.bytes < kSpreadMinHostToDevicePiece * static_cast<uint64_t>(pieces.size());
+    if (lengths_.size() < streams && pieces.size() >= 2 * streams && !small_h2d) {
       lengths_.assign(streams, (c.bytes + streams - 1) / streams);
     }
   }
