@@ -73,6 +73,12 @@ python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["checks_pa
   "$dir/lanes.json" || fail "the report does not carry the compute streams, or a check failed"
 "$ctl" --socket "$sock" bench overlap --quick --n 64 --compute-streams 9 >/dev/null 2>&1 && fail "--compute-streams 9 was accepted"
 
+# --timeline needs the GPU's clock: on the host engine, a clear error before any step runs.
+"$ctl" --socket "$sock" bench overlap --quick --n 64 --timeline "$dir/tl.csv" >/dev/null 2>"$dir/tl.txt" &&
+  fail "--timeline ran on the host engine"
+grep -q "needs the GPU engine" "$dir/tl.txt" || { cat "$dir/tl.txt"; fail "the --timeline error does not say why"; }
+[ ! -e "$dir/tl.csv" ] || fail "a failed --timeline run left a file"
+
 # A policy file that does not parse fails the command up front and changes nothing.
 printf 'schedule: {kind: nonsense}\n' >"$dir/bad.yaml"
 "$ctl" --socket "$sock" bench overlap --quick --n 64 --policies "$dir/bad.yaml" >/dev/null 2>"$dir/bad.txt" &&
