@@ -36,4 +36,21 @@ for script in "$src"/scripts/*.sh "$src"/bench/gpu/*.sh "$src"/packaging/build-d
   done
   checked=$((checked + 1))
 done
+# The Python tools beside the benchmarks print their docstring, before importing anything a GPU
+# machine alone has (torch, the ferry package).
+for script in "$src"/bench/*.py "$src"/bench/gpu/*.py "$src"/bench/probes/*.py; do
+  first=$(python3 -c 'import ast,sys; print((ast.get_docstring(ast.parse(open(sys.argv[1]).read())) or "").splitlines()[0])' "$script" 2>/dev/null)
+  [ -n "$first" ] || fail "$script has no docstring to answer --help with"
+  for flag in --help -h; do
+    scratch=$(mktemp -d /tmp/ferry-help-XXXXXX)
+    out=$(cd "$scratch" && timeout 10 python3 "$script" $flag 2>&1)
+    rc=$?
+    left=$(ls -A "$scratch")
+    rm -rf "$scratch"
+    [ $rc = 0 ] || fail "$script $flag exited $rc: $out"
+    grep -qF -- "$first" <<<"$out" || fail "$script $flag does not print its docstring: $out"
+    [ -z "$left" ] || fail "$script $flag wrote $left"
+  done
+  checked=$((checked + 1))
+done
 echo "PASS: $checked commands answer --help"

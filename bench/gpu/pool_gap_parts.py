@@ -7,6 +7,10 @@ import statistics
 import sys
 import time
 
+if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
+    print(__doc__)
+    sys.exit(0 if len(sys.argv) == 2 else 2)
+
 import torch
 
 import ferry
