@@ -26,6 +26,7 @@
 
 #include "bench/bench_util.hpp"
 #include "bench/block_lists.hpp"
+#include "bench/target_verdict.hpp"
 #include "common/byte_size.hpp"
 #include "common/cli.hpp"
 #include "client/streaming_copy.hpp"
@@ -702,11 +703,21 @@ void TransferBench::Report(bool json) const {
   const size_t bidir_n = std::min<size_t>(256ull << 20, max_size_ / 2);
   struct Check {
     std::string what;
-    bool pass;
+    Verdict verdict;
     std::string figures;
   };
   std::vector<Check> checks;
   char buf[256];
+  // This machine's limit one way, as far as this run measured it: the fastest in-process copy,
+  // by the host clock or by the copy engine's own time (0 without the bandwidth section).
+  auto machine_limit = [&](const char* d) {
+    double best = 0;
+    if (!Runs("bandwidth")) return best;
+    for (size_t n : sizes_) {
+      best = std::max({best, Gbps("bandwidth", n, d, "in-process").median, Gbps("bandwidth", n, d, "in-process-events").median});
+    }
+    return best;
+  };
   for (const char* d : {"h2d", "d2h"}) {
     if (!Runs("bandwidth")) break;
     bool pass = true;
@@ -718,12 +729,12 @@ void TransferBench::Report(bool json) const {
       pass = pass && r >= 0.98;
     }
     std::snprintf(buf, sizeof buf, "worst ratio %.1f%%", 100 * worst);
-    checks.push_back({std::string(d) + " >= 64 MiB at >= 98% of in-process", pass, buf});
+    checks.push_back({std::string(d) + " >= 64 MiB at >= 98% of in-process", PassOrFail(pass), buf});
   }
   if (Runs("both")) {
     Summary in = Gbps("bidirectional", bidir_n, "both", "in-process", 2), fe = Gbps("bidirectional", bidir_n, "both", "ferry", 2);
     std::snprintf(buf, sizeof buf, "%.1f vs %.1f GB/s, %.1f%%", fe.median, in.median, 100 * fe.median / in.median);
-    checks.push_back({"both ways at >= 98% of in-process", fe.median >= 0.98 * in.median, buf});
+    checks.push_back({"both ways at >= 98% of in-process", PassOrFail(fe.median >= 0.98 * in.median), buf});
   }
   for (const char* d : {"h2d", "d2h"}) {
     if (!Runs("latency")) break;
@@ -731,17 +742,20 @@ void TransferBench::Report(bool json) const {
     std::snprintf(buf, sizeof buf, "p50 %.2f vs %.2f us (+%.2f), p99 %.2f us", fe.median, in.median,
                   fe.median - in.median, fe.p99);
     checks.push_back({std::string("4 KiB ") + d + " p50 <= in-process + 3 us, p99 < 30 us",
-                      fe.median <= in.median + 3 && fe.p99 < 30, buf});
+                      PassOrFail(fe.median <= in.median + 3 && fe.p99 < 30), buf});
+    checks.push_back({std::string("4 KiB ") + d + " p50 <= in-process + 1.5 us", PassOrFail(fe.median <= in.median + 1.5),
+                      buf});
   }
   if (Runs("many")) {
     Summary fe = Gbps("many", 1024 * (64 << 10), "h2d", "ferry");
     std::snprintf(buf, sizeof buf, "%.1f GB/s", fe.median);
-    checks.push_back({"1024 x 64 KiB >= 40 GB/s", fe.median >= 40, buf});
+    checks.push_back({"1024 x 64 KiB >= 40 GB/s", PassOrFail(fe.median >= 40), buf});
+    checks.push_back({"1024 x 64 KiB >= 46 GB/s", PassOrFail(fe.median >= 46), buf});
     Summary list = Gbps("many", 1024 * (64 << 10), "h2d", "ferry-list"),
             batch = Gbps("many", 1024 * (64 << 10), "h2d", "in-process-batch");
     std::snprintf(buf, sizeof buf, "%.1f vs %.1f GB/s, %.1f%%", list.median, batch.median,
                   100 * list.median / batch.median);
-    checks.push_back({"1024 x 64 KiB as one list >= 100% of batch", list.median >= batch.median, buf});
+    checks.push_back({"1024 x 64 KiB as one list >= 100% of batch", PassOrFail(list.median >= batch.median), buf});
   }
   for (const BlockWorkload& w : ShuffledBlockWorkloads()) {
     if (!Runs("blocks") || 2 * w.region_bytes() > max_size_) break;
@@ -749,10 +763,16 @@ void TransferBench::Report(bool json) const {
       Summary loop = Gbps(w.key(), w.region_bytes(), d, "in-process"),
               batch = Gbps(w.key(), w.region_bytes(), d, "in-process-batch"),
               fe = Gbps(w.key(), w.region_bytes(), d, "ferry");
-      std::snprintf(buf, sizeof buf, "%.1f GB/s: %.1f%% of batch %.1f, %.2fx loop %.1f", fe.median,
-                    100 * fe.median / batch.median, batch.median, fe.median / loop.median, loop.median);
-      checks.push_back({w.name() + " " + d + " list >= 100% of batch, >= 2x loop",
-                        fe.median >= batch.median && fe.median >= 2 * loop.median, buf});
+      std::snprintf(buf, sizeof buf, "%.1f GB/s: %.1f%% of batch %.1f", fe.median, 100 * fe.median / batch.median,
+                    batch.median);
+      checks.push_back({w.name() + " " + d + " list >= 100% of batch", PassOrFail(fe.median >= batch.median), buf});
+      const double limit = machine_limit(d);
+      std::snprintf(buf, sizeof buf, "%.1f GB/s: %.2fx loop %.1f (2x: %.1f; the fastest copy this run: %.1f)", fe.median,
+                    fe.median / loop.median, loop.median, 2 * loop.median, limit);
+      if (limit <= 0) {
+        std::snprintf(buf, sizeof buf, "%.1f GB/s: %.2fx loop %.1f", fe.median, fe.median / loop.median, loop.median);
+      }
+      checks.push_back({w.name() + " " + d + " list >= 2x loop", AtLeast(fe.median, 2 * loop.median, limit), buf});
     }
   }
   for (const char* d : {"h2d", "d2h"}) {
@@ -762,14 +782,15 @@ void TransferBench::Report(bool json) const {
     }
     if (worst < 1e9) {
       std::snprintf(buf, sizeof buf, "slowest %.1f GB/s", worst);
-      checks.push_back({std::string("pageable ") + d + " staged >= 40 GB/s at >= 64 MiB", worst >= 40, buf});
+      checks.push_back({std::string("pageable ") + d + " staged >= 40 GB/s at >= 64 MiB", PassOrFail(worst >= 40), buf});
     }
   }
   if (idle_cpu_pct_ >= 0) {
     std::snprintf(buf, sizeof buf, "%.3f%% of a core", idle_cpu_pct_);
-    checks.push_back({"ferryd idle CPU < 1% of a core", idle_cpu_pct_ < 1, buf});
+    checks.push_back({"ferryd idle CPU < 1% of a core", PassOrFail(idle_cpu_pct_ < 1), buf});
   }
-  checks.push_back({"every byte checked at every size", verified_, verified_ ? "all sizes" : failures_.front()});
+  checks.push_back(
+      {"every byte checked at every size", PassOrFail(verified_), verified_ ? "all sizes" : failures_.front()});
 
   if (json) {
     std::printf("{\"device\":\"%s\",\"bandwidth\":[", device_name_.c_str());
@@ -804,8 +825,9 @@ void TransferBench::Report(bool json) const {
     }
     std::printf("],\"checks\":[");
     for (size_t i = 0; i < checks.size(); ++i) {
-      std::printf("%s{\"target\":\"%s\",\"pass\":%s,\"figures\":\"%s\"}", i ? "," : "", checks[i].what.c_str(),
-                  checks[i].pass ? "true" : "false", checks[i].figures.c_str());
+      std::printf("%s{\"target\":\"%s\",\"pass\":%s,\"above_machine_limit\":%s,\"figures\":\"%s\"}", i ? "," : "",
+                  checks[i].what.c_str(), checks[i].verdict == Verdict::kPass ? "true" : "false",
+                  checks[i].verdict == Verdict::kAboveMachineLimit ? "true" : "false", checks[i].figures.c_str());
     }
     std::printf("],\"idle_cpu_percent\":%.4f}\n", idle_cpu_pct_);
     return;
@@ -904,8 +926,9 @@ void TransferBench::Report(bool json) const {
     }
   }
   if (idle_cpu_pct_ >= 0) std::printf("ferryd idle: %.3f%% of a core over 5 s\n", idle_cpu_pct_);
-  std::printf("\ntargets\n");
-  for (const Check& c : checks) std::printf("  %-4s %-52s %s\n", c.pass ? "PASS" : "FAIL", c.what.c_str(), c.figures.c_str());
+  std::printf("\ntargets (LIMIT: missed, and the target asks for more than the fastest copy this machine made in this\n"
+              "run, so nothing could meet it here)\n");
+  for (const Check& c : checks) std::printf("  %-5s %-52s %s\n", VerdictWord(c.verdict), c.what.c_str(), c.figures.c_str());
 }
 
 }  // namespace

@@ -15,7 +15,7 @@ for round in $(seq "${ROUNDS:-2}"); do
     grep -h "fence words\|ready" "$rt/ferryd.log" | head -2
     "$BUILD/ferry-bench" transfer --socket "$sock" --only "${SECTIONS:-latency,many,blocks}" \
       >"$OUT/fences-$fences-$round.txt" 2>/dev/null
-    grep -E "^  (h2d|d2h)  |^1024 x|PASS|FAIL" "$OUT/fences-$fences-$round.txt"
+    grep -E "^  (h2d|d2h)  |^1024 x|PASS|FAIL|LIMIT" "$OUT/fences-$fences-$round.txt"
     if [ "${INSTEP:-1}" = 1 ]; then
       "$BUILD/ferryctl" --socket "$sock" bench overlap --policies "$policy" \
         >"$OUT/fences-overlap-$fences-$round.txt" 2>/dev/null

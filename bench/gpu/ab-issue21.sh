@@ -13,7 +13,7 @@ for round in $(seq "${ROUNDS:-2}"); do
     echo "== round $round: 4 KiB latency, done words $words"
     FERRY_DONE_WORDS=$words "$BUILD/ferry-bench" transfer --socket "$sock" --only latency \
       >"$OUT/latency-words$words-$round.txt" 2>/dev/null
-    grep -E "^  (h2d|d2h)  |PASS|FAIL" "$OUT/latency-words$words-$round.txt"
+    grep -E "^  (h2d|d2h)  |PASS|FAIL|LIMIT" "$OUT/latency-words$words-$round.txt"
   done
   kill -TERM $pid; wait $pid
   for where in gpu host; do

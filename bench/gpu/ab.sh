@@ -12,7 +12,7 @@ for round in $(seq "${ROUNDS:-2}"); do
     export LD_LIBRARY_PATH=$ferry_root/$build:$base_ld  # each build's own libferry first
     FERRYD=$build/ferryd start_ferryd
     "$build/ferry-bench" transfer --socket "$sock" --only "${ONLY:-latency,many,staged}" 2>/dev/null |
-      grep -E "^  (h2d|d2h) |1024 x|^  (64|256) MiB|^  1 GiB|PASS|FAIL" | tee "$OUT/ab-$build-$round.txt"
+      grep -E "^  (h2d|d2h) |1024 x|^  (64|256) MiB|^  1 GiB|PASS|FAIL|LIMIT" | tee "$OUT/ab-$build-$round.txt"
     kill -TERM "$pid"; wait "$pid"
   done
 done

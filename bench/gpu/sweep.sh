@@ -41,7 +41,7 @@ transfer_sweep() {
     $ctl policy apply "$(variant "$name" "$streams" "$chunk" "$window")" >/dev/null || echo "apply $name failed"
     echo "== transfer ($label), policy $name: $streams bulk streams, $chunk chunks, $window in flight"
     $bench --only both,many,latency ${TRANSFER_ARGS---quick} --max-size $((512 << 20)) 2>/dev/null |
-      grep -E "both|1024 x|^  (h2d|d2h) |PASS|FAIL"
+      grep -E "both|1024 x|^  (h2d|d2h) |PASS|FAIL|LIMIT"
   done
   stop_ferryd "$label"
 }
@@ -62,7 +62,7 @@ if [ -z "${SKIP_STAGED:-}" ]; then
     envs=(); [ "$how" = stream ] && envs+=(FERRY_STAGED_COPY=streaming)
     echo "== staged, $how, threads $threads, chunk ${chunk:-0} (0: the policy's)"
     env "${envs[@]}" $bench --only staged --quick --max-size $((256 << 20)) "${args[@]}" 2>/dev/null |
-      grep -E "^  [0-9]+ [MG]iB|FAIL|PASS"
+      grep -E "^  [0-9]+ [MG]iB|FAIL|PASS|LIMIT"
   done
 fi
 

@@ -16,7 +16,7 @@ for mode in $modes; do
   tag=$mode-$suffix
   echo "== ferryd $mode ${FERRYD_CONFIG:-}, ferry-bench --only $sections ${BENCH_ARGS:-}"
   "$BUILD/ferry-bench" transfer --socket "$sock" --only "$sections" --csv "$OUT/$tag.csv" --timeline \
-    ${BENCH_ARGS:-} 2>"$OUT/$tag.timeline" | grep -E "both|^  (h2d|d2h) |1024 x|MiB .*(h2d|d2h)|PASS|FAIL"
+    ${BENCH_ARGS:-} 2>"$OUT/$tag.timeline" | grep -E "both|^  (h2d|d2h) |1024 x|MiB .*(h2d|d2h)|PASS|FAIL|LIMIT"
   kill -TERM $pid; wait $pid
   if [ $mode = trace ]; then
     cp "$rt/ferryd.log" "$OUT/ferryd-trace-$suffix.log"
