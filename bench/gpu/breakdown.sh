@@ -5,7 +5,9 @@
 # with the client's stall probes on and off, ROUNDS times), the 4 KiB latency copies
 # (bench/probes/trace_timeline.py: the client's call, ferryd reading and issuing, the engine,
 # the done word) and the 1024 x 64 KiB copies (bench/probes/engine_busy.py: were the engines
-# kept fed). POLICY (default policies/chunked.yaml) is the overlap's policy. Results in $OUT.
+# kept fed). POLICY (default policies/chunked.yaml) is the overlap's policy; OTHER_LIB, a folder
+# holding another build's libferry.so.*, adds that client library to the plain rounds (an A/B of
+# two client libraries against one ferryd). Results in $OUT.
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
 policy=${POLICY:-policies/chunked.yaml}
@@ -25,6 +27,9 @@ start_ferryd >/dev/null
 for round in $(seq "${ROUNDS:-2}"); do
   echo "-- round $round, probes on"; ov
   echo "-- round $round, probes off"; FERRY_STALL_PROBES=0 ov
+  if [ -n "${OTHER_LIB:-}" ]; then
+    echo "-- round $round, client library from $OTHER_LIB"; LD_LIBRARY_PATH=$OTHER_LIB:$LD_LIBRARY_PATH ov
+  fi
 done
 kill -TERM $pid; wait $pid
 
