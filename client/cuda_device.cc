@@ -15,6 +15,34 @@
 namespace ferry::detail {
 namespace {
 
+// Makes the client's GPU current for one call and puts the calling thread's current device back
+// after it: libferry never changes which GPU the caller's later allocations and launches go to
+// (a process with a client per GPU calls them all from one thread).
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int ordinal) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      cudaGetLastError();
+      previous_ = -1;
+    }
+    if (previous_ != ordinal) {
+      status_ = CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice");
+      switched_ = status_.ok() && previous_ >= 0;
+    }
+  }
+  ~ScopedDevice() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+  const Status& status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  bool switched_ = false;
+  Status status_;
+};
+
 class CudaClientDevice : public ClientDevice {
  public:
   explicit CudaClientDevice(int ordinal) : ordinal_(ordinal) {}
@@ -30,7 +58,8 @@ class CudaClientDevice : public ClientDevice {
   }
 
   Result<std::shared_ptr<DeviceAllocationState>> Allocate(size_t bytes) override {
-    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    ScopedDevice on(ordinal_);
+    FERRY_RETURN_IF_ERROR(on.status());
     void* p = nullptr;
     FERRY_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
     auto s = std::make_shared<DeviceAllocationState>();
@@ -72,7 +101,8 @@ class CudaClientDevice : public ClientDevice {
   }
 
   Result<DeviceEvent> CreateEvent() override {
-    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    ScopedDevice on(ordinal_);
+    FERRY_RETURN_IF_ERROR(on.status());
     cudaEvent_t ev;
     FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventInterprocess));
     cudaIpcEventHandle_t h;
@@ -96,7 +126,8 @@ class CudaClientDevice : public ClientDevice {
                       "cudaStreamWaitEvent");
   }
   Result<void*> CreateStream() override {
-    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    ScopedDevice on(ordinal_);
+    FERRY_RETURN_IF_ERROR(on.status());
     cudaStream_t s;
     FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     return static_cast<void*>(s);
@@ -110,7 +141,8 @@ class CudaClientDevice : public ClientDevice {
       FERRY_ASSIGN_OR_RETURN(void* fn, DriverFunction("cuStreamWriteValue32"));
       write_value_ = reinterpret_cast<WriteValue32>(fn);
     }
-    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    ScopedDevice on(ordinal_);
+    FERRY_RETURN_IF_ERROR(on.status());
     FERRY_ASSIGN_OR_RETURN(const uint64_t dev, RegisterMappedHost(flags, bytes));
     flags_host_ = static_cast<std::byte*>(flags);
     flags_device_ = static_cast<CUdeviceptr>(dev);
@@ -123,8 +155,16 @@ class CudaClientDevice : public ClientDevice {
     if (r != CUDA_SUCCESS) return DeviceError("cuStreamWriteValue32 failed (CUresult " + std::to_string(r) + ")");
     return Status::Ok();
   }
+  Result<void*> CreateLocalEvent() override {
+    ScopedDevice on(ordinal_);
+    FERRY_RETURN_IF_ERROR(on.status());
+    cudaEvent_t ev;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    return static_cast<void*>(ev);
+  }
   Result<void*> CreateTimingEvent() override {
-    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    ScopedDevice on(ordinal_);
+    FERRY_RETURN_IF_ERROR(on.status());
     cudaEvent_t ev;
     FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDefault));
     return static_cast<void*>(ev);
