@@ -228,6 +228,7 @@ Status Runner::RunSteps(Kind kind, int steps, std::vector<double>* times, double
   int tokens[kSlots] = {0, 0, 0, 0};
   if (steps + 1 >= kWaitMarks) return InvalidArgument("too many steps");
   double untimed_wait = 0;
+  if (times && !o_.timeline.empty()) FERRY_RETURN_IF_ERROR(e_.PinClock());
   FERRY_RETURN_IF_ERROR(e_.Mark(0));
   for (int k = 0; k < steps; ++k) {
     const int buf = k % 2, slot = k % kSlots, prev = (k + kSlots - 1) % kSlots;

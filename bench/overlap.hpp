@@ -57,6 +57,9 @@ class StepEngine {
   // When mark i happened, in microseconds on CLOCK_MONOTONIC (the clock ferryd's engine trace
   // uses), so a step's GPU times can be set beside another process's.
   virtual Result<double> MarkClockMicros(int) { return NotSupported("this engine's marks have no host clock"); }
+  // Sets MarkClockMicros' time zero to now; called before the marks it will read, so that their
+  // offsets from it (float milliseconds) stay small and fine-grained.
+  virtual Status PinClock() { return NotSupported("this engine's marks have no host clock"); }
   virtual Status Sync() = 0;
   virtual Status ReadOutput(int buf, std::vector<float>& out) = 0;  // synchronous
 

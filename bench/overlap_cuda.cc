@@ -59,6 +59,7 @@ class CudaStepEngine : public StepEngine {
     if (fork_) cudaEventDestroy(fork_);
     for (cudaEvent_t e : marks_)
       if (e) cudaEventDestroy(e);
+    if (clock_origin_) cudaEventDestroy(clock_origin_);
     for (cudaEvent_t e : ready_)
       if (e) cudaEventDestroy(e);
     for (cudaEvent_t e : done_)
@@ -163,7 +164,7 @@ class CudaStepEngine : public StepEngine {
   }
   Status WaitMark(int i) override { return CudaStatus(cudaEventSynchronize(marks_[i]), "cudaEventSynchronize"); }
   Result<double> MarkClockMicros(int i) override {
-    if (clock_origin_ == nullptr) FERRY_RETURN_IF_ERROR(StartClock());
+    if (clock_origin_ == nullptr) FERRY_RETURN_IF_ERROR(PinClock());
     float ms = 0;
     FERRY_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, clock_origin_, marks_[i]));
     return static_cast<double>(clock_origin_ns_) / 1e3 + static_cast<double>(ms) * 1e3;
@@ -181,11 +182,11 @@ class CudaStepEngine : public StepEngine {
 
   bool has_in_process() const override { return true; }
 
-  // Time zero of MarkClockMicros: an event on the idle stream whose CLOCK_MONOTONIC time is
+  // MarkClockMicros' time zero: an event on the idle stream whose CLOCK_MONOTONIC time is
   // pinned down as ferryd's engine trace pins its own (probe events recorded and polled; each
   // one's GPU time lies between the host clock before its record and after it was seen done;
   // the narrowest such window wins).
-  Status StartClock() {
+  Status PinClock() override {
     FERRY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     cudaEvent_t origin = nullptr, probe = nullptr;
     FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreate(&origin));
@@ -216,6 +217,7 @@ class CudaStepEngine : public StepEngine {
       cudaEventDestroy(origin);
       return st;
     }
+    if (clock_origin_ != nullptr) cudaEventDestroy(clock_origin_);
     clock_origin_ = origin;
     clock_origin_ns_ = origin_ns;
     return Status::Ok();

@@ -443,6 +443,7 @@ int TransferBench::Latency() {
       if (rep >= 0) Add("latency", n, dname, "in-process", rep, last_);
     }
     for (int rep = -100; rep < reps; ++rep) {
+      if (rep == 0) timeline.clear();  // the warm-up's lines
       if (int rc = through_ferry()) return rc;
       if (rep >= 0) Add("latency", n, dname, "ferry", rep, last_);
     }
@@ -926,8 +927,8 @@ void TransferBench::Report(bool json) const {
     }
   }
   if (idle_cpu_pct_ >= 0) std::printf("ferryd idle: %.3f%% of a core over 5 s\n", idle_cpu_pct_);
-  std::printf("\ntargets (LIMIT: missed, and the target asks for more than the fastest copy this machine made in this\n"
-              "run, so nothing could meet it here)\n");
+  std::printf("\ntargets (LIMIT: missed, but the target asks for more than the fastest copy this machine made in this\n"
+              "run, so nothing could meet it here, and the figure came within 90%% of that copy)\n");
   for (const Check& c : checks) std::printf("  %-5s %-52s %s\n", VerdictWord(c.verdict), c.what.c_str(), c.figures.c_str());
 }
 

@@ -191,8 +191,11 @@ class CudaBackend : public Backend {
   // Time zero of the trace: an event on an idle stream. Its host time is pinned down by
   // recording probe events and polling them: each one's GPU time lies between the host clock
   // before its record and after it was first seen done; the narrowest such window wins.
+  // Pinned again once the engines are idle a while after traced copies (MaybeRepinTrace): times
+  // are float milliseconds from time zero, whose resolution coarsens as they grow (about 2 us
+  // after 30 s).
   Status StartTrace() {
-    FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreate(&trace_origin_));
+    if (trace_origin_ == nullptr) FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreate(&trace_origin_));
     cudaEvent_t probe;
     FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreate(&probe));
     cudaStream_t s = streams_[0][0];
@@ -216,11 +219,29 @@ class CudaBackend : public Backend {
     }
     cudaEventDestroy(probe);
     FERRY_RETURN_IF_ERROR(st);
-    FERRY_LOG(kInfo) << "engine trace on: each copy group's issue, engine start and end, and when ferryd saw it "
-                        "done are logged, in microseconds from time zero, "
-                     << trace_origin_ns_ << " ns on CLOCK_MONOTONIC (GPU and host clocks lined up to within "
-                     << (best_window + 999) / 2000 << " us)";
+    trace_pinned_ns_ = MonotonicNanos();
+    traced_since_pin_ = false;
+    if (trace_pins_++ == 0) {
+      FERRY_LOG(kInfo) << "engine trace on: each copy group's issue, engine start and end, and when ferryd saw it "
+                          "done are logged, in microseconds from time zero, "
+                       << trace_origin_ns_ << " ns on CLOCK_MONOTONIC (GPU and host clocks lined up to within "
+                       << (best_window + 999) / 2000 << " us)";
+    } else {
+      FERRY_LOG(kInfo) << "engine trace: time zero moved to " << trace_origin_ns_
+                       << " ns on CLOCK_MONOTONIC (GPU and host clocks lined up to within " << (best_window + 999) / 2000
+                       << " us)";
+    }
     return Status::Ok();
+  }
+
+  void MaybeRepinTrace() {
+    if (!trace_ || !traced_since_pin_ || !pending_.empty()) return;
+    if (MonotonicNanos() - trace_pinned_ns_ < kTraceRepinNs) return;
+    if (Status st = StartTrace(); !st.ok()) {
+      cudaGetLastError();
+      traced_since_pin_ = false;  // keep the old time zero; try again after the next copies
+      FERRY_LOG(kWarning) << "engine trace: time zero not moved: " << st.message();
+    }
   }
 
   ~CudaBackend() override {
@@ -437,6 +458,7 @@ class CudaBackend : public Backend {
         "cuStreamWaitValue32");
     const bool h2d = plan.direction == Direction::kHostToDevice;
     cudaEvent_t trace_start = nullptr;  // with the trace on: once the wait is over
+    const uint64_t issued_ns = trace_ ? MonotonicNanos() : 0;
     if (g.status.ok() && trace_) {
       auto e = TakeEvent();
       g.status = e.ok() ? CudaStatus(cudaEventRecord(*e, s), "trace event") : e.status();
@@ -462,7 +484,7 @@ class CudaBackend : public Backend {
     }
     if (trace_start != nullptr) {
       const size_t fence = g.status.ok() && !g.events.empty() ? 0 : SIZE_MAX;
-      g.spans.push_back(CopySpan{static_cast<int>(plan.direction), kLaneSpan, g.bytes, MonotonicNanos(), trace_start, fence});
+      g.spans.push_back(CopySpan{static_cast<int>(plan.direction), kLaneSpan, g.bytes, issued_ns, trace_start, fence});
     }
     if (g.status.ok() && plan.signal != nullptr) {
       g.status = CudaStatus(cudaEventRecord(static_cast<CudaEvent*>(plan.signal)->get(), s), "signal");
@@ -647,6 +669,7 @@ class CudaBackend : public Backend {
   }
 
   void PollCompleted(std::vector<FenceResult>& done) override {
+    MaybeRepinTrace();
     uint64_t now = 0;
     for (auto it = pending_.begin(); it != pending_.end();) {
       Status st = it->status;
@@ -763,6 +786,7 @@ class CudaBackend : public Backend {
   // copy engine, so that span is not a transfer rate), and when ferryd saw them done; in
   // microseconds from the trace's time zero.
   void TraceDone(Group& g) {
+    traced_since_pin_ = true;
     const double seen = static_cast<double>(MonotonicNanos() - trace_origin_ns_) / 1e3;
     for (const CopySpan& sp : g.spans) {
       free_events_.push_back(sp.start);
@@ -834,8 +858,12 @@ class CudaBackend : public Backend {
   std::map<uint64_t, cudaStream_t> lanes_;               // by LaneKey
   StagedCopies lane_staged_;
   const bool trace_;
+  static constexpr uint64_t kTraceRepinNs = 2'000'000'000;  // idle this long after traced copies
   cudaEvent_t trace_origin_ = nullptr;
   uint64_t trace_origin_ns_ = 0;
+  uint64_t trace_pinned_ns_ = 0;   // when time zero was last pinned
+  bool traced_since_pin_ = false;  // a traced copy was logged since
+  uint32_t trace_pins_ = 0;
   std::string describe_;
   DeviceInfo info_;
   std::vector<cudaStream_t> streams_[2];

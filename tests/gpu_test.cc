@@ -694,5 +694,37 @@ TEST_F(TracedGpuDaemon, EachCopysTimeOnTheEnginesIsLoggedAndTheBytesStillLand) {
   EXPECT_EQ(bytes[1], kBytes) << log;
 }
 
+// A copy after an event runs on its session's lane, which logs it from the end of its wait for
+// the event: after the kernel before the event, and before the copy is seen done.
+TEST_F(TracedGpuDaemon, ALanesCopyAfterAnEventIsLoggedFromTheEndOfItsWait) {
+  constexpr size_t n = 4 << 20;
+  ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(n));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client_->AllocateDevice(n));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
+  ASSERT_OK_AND_ASSIGN(SharedEvent ready, client_->CreateEvent());
+  ASSERT_CUDA(cudaMemset(dev.data(), 0xA5, n));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  testing::Poison(host.data(), n);
+  ASSERT_CUDA(testing::LaunchSpinThenFill(dev.data(), n, 0x3C, 100'000'000, stream_));
+  ASSERT_OK(ready.Record(stream_));
+  ASSERT_OK_AND_ASSIGN(Transfer t, client_->Copy(Direction::kDeviceToHost, host, 0, region, 0, n, {.after = &ready}));
+  ASSERT_OK(t.Wait(10s));
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(host.data()[i], std::byte{0x3C}) << "copy ran ahead of the kernel at " << i;
+
+  const std::regex line(
+      R"(engine trace: d2h lane, (\d+) bytes: accepted ([0-9.]+), issued ([0-9.]+), on the engine ([0-9.]+) to ([0-9.]+), seen done ([0-9.]+) us)");
+  const std::string log = daemon_->Output();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, line)) << log;
+  EXPECT_EQ(std::stoull(m[1]), n);
+  const double accepted = std::stod(m[2]), issued = std::stod(m[3]), start = std::stod(m[4]), end = std::stod(m[5]),
+               seen = std::stod(m[6]);
+  EXPECT_LE(accepted, issued);
+  // The kernel spins ~50 ms before the event: the lane's wait ends well after the copy's issue.
+  EXPECT_GT(start, issued + 10'000) << "the lane's span starts before its wait could have ended";
+  EXPECT_LE(start, end);
+  EXPECT_LE(end, seen + 10);
+}
+
 }  // namespace
 }  // namespace ferry

@@ -25,6 +25,13 @@ TEST(TargetVerdict, AMissAboveTheMeasuredLimitIsTheMachines) {
   EXPECT_EQ(AtLeast(52.3, 75.6, 55.3), Verdict::kAboveMachineLimit);
 }
 
+// Out of reach or not, a figure far below what the machine did is the copy's failure.
+TEST(TargetVerdict, AFigureFarBelowTheLimitFailsEvenAnUnreachableTarget) {
+  EXPECT_EQ(AtLeast(10.0, 75.6, 55.3), Verdict::kFail);
+  EXPECT_EQ(AtLeast(0.89 * 55.3, 75.6, 55.3), Verdict::kFail);
+  EXPECT_EQ(AtLeast(0.91 * 55.3, 75.6, 55.3), Verdict::kAboveMachineLimit);
+}
+
 TEST(TargetVerdict, WithoutALimitMeasuredAMissIsAFailure) {
   EXPECT_EQ(AtLeast(52.3, 75.6, 0), Verdict::kFail);
 }

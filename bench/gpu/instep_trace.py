@@ -14,6 +14,9 @@ steps, in microseconds:
   back    from the last copy done to the step's end: the hand-off back to the client's stream
   exposed from the end of the math to the step's end (the in-process rows have this alone)
 
+The split is for the in-step and copy-alone rows: a pipelined step waits for the copy of the
+step before, so its last copy is not the one it waited for.
+
 usage: instep_trace.py FERRYD_LOG TIMELINE_CSV
 """
 from __future__ import annotations
@@ -24,7 +27,8 @@ import statistics
 import sys
 from collections import defaultdict
 
-ORIGIN = re.compile(r"engine trace on: .* from time zero, (\d+) ns on CLOCK_MONOTONIC")
+# ferryd's time zero, and where it moves it later (each trace line counts from the last one).
+ORIGIN = re.compile(r"time zero(?:,| moved to) (\d+) ns on CLOCK_MONOTONIC")
 LANE = re.compile(
     r"engine trace: (h2d|d2h) lane, (\d+) bytes: accepted ([0-9.-]+), issued ([0-9.-]+), "
     r"on the engine ([0-9.-]+) to ([0-9.-]+), seen done ([0-9.-]+) us"
@@ -69,7 +73,7 @@ def main(argv: list[str]) -> int:
                 order.append(mode)
             start, waits, end = float(rec["start_us"]), float(rec["waits_us"]), float(rec["end_us"])
             r = rows[mode]
-            copy_alone = mode.endswith("copy alone")
+            copy_alone = "copy alone" in mode
             math_end = start if copy_alone else waits
             r["exposed"].append(end - math_end)
             if not mode.startswith("ferryd"):

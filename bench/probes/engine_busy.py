@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import sys
 
+ORIGIN = re.compile(r"time zero(?:,| moved to) (\d+) ns on CLOCK_MONOTONIC")
 SPAN = re.compile(
     r"engine trace: (h2d|d2h) (?:stream \d+|lane), (\d+) bytes: accepted ([0-9.-]+), issued ([0-9.-]+), "
     r"on the engine ([0-9.-]+) to ([0-9.-]+), seen done ([0-9.-]+) us"
@@ -28,12 +29,18 @@ def main(argv: list[str]) -> int:
         return 0 if len(argv) >= 2 else 2
     gap = float(argv[2]) if len(argv) > 2 else 200.0
     min_bytes = (float(argv[3]) if len(argv) > 3 else 16.0) * (1 << 20)
-    spans = []  # (issued, start, end, bytes, direction)
+    spans = []  # (issued, start, end, bytes, direction), microseconds on CLOCK_MONOTONIC
+    zero = None  # ferryd's time zero, which it moves now and then (each line counts from the last)
     with open(argv[1], encoding="utf-8", errors="replace") as f:
         for line in f:
+            z = ORIGIN.search(line)
+            if z:
+                zero = int(z.group(1)) / 1e3
+                continue
             m = SPAN.search(line)
-            if m and float(m.group(5)) >= 0:
-                spans.append((float(m.group(4)), float(m.group(5)), float(m.group(6)), int(m.group(2)), m.group(1)))
+            if m and zero is not None and float(m.group(5)) >= 0:
+                spans.append((zero + float(m.group(4)), zero + float(m.group(5)), zero + float(m.group(6)),
+                              int(m.group(2)), m.group(1)))
     spans.sort()
     bursts, cur, last_end = [], [], None
     for s in spans:

@@ -16,12 +16,18 @@ if len(sys.argv) != 3 or sys.argv[1] in ('-h', '--help'):
     print(__doc__)
     sys.exit(0 if len(sys.argv) == 2 else 2)
 log,tl=sys.argv[1],sys.argv[2]
-z=int(re.search(r'time zero, (\d+) ns',open(log).read()).group(1))
+# ferryd moves its time zero now and then (a line saying so): each line counts from the last one.
+zx=re.compile(r'time zero(?:,| moved to) (\d+) ns on CLOCK_MONOTONIC')
 rx=re.compile(r'(h2d|d2h) stream (\d+), (\d+) bytes: (?:accepted (-?[0-9.]+), )?issued ([0-9.]+), on the engine ([0-9.]+) to ([0-9.]+), seen done ([0-9.]+)')
 recs=[]
+z=None
 for l in open(log):
+    mz=zx.search(l)
+    if mz:
+        z=int(mz.group(1))
+        continue
     m=rx.search(l)
-    if m:
+    if m and z is not None:
         d,s,b,acc,i,a,e,sn=m.groups(); i=z+float(i)*1e3
         recs.append((d,int(s),int(b),i,z+float(a)*1e3,z+float(e)*1e3,z+float(sn)*1e3,z+float(acc)*1e3 if acc else i))
 T=[]
