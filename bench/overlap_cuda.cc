@@ -6,11 +6,11 @@
 #include <array>
 #include <cstdio>
 
+#include "bench/overlap.hpp"
 #include "common/cuda_status.hpp"
 #include "common/environment.hpp"
 #include "common/fd.hpp"
 #include "common/gpu_uuid.hpp"
-#include "bench/overlap.hpp"
 #include "common/status_macros.hpp"
 
 namespace ferry::overlap {

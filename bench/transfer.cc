@@ -24,13 +24,13 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_commands.hpp"
 #include "bench/bench_util.hpp"
 #include "bench/block_lists.hpp"
 #include "bench/target_verdict.hpp"
+#include "client/streaming_copy.hpp"
 #include "common/byte_size.hpp"
 #include "common/cli.hpp"
-#include "client/streaming_copy.hpp"
-#include "bench/bench_commands.hpp"
 #include "ferry/client.hpp"
 
 namespace ferry::bench {
@@ -715,7 +715,8 @@ void TransferBench::Report(bool json) const {
     double best = 0;
     if (!Runs("bandwidth")) return best;
     for (size_t n : sizes_) {
-      best = std::max({best, Gbps("bandwidth", n, d, "in-process").median, Gbps("bandwidth", n, d, "in-process-events").median});
+      best = std::max(
+          {best, Gbps("bandwidth", n, d, "in-process").median, Gbps("bandwidth", n, d, "in-process-events").median});
     }
     return best;
   };
@@ -744,8 +745,8 @@ void TransferBench::Report(bool json) const {
                   fe.median - in.median, fe.p99);
     checks.push_back({std::string("4 KiB ") + d + " p50 <= in-process + 3 us, p99 < 30 us",
                       PassOrFail(fe.median <= in.median + 3 && fe.p99 < 30), buf});
-    checks.push_back({std::string("4 KiB ") + d + " p50 <= in-process + 1.5 us", PassOrFail(fe.median <= in.median + 1.5),
-                      buf});
+    checks.push_back(
+        {std::string("4 KiB ") + d + " p50 <= in-process + 1.5 us", PassOrFail(fe.median <= in.median + 1.5), buf});
   }
   if (Runs("many")) {
     Summary fe = Gbps("many", 1024 * (64 << 10), "h2d", "ferry");
@@ -768,8 +769,8 @@ void TransferBench::Report(bool json) const {
                     batch.median);
       checks.push_back({w.name() + " " + d + " list >= 100% of batch", PassOrFail(fe.median >= batch.median), buf});
       const double limit = machine_limit(d);
-      std::snprintf(buf, sizeof buf, "%.1f GB/s: %.2fx loop %.1f (2x: %.1f; the fastest copy this run: %.1f)", fe.median,
-                    fe.median / loop.median, loop.median, 2 * loop.median, limit);
+      std::snprintf(buf, sizeof buf, "%.1f GB/s: %.2fx loop %.1f (2x: %.1f; the fastest copy this run: %.1f)",
+                    fe.median, fe.median / loop.median, loop.median, 2 * loop.median, limit);
       if (limit <= 0) {
         std::snprintf(buf, sizeof buf, "%.1f GB/s: %.2fx loop %.1f", fe.median, fe.median / loop.median, loop.median);
       }
@@ -783,7 +784,8 @@ void TransferBench::Report(bool json) const {
     }
     if (worst < 1e9) {
       std::snprintf(buf, sizeof buf, "slowest %.1f GB/s", worst);
-      checks.push_back({std::string("pageable ") + d + " staged >= 40 GB/s at >= 64 MiB", PassOrFail(worst >= 40), buf});
+      checks.push_back(
+          {std::string("pageable ") + d + " staged >= 40 GB/s at >= 64 MiB", PassOrFail(worst >= 40), buf});
     }
   }
   if (idle_cpu_pct_ >= 0) {
@@ -927,9 +929,11 @@ void TransferBench::Report(bool json) const {
     }
   }
   if (idle_cpu_pct_ >= 0) std::printf("ferryd idle: %.3f%% of a core over 5 s\n", idle_cpu_pct_);
-  std::printf("\ntargets (LIMIT: missed, but the target asks for more than the fastest copy this machine made in this\n"
-              "run, so nothing could meet it here, and the figure came within 90%% of that copy)\n");
-  for (const Check& c : checks) std::printf("  %-5s %-52s %s\n", VerdictWord(c.verdict), c.what.c_str(), c.figures.c_str());
+  std::printf(
+      "\ntargets (LIMIT: missed, but the target asks for more than the fastest copy this machine made in this\n"
+      "run, so nothing could meet it here, and the figure came within 90%% of that copy)\n");
+  for (const Check& c : checks)
+    std::printf("  %-5s %-52s %s\n", VerdictWord(c.verdict), c.what.c_str(), c.figures.c_str());
 }
 
 }  // namespace

@@ -104,8 +104,10 @@ Status ClientCore::Connect(const ConnectOptions& o) {
   if (const char* s = std::getenv("FERRY_DONE_WORDS"); s != nullptr && std::string_view(s) == "0") done_words_ = nullptr;
   // FERRY_STALL_PROBES=0: stream waits without their two timing events (to measure what the
   // probes cost the stream; ferryd's exposed-time metric then misses those stalls).
-  if (const char* s = std::getenv("FERRY_STALL_PROBES"); s != nullptr && std::string_view(s) == "0") stall_probes_on_ = false;
-  if (const char* s = std::getenv("FERRY_FLAG_RELAY"); s != nullptr && std::string_view(s) == "1") flag_relay_on_ = true;
+  if (const char* s = std::getenv("FERRY_STALL_PROBES"); s != nullptr && std::string_view(s) == "0")
+    stall_probes_on_ = false;
+  if (const char* s = std::getenv("FERRY_FLAG_RELAY"); s != nullptr && std::string_view(s) == "1")
+    flag_relay_on_ = true;
   return Status::Ok();
 }
 

@@ -203,7 +203,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   wire::SubmissionEntry* sq_ = nullptr;
   wire::CompletionEntry* cq_ = nullptr;
   std::atomic<uint32_t>* done_words_ = nullptr;  // the ring segment's, written by ferryd's engines
-  bool stall_probes_on_ = true;                   // FERRY_STALL_PROBES=0 turns them off
+  bool stall_probes_on_ = true;                  // FERRY_STALL_PROBES=0 turns them off
   uint32_t sq_entries_ = 0, cq_entries_ = 0;
   UniqueFd submit_efd_, complete_efd_;
   uint32_t* flags_ = nullptr;  // the ring segment's flag area
@@ -238,8 +238,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // event and a stream of ours, one per caller's stream, waits on it and writes the flag, so the
   // caller's stream carries no flag write.
   bool flag_relay_on_ = false;
-  std::mutex flag_relays_mu_;             // guards flag_relays_ and the events' relay marks
-  std::map<void*, void*> flag_relays_;    // caller's stream -> our stream writing its flags
+  std::mutex flag_relays_mu_;           // guards flag_relays_ and the events' relay marks
+  std::map<void*, void*> flag_relays_;  // caller's stream -> our stream writing its flags
   std::mutex relay_mu_;          // guards relay_stream_ and orders the relay's wait-then-record pairs
   void* relay_stream_ = nullptr;  // created on the first RecordEventAfter
   bool relay_created_ = false;

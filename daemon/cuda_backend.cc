@@ -228,8 +228,8 @@ class CudaBackend : public Backend {
                        << (best_window + 999) / 2000 << " us)";
     } else {
       FERRY_LOG(kInfo) << "engine trace: time zero moved to " << trace_origin_ns_
-                       << " ns on CLOCK_MONOTONIC (GPU and host clocks lined up to within " << (best_window + 999) / 2000
-                       << " us)";
+                       << " ns on CLOCK_MONOTONIC (GPU and host clocks lined up to within "
+                       << (best_window + 999) / 2000 << " us)";
     }
     return Status::Ok();
   }
@@ -799,13 +799,12 @@ class CudaBackend : public Backend {
       // A lane's span starts when its wait for the client's event is over.
       const std::string stream = sp.stream == kLaneSpan ? "lane" : "stream " + std::to_string(sp.stream);
       char line[256];
-      std::snprintf(
-          line, sizeof line,
-          "engine trace: %s %s, %llu bytes: accepted %.1f, issued %.1f, on the engine %.1f to %.1f, seen "
-          "done %.1f us",
-          sp.direction == 0 ? "h2d" : "d2h", stream.c_str(), static_cast<unsigned long long>(sp.bytes),
-          (static_cast<double>(g.accepted_ns) - static_cast<double>(trace_origin_ns_)) / 1e3,
-          static_cast<double>(sp.issued_ns - trace_origin_ns_) / 1e3, start_ms * 1e3, end_ms * 1e3, seen);
+      std::snprintf(line, sizeof line,
+                    "engine trace: %s %s, %llu bytes: accepted %.1f, issued %.1f, on the engine %.1f to %.1f, seen "
+                    "done %.1f us",
+                    sp.direction == 0 ? "h2d" : "d2h", stream.c_str(), static_cast<unsigned long long>(sp.bytes),
+                    (static_cast<double>(g.accepted_ns) - static_cast<double>(trace_origin_ns_)) / 1e3,
+                    static_cast<double>(sp.issued_ns - trace_origin_ns_) / 1e3, start_ms * 1e3, end_ms * 1e3, seen);
       FERRY_LOG(kInfo) << line;
     }
     cudaGetLastError();

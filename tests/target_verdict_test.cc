@@ -32,9 +32,7 @@ TEST(TargetVerdict, AFigureFarBelowTheLimitFailsEvenAnUnreachableTarget) {
   EXPECT_EQ(AtLeast(0.91 * 55.3, 75.6, 55.3), Verdict::kAboveMachineLimit);
 }
 
-TEST(TargetVerdict, WithoutALimitMeasuredAMissIsAFailure) {
-  EXPECT_EQ(AtLeast(52.3, 75.6, 0), Verdict::kFail);
-}
+TEST(TargetVerdict, WithoutALimitMeasuredAMissIsAFailure) { EXPECT_EQ(AtLeast(52.3, 75.6, 0), Verdict::kFail); }
 
 TEST(TargetVerdict, WordsAreWhatTheTablesPrint) {
   EXPECT_EQ(std::string(VerdictWord(PassOrFail(true))), "PASS");
