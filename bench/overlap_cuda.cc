@@ -7,9 +7,9 @@
 #include <cstdio>
 
 #include "bench/overlap.hpp"
+#include "common/cuda_clock.hpp"
 #include "common/cuda_status.hpp"
 #include "common/environment.hpp"
-#include "common/fd.hpp"
 #include "common/gpu_uuid.hpp"
 #include "common/status_macros.hpp"
 
@@ -182,44 +182,19 @@ class CudaStepEngine : public StepEngine {
 
   bool has_in_process() const override { return true; }
 
-  // MarkClockMicros' time zero: an event on the idle stream whose CLOCK_MONOTONIC time is
-  // pinned down as ferryd's engine trace pins its own (probe events recorded and polled; each
-  // one's GPU time lies between the host clock before its record and after it was seen done;
-  // the narrowest such window wins).
+  // MarkClockMicros' time zero: an event on the step stream, lined up with CLOCK_MONOTONIC as
+  // ferryd's engine trace lines up its own (PinEventToHostClock).
   Status PinClock() override {
-    FERRY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    cudaEvent_t origin = nullptr, probe = nullptr;
+    cudaEvent_t origin = nullptr;
     FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreate(&origin));
-    if (Status s = CudaStatus(cudaEventCreate(&probe), "cudaEventCreate"); !s.ok()) {
+    auto pinned = PinEventToHostClock(origin, stream_);
+    if (!pinned.ok()) {
       cudaEventDestroy(origin);
-      return s;
-    }
-    Status st = CudaStatus(cudaEventRecord(origin, stream_), "clock origin");
-    if (st.ok()) st = CudaStatus(cudaEventSynchronize(origin), "clock origin");
-    uint64_t best_window = UINT64_MAX, origin_ns = 0;
-    for (int i = 0; i < 20 && st.ok(); ++i) {
-      const uint64_t before = MonotonicNanos();
-      st = CudaStatus(cudaEventRecord(probe, stream_), "clock probe");
-      cudaError_t q = cudaErrorNotReady;
-      while (st.ok() && (q = cudaEventQuery(probe)) == cudaErrorNotReady) {
-      }
-      const uint64_t after = MonotonicNanos();
-      float ms = 0;
-      if (st.ok()) st = CudaStatus(q, "clock probe");
-      if (st.ok()) st = CudaStatus(cudaEventElapsedTime(&ms, origin, probe), "clock probe");
-      if (st.ok() && after - before < best_window) {
-        best_window = after - before;
-        origin_ns = before + (after - before) / 2 - static_cast<uint64_t>(static_cast<double>(ms) * 1e6);
-      }
-    }
-    cudaEventDestroy(probe);
-    if (!st.ok()) {
-      cudaEventDestroy(origin);
-      return st;
+      return pinned.status();
     }
     if (clock_origin_ != nullptr) cudaEventDestroy(clock_origin_);
     clock_origin_ = origin;
-    clock_origin_ns_ = origin_ns;
+    clock_origin_ns_ = pinned->origin_ns;
     return Status::Ok();
   }
   std::byte* pinned(int buf) override { return static_cast<std::byte*>(pinned_[buf]); }

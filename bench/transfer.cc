@@ -769,9 +769,10 @@ void TransferBench::Report(bool json) const {
                     batch.median);
       checks.push_back({w.name() + " " + d + " list >= 100% of batch", PassOrFail(fe.median >= batch.median), buf});
       const double limit = machine_limit(d);
-      std::snprintf(buf, sizeof buf, "%.1f GB/s: %.2fx loop %.1f (2x: %.1f; the fastest copy this run: %.1f)",
-                    fe.median, fe.median / loop.median, loop.median, 2 * loop.median, limit);
-      if (limit <= 0) {
+      if (limit > 0) {
+        std::snprintf(buf, sizeof buf, "%.1f GB/s: %.2fx loop %.1f (2x: %.1f; the fastest copy this run: %.1f)",
+                      fe.median, fe.median / loop.median, loop.median, 2 * loop.median, limit);
+      } else {
         std::snprintf(buf, sizeof buf, "%.1f GB/s: %.2fx loop %.1f", fe.median, fe.median / loop.median, loop.median);
       }
       checks.push_back({w.name() + " " + d + " list >= 2x loop", AtLeast(fe.median, 2 * loop.median, limit), buf});

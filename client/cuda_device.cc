@@ -155,20 +155,8 @@ class CudaClientDevice : public ClientDevice {
     if (r != CUDA_SUCCESS) return DeviceError("cuStreamWriteValue32 failed (CUresult " + std::to_string(r) + ")");
     return Status::Ok();
   }
-  Result<void*> CreateLocalEvent() override {
-    ScopedDevice on(ordinal_);
-    FERRY_RETURN_IF_ERROR(on.status());
-    cudaEvent_t ev;
-    FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    return static_cast<void*>(ev);
-  }
-  Result<void*> CreateTimingEvent() override {
-    ScopedDevice on(ordinal_);
-    FERRY_RETURN_IF_ERROR(on.status());
-    cudaEvent_t ev;
-    FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDefault));
-    return static_cast<void*>(ev);
-  }
+  Result<void*> CreateLocalEvent() override { return NewEvent(cudaEventDisableTiming); }
+  Result<void*> CreateTimingEvent() override { return NewEvent(cudaEventDefault); }
   Result<int64_t> ElapsedIfDone(void* start, void* end) override {
     const cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(end));
     if (q == cudaErrorNotReady) return int64_t{-1};
@@ -179,6 +167,15 @@ class CudaClientDevice : public ClientDevice {
   }
 
  private:
+  // An event of this process on the client's GPU.
+  Result<void*> NewEvent(unsigned int flags) {
+    ScopedDevice on(ordinal_);
+    FERRY_RETURN_IF_ERROR(on.status());
+    cudaEvent_t ev;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, flags));
+    return static_cast<void*>(ev);
+  }
+
   using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
   int ordinal_;
   std::mutex flags_mu_;  // MapFlags runs once (ClientCore); WriteFlag only after it

@@ -14,9 +14,9 @@
 // 0.4 ms a hand-off on the H200). The driver's entry points are looked up, not linked.
 // With the engine trace on, each stream's share of a group is bracketed by timing events and its
 // timeline logged when it is seen done (see CopySpan).
-#include <dlfcn.h>
 #include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <atomic>
@@ -27,15 +27,16 @@
 #include <memory>
 #include <mutex>
 #include <set>
-#include <utility>
 #include <string>
+#include <utility>
 
-#include "common/environment.hpp"
+#include "common/cuda_clock.hpp"
 #include "common/cuda_status.hpp"
+#include "common/environment.hpp"
 #include "common/fd.hpp"
+#include "common/gpu_uuid.hpp"
 #include "common/log.hpp"
 #include "common/status_macros.hpp"
-#include "common/gpu_uuid.hpp"
 #include "daemon/backend.hpp"
 #include "daemon/numa.hpp"
 
@@ -188,48 +189,25 @@ class CudaBackend : public Backend {
     return DeviceError(std::string(what) + " failed (CUresult " + std::to_string(r) + ")");
   }
 
-  // Time zero of the trace: an event on an idle stream. Its host time is pinned down by
-  // recording probe events and polling them: each one's GPU time lies between the host clock
-  // before its record and after it was first seen done; the narrowest such window wins.
-  // Pinned again once the engines are idle a while after traced copies (MaybeRepinTrace): times
-  // are float milliseconds from time zero, whose resolution coarsens as they grow (about 2 us
-  // after 30 s).
+  // Time zero of the trace: an event on an idle stream, lined up with CLOCK_MONOTONIC
+  // (PinEventToHostClock). Pinned again once the engines are idle a while after traced copies
+  // (MaybeRepinTrace): times are float milliseconds from time zero, whose resolution coarsens as
+  // they grow (about 2 us after 30 s).
   Status StartTrace() {
     if (trace_origin_ == nullptr) FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreate(&trace_origin_));
-    cudaEvent_t probe;
-    FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreate(&probe));
-    cudaStream_t s = streams_[0][0];
-    Status st = CudaStatus(cudaEventRecord(trace_origin_, s), "trace origin");
-    if (st.ok()) st = CudaStatus(cudaEventSynchronize(trace_origin_), "trace origin");
-    uint64_t best_window = UINT64_MAX;
-    for (int i = 0; i < 20 && st.ok(); ++i) {
-      const uint64_t before = MonotonicNanos();
-      st = CudaStatus(cudaEventRecord(probe, s), "trace probe");
-      cudaError_t q = cudaErrorNotReady;
-      while (st.ok() && (q = cudaEventQuery(probe)) == cudaErrorNotReady) {
-      }
-      const uint64_t after = MonotonicNanos();
-      float ms = 0;
-      if (st.ok()) st = CudaStatus(q, "trace probe");
-      if (st.ok()) st = CudaStatus(cudaEventElapsedTime(&ms, trace_origin_, probe), "trace probe");
-      if (st.ok() && after - before < best_window) {
-        best_window = after - before;
-        trace_origin_ns_ = before + (after - before) / 2 - static_cast<uint64_t>(static_cast<double>(ms) * 1e6);
-      }
-    }
-    cudaEventDestroy(probe);
-    FERRY_RETURN_IF_ERROR(st);
+    FERRY_ASSIGN_OR_RETURN(const PinnedEventClock pinned, PinEventToHostClock(trace_origin_, streams_[0][0]));
+    trace_origin_ns_ = pinned.origin_ns;
     trace_pinned_ns_ = MonotonicNanos();
     traced_since_pin_ = false;
+    const std::string zero = std::to_string(trace_origin_ns_) +
+                             " ns on CLOCK_MONOTONIC (GPU and host clocks lined up to within " +
+                             std::to_string((pinned.window_ns + 999) / 2000) + " us)";
     if (trace_pins_++ == 0) {
       FERRY_LOG(kInfo) << "engine trace on: each copy group's issue, engine start and end, and when ferryd saw it "
                           "done are logged, in microseconds from time zero, "
-                       << trace_origin_ns_ << " ns on CLOCK_MONOTONIC (GPU and host clocks lined up to within "
-                       << (best_window + 999) / 2000 << " us)";
+                       << zero;
     } else {
-      FERRY_LOG(kInfo) << "engine trace: time zero moved to " << trace_origin_ns_
-                       << " ns on CLOCK_MONOTONIC (GPU and host clocks lined up to within "
-                       << (best_window + 999) / 2000 << " us)";
+      FERRY_LOG(kInfo) << "engine trace: time zero moved to " << zero;
     }
     return Status::Ok();
   }

@@ -71,6 +71,7 @@ class GpuDaemon : public ::testing::Test {
   virtual std::vector<std::string> ExtraDaemonArgs() const { return {}; }
   void ReclaimedSlabsStillCopyEveryByteBothWays(const char* registration_line);
   void ManySmallCopiesLandWhereTheyShould();
+  void ACopyAfterAnEventWaitsForTheKernelBeforeIt(size_t n);
 
   // Reads the whole device allocation back with the CUDA runtime, independent of ferry.
   std::vector<std::byte> ReadBack(const void* dev, size_t n) {
@@ -291,8 +292,9 @@ TEST_F(EventFencedGpuDaemon, CopiesSeenDoneByEventsLandWhereTheyShould) {
   ManySmallCopiesLandWhereTheyShould();
 }
 
-TEST_F(GpuDaemon, ACopyAfterAnEventWaitsOnTheGpuForTheKernelBeforeIt) {
-  constexpr size_t n = 4 << 20;
+// A kernel spins ~50 ms, then fills `n` device bytes; a copy of them to the host, submitted
+// after an event recorded behind the kernel, must carry the kernel's bytes.
+void GpuDaemon::ACopyAfterAnEventWaitsForTheKernelBeforeIt(size_t n) {
   ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(n));
   ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client_->AllocateDevice(n));
   ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
@@ -306,6 +308,10 @@ TEST_F(GpuDaemon, ACopyAfterAnEventWaitsOnTheGpuForTheKernelBeforeIt) {
   ASSERT_OK_AND_ASSIGN(Transfer t, client_->Copy(Direction::kDeviceToHost, host, 0, region, 0, n, {.after = &ready}));
   ASSERT_OK(t.Wait(10s));
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(host.data()[i], std::byte{0x3C}) << "copy ran ahead of the kernel at " << i;
+}
+
+TEST_F(GpuDaemon, ACopyAfterAnEventWaitsOnTheGpuForTheKernelBeforeIt) {
+  ACopyAfterAnEventWaitsForTheKernelBeforeIt(4 << 20);
 }
 
 // A record writes the event's flag from the stream when the stream gets there, which may be after
@@ -698,18 +704,8 @@ TEST_F(TracedGpuDaemon, EachCopysTimeOnTheEnginesIsLoggedAndTheBytesStillLand) {
 // the event: after the kernel before the event, and before the copy is seen done.
 TEST_F(TracedGpuDaemon, ALanesCopyAfterAnEventIsLoggedFromTheEndOfItsWait) {
   constexpr size_t n = 4 << 20;
-  ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(n));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client_->AllocateDevice(n));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
-  ASSERT_OK_AND_ASSIGN(SharedEvent ready, client_->CreateEvent());
-  ASSERT_CUDA(cudaMemset(dev.data(), 0xA5, n));
-  ASSERT_CUDA(cudaDeviceSynchronize());
-  testing::Poison(host.data(), n);
-  ASSERT_CUDA(testing::LaunchSpinThenFill(dev.data(), n, 0x3C, 100'000'000, stream_));
-  ASSERT_OK(ready.Record(stream_));
-  ASSERT_OK_AND_ASSIGN(Transfer t, client_->Copy(Direction::kDeviceToHost, host, 0, region, 0, n, {.after = &ready}));
-  ASSERT_OK(t.Wait(10s));
-  for (size_t i = 0; i < n; ++i) ASSERT_EQ(host.data()[i], std::byte{0x3C}) << "copy ran ahead of the kernel at " << i;
+  ACopyAfterAnEventWaitsForTheKernelBeforeIt(n);
+  if (HasFatalFailure()) return;
 
   const std::regex line(
       R"(engine trace: d2h lane, (\d+) bytes: accepted ([0-9.]+), issued ([0-9.]+), on the engine ([0-9.]+) to ([0-9.]+), seen done ([0-9.]+) us)");
