@@ -121,7 +121,7 @@ void Sessions::ReplyFrame(Session& s, wire::MsgType type, uint32_t seq, const vo
   std::vector<std::byte> frame = FrameMessage(type, seq, payload, size);
   if (s.outbound.empty()) {
     auto sent = TrySendFramed(s.sock.get(), frame, fds, nfds);
-    if (!sent.ok()) return Evict(s, "reply failed: " + sent.status().ToString());
+    if (!sent.ok()) return ReplyNotSent(s, sent.status());
     if (*sent) return;
   }
   if (s.outbound.size() >= config_.limits.outbound_messages) {
@@ -152,7 +152,7 @@ void Sessions::FlushOutbound(Session& s) {
     std::vector<int> fds;
     for (const UniqueFd& f : m.fds) fds.push_back(f.get());
     auto sent = TrySendFramed(s.sock.get(), m.frame, fds.data(), fds.size());
-    if (!sent.ok()) return Evict(s, "reply failed: " + sent.status().ToString());
+    if (!sent.ok()) return ReplyNotSent(s, sent.status());
     if (!*sent) return;  // still full: EPOLLOUT again later
     s.outbound.pop_front();
     svc_.counters.outbound_queued--;
@@ -162,6 +162,11 @@ void Sessions::FlushOutbound(Session& s) {
     if (!st.ok()) return Evict(s, "cannot watch its socket: " + st.ToString());
     s.watching_writable = false;
   }
+}
+
+void Sessions::ReplyNotSent(Session& s, const Status& why) {
+  if (why.code() == Code::kUnavailable) return End(s, "client disconnected (" + why.message() + ")");
+  Evict(s, "reply failed: " + why.ToString());
 }
 
 void Sessions::ReplySimple(Session& s, uint32_t seq, const Status& st) {

@@ -100,6 +100,9 @@ class Sessions {
                   size_t nfds);
   void ReplySimple(Session& s, uint32_t seq, const Status& st);
   void FlushOutbound(Session& s);
+  // A reply that could not be sent: a client found gone (EPIPE, ECONNRESET: killed between its
+  // request and our answer) ends as a disconnect; any other failure evicts it.
+  void ReplyNotSent(Session& s, const Status& why);
   Status RefuseFdsWhileRepliesWait(const Session& s);
 
   void HandleControl(Session& s);

@@ -210,6 +210,27 @@ TEST(EventLoop, ClientsThatDoNotReadTheirRepliesNeitherStallOthersNorPileUp) {
   for (int i = 0; i < 20; ++i) copier.OneCopy(seed + 200000 + i);
 }
 
+// A client killed after its request reached ferryd and before the reply went out is gone, not
+// misbehaving: ferryd's send says EPIPE, and it ends the session as a disconnect, with no
+// eviction counted (a soak that kills clients at random saw one counted). Shutting the client's
+// read side is that moment made certain: the request is read, the reply finds no reader, and no
+// hang-up is in sight yet.
+TEST(EventLoop, AClientGoneBeforeItsReplyIsEndedNotEvicted) {
+  DaemonHarness d(ManySessionsConfig());
+  Copier copier;
+  ASSERT_OK(copier.Open(d));
+  RawClient gone;
+  ASSERT_OK(gone.Open(d.socket_path()));
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().sessions.load() == 2; }));
+  ASSERT_EQ(::shutdown(gone.sock(), SHUT_RD), 0);
+  gone.SendStats(1, 1);
+  EXPECT_TRUE(DaemonHarness::Eventually([&] { return d.counters().sessions.load() == 1; }, 10000))
+      << d.counters().sessions.load() << " sessions";
+  EXPECT_EQ(d.counters().evictions.load(), 0u) << "a client gone before its reply was counted as evicted";
+  EXPECT_EQ(d.counters().outbound_queued.load(), 0u);
+  for (int i = 0; i < 20; ++i) copier.OneCopy(testing::RandomSeed() + i);
+}
+
 // Replies that had to wait in ferryd's queue arrive, all of them, in order.
 TEST(EventLoop, QueuedRepliesArriveInOrderOnceTheClientReads) {
   DaemonHarness d(ManySessionsConfig());

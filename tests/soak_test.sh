@@ -46,7 +46,7 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 echo "$st"
-python3 - "$st" "$rss_start" "$(rss)" "$kills" <<'PY' || exit 1
+python3 - "$st" "$rss_start" "$(rss)" "$kills" <<'PY' || fail "$(grep -E 'evicted' "$dir/ferryd.log" | tail -5)"
 import json, sys
 s = json.loads(sys.argv[1]); rss0, rss1, kills = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 print(f"copies {s['copies_completed']}, {kills} clients killed, evictions {s['evictions']}, "
