@@ -534,7 +534,8 @@ Status ClientCore::Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueu
       std::lock_guard<std::mutex> l(ring_mu_);
       ReapLocked();
       if (until_enqueued ? t.done : SeenDoneLocked(t)) {
-        if (!until_enqueued && !t.wait_reported) {
+        // A copy ferryd refused has no wait to report: ferryd would refuse the report as well.
+        if (!until_enqueued && !t.wait_reported && t.status.ok()) {
           t.wait_reported = true;
           ReportWaitLocked(t.tag, first ? 0 : MonotonicNanos() - start);
         }

@@ -227,7 +227,9 @@ void Sessions::HandleHello(Session& s, uint32_t seq, uint16_t version, const wir
     r.status = ToWire(st);
     Reply(s, wire::MsgType::kHelloReply, seq, r);
     svc_.rejections.Count(st);
-    Evict(s, "hello refused: " + st.ToString());
+    // A client over a limit or not allowed here broke no rule: it is turned away, not evicted.
+    const bool rule_kept = st.code() == Code::kResourceExhausted || st.code() == Code::kPermissionDenied;
+    Close(s, "hello refused: " + st.ToString(), !rule_kept);
   };
   if (s.hello_done) return refuse(ProtocolError("hello sent twice"));
   // First: a client of another version may mean another layout for everything after its hello.

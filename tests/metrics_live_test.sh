@@ -36,9 +36,14 @@ pids+=($!)
 printf 'schedule: {kind: bogus}\n' >"$dir/policy.yaml"
 kill -HUP "$ferryd_pid"
 if "$client" roundtrip "$dir/ferryd.sock" 1000000000 1 2>/dev/null; then echo "FAIL: 1 GB fit a 128 MiB pool"; exit 1; fi
-sleep 1
-
-curl -sf "$url" >"$dir/scrape.txt"
+# The reload runs on ferryd's loader thread and the clients copy meanwhile: scrape until the
+# failed reload and the copies of both directions are counted (bounded), then check it all.
+for _ in $(seq 200); do
+  curl -sf "$url" >"$dir/scrape.txt" && grep -q 'ferry_policy_reloads_total{result="failed"} 1' "$dir/scrape.txt" &&
+    grep -q '^ferry_copies_total{.*direction="d2h"' "$dir/scrape.txt" &&
+    grep -q '^ferry_exposed_seconds_count{.*direction="h2d".*} [1-9]' "$dir/scrape.txt" && break
+  sleep 0.05
+done
 if ! promtool check metrics <"$dir/scrape.txt" >"$dir/lint.txt" 2>&1; then
   cat "$dir/lint.txt"; echo "FAIL: promtool check metrics"; exit 1
 fi

@@ -26,11 +26,29 @@ using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 using testing::Child;
 
-std::set<std::string> ShmEntries() {
+// The entries of /dev/shm that name ferry. /dev/shm is the machine's: other processes (a browser
+// test beside this one) add and remove their own entries there at any moment.
+std::set<std::string> FerryShmEntries() {
   std::set<std::string> names;
   std::error_code ec;
-  for (auto& e : fs::directory_iterator("/dev/shm", ec)) names.insert(e.path().filename().string());
+  for (auto& e : fs::directory_iterator("/dev/shm", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find("ferry") != std::string::npos) names.insert(name);
+  }
   return names;
+}
+
+// Mappings of, and fds into, /dev/shm that a process holds: ferry's segments are memfds, never there.
+size_t DevShmUse(pid_t pid) {
+  size_t n = 0;
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  for (std::string line; std::getline(maps, line);) n += line.find(" /dev/shm/") != std::string::npos;
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    std::error_code link_ec;
+    n += fs::read_symlink(e.path(), link_ec).string().rfind("/dev/shm/", 0) == 0;
+  }
+  return n;
 }
 
 class RealDaemon : public ::testing::Test {
@@ -38,7 +56,7 @@ class RealDaemon : public ::testing::Test {
   void SetUp() override {
     dir_ = testing::MakeTempDir("proc");
     socket_ = dir_ + "/ferryd.sock";
-    shm_before_ = ShmEntries();
+    shm_before_ = FerryShmEntries();
     daemon_ = std::make_unique<Child>(
         std::vector<std::string>{FERRY_DAEMON_PATH, "--metrics-address", "127.0.0.1:0", "--backend", "host", "--runtime-dir", dir_, "--pool-size",
                                  "64MiB", "--slab-size", "1MiB", "--log-level", "debug"},
@@ -68,7 +86,8 @@ class RealDaemon : public ::testing::Test {
 TEST_F(RealDaemon, SeveralClientProcessesCopyAtOnceAndEveryByteArrives) {
   std::vector<std::unique_ptr<Child>> clients;
   for (int i = 0; i < 4; ++i) {
-    clients.push_back(StartClient({"roundtrip", socket_, std::to_string((3 << 20) + 17 * i), "10"}, "c" + std::to_string(i)));
+    clients.push_back(StartClient({"roundtrip", socket_, std::to_string((3 << 20) + 17 * i), "10"},
+                                  std::string("c").append(std::to_string(i))));
   }
   for (auto& c : clients) {
     int st = c->Wait();
@@ -117,13 +136,14 @@ TEST_F(RealDaemon, AClientKilledMidCopyIsReclaimedWhileOthersKeepWorking) {
 TEST_F(RealDaemon, SigtermStopsCleanlyAndLeavesNothingBehind) {
   auto holder = StartClient({"hold", socket_, std::to_string(1 << 20)}, "holder");
   ASSERT_TRUE(holder->WaitForOutput("ready")) << holder->Output();
+  EXPECT_EQ(DevShmUse(daemon_->pid()), 0u);
   daemon_->Signal(SIGTERM);
   int st = daemon_->Wait(15s);
   ASSERT_TRUE(WIFEXITED(st)) << daemon_->Output();
   EXPECT_EQ(WEXITSTATUS(st), 0) << daemon_->Output();
   EXPECT_NE(daemon_->Output().find("stopped cleanly"), std::string::npos) << daemon_->Output();
   EXPECT_FALSE(fs::exists(socket_));
-  EXPECT_EQ(ShmEntries(), shm_before_);
+  EXPECT_EQ(FerryShmEntries(), shm_before_);
   // The client sees the daemon go and fails its next copy instead of hanging.
   int cst = holder->Wait(15s);
   ASSERT_TRUE(WIFEXITED(cst)) << holder->Output();
@@ -147,13 +167,14 @@ TEST_F(RealDaemon, ASecondFerrydOnTheSameDirectoryIsRefusedAndTheFirstKeepsServi
 TEST_F(RealDaemon, AfterFerrydIsKilledClientsGetAClearErrorAndARestartServesAgain) {
   auto holder = StartClient({"hold", socket_, std::to_string(1 << 20)}, "holder");
   ASSERT_TRUE(holder->WaitForOutput("ready")) << holder->Output();
+  EXPECT_EQ(DevShmUse(daemon_->pid()), 0u);
   daemon_->Signal(SIGKILL);
   EXPECT_TRUE(WIFSIGNALED(daemon_->Wait()));
   int st = holder->Wait(15s);
   ASSERT_TRUE(WIFEXITED(st)) << holder->Output();
   EXPECT_EQ(WEXITSTATUS(st), 2);
   EXPECT_NE(holder->Output().find("ferryd went away"), std::string::npos) << holder->Output();
-  EXPECT_EQ(ShmEntries(), shm_before_) << "memfd segments leave nothing behind, even on SIGKILL";
+  EXPECT_EQ(FerryShmEntries(), shm_before_) << "memfd segments leave nothing behind, even on SIGKILL";
   // The stale socket file is still there; a new ferryd takes the directory over.
   daemon_ = std::make_unique<Child>(
       std::vector<std::string>{FERRY_DAEMON_PATH, "--metrics-address", "127.0.0.1:0", "--backend", "host",

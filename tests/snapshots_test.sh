@@ -27,7 +27,9 @@ YML
 pid=$!
 for _ in $(seq 200); do [ -S "$dir/rt/ferryd.sock" ] && break; sleep 0.05; done
 "$client" roundtrip "$dir/rt/ferryd.sock" 2000000 40 || fail "load client"
-sleep 1.5
+# Three timed snapshots (then the one written at exit): waited for, since each write's fsyncs take
+# longer on a busy disk.
+for _ in $(seq 300); do [ "$(ls "$dir"/snaps/snapshot-*.json 2>/dev/null | wc -l)" -ge 3 ] && break; sleep 0.05; done
 kill -TERM $pid; wait $pid || fail "ferryd did not stop cleanly"
 grep -q "$(sed -n 2p "$dir/ferry.key")" "$dir/ferryd.log" && fail "ferryd logged its secret key"
 n=$(ls "$dir"/snaps/snapshot-*.json | wc -l)

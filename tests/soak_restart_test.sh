@@ -86,6 +86,8 @@ for _ in $(seq 100); do
   python3 -c 'import json,sys; s=json.loads(sys.argv[1]); sys.exit(0 if s["pool_free_bytes"]==s["pool_bytes"] and s["sessions"]<=1 else 1)' "$st" && { whole=1; break; }
   sleep 0.1
 done
+# The last status's session may still be open (ferryd reaps it a turn later): fds, bounded wait.
+for _ in $(seq 40); do [ "$(fds)" -le "$idle_fds" ] && break; sleep 0.05; done
 rss1=$(rss) fds1=$(fds)
 printf '%-9s %-8s %-10s %-10s %-8s %-8s %s\n' "#$instance" "end" "-" "$rss1" "$idle_fds" "$fds1" \
   "$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["copies_completed"])' "$st")" >>"$dir/table"

@@ -138,25 +138,41 @@ PY
 
 # The last tune made without the slowdown (least priority), as if on another driver: where
 # nothing changed it still holds; where least became slower, the report names the setting that
-# changed, with its gain and interval.
-python3 - "$work/same1.yaml.tune.json" "$work" <<'PY'
+# changed, with its gain and interval. One run's verdict errs at the rule's rate (counted above),
+# so each of the two must hold in 2 of 3 runs, as the minimum effect's does.
+fake_last_tune() {
+  python3 - "$work/same1.yaml.tune.json" "$work" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 r["environment"]["driver"] = "570.86.15"
 for name in ("hold", "up"):
     json.dump(r, open(f"{sys.argv[2]}/{name}.yaml.tune.json", "w"))
 PY
-hold=$(tune "$same_sock" --out "$work/hold.yaml" 2>/dev/null) || fail "tune after the change (no slowdown)"
-echo "$hold" | grep -q "driver: 570.86.15 -> none" || { echo "$hold"; fail "the environment change is not named"; }
-echo "$hold" | grep -q "^noise floor, the start against itself: " || { echo "$hold"; fail "no noise floor"; }
-echo "$hold" | grep -q "the last tune's settings still hold after the environment change" ||
-  { echo "$hold"; fail "no word that the old tuning holds"; }
-up=$(tune "$sock" --out "$work/up.yaml" 2>/dev/null) || fail "tune after the upgrade"
-echo "$up" | grep -q "driver: 570.86.15 -> none" || { echo "$up"; fail "the environment change is not named"; }
-echo "$up" | grep -q "settings changed (last tune -> new tune) after the environment change:" ||
-  { echo "$up"; fail "no setting change after the upgrade"; }
-echo "$up" | grep -Eq "^  streams.bulk_priority: least -> greatest: -[0-9.]+% \[-[0-9.]+%, -[0-9.]+%\] over [0-9]+ pairs$" ||
-  { echo "$up"; fail "the change's gain and interval are not given"; }
+}
+holds=0 ups=0
+for run in 1 2 3; do
+  fake_last_tune  # each tune writes its own record over the last one's
+  hold=$(tune "$same_sock" --out "$work/hold.yaml" 2>/dev/null) || fail "tune after the change (no slowdown)"
+  echo "$hold" | grep -q "driver: 570.86.15 -> none" || { echo "$hold"; fail "the environment change is not named"; }
+  echo "$hold" | grep -q "^noise floor, the start against itself: " || { echo "$hold"; fail "no noise floor"; }
+  if echo "$hold" | grep -q "the last tune's settings still hold after the environment change"; then
+    holds=$((holds + 1))
+  else
+    echo "run $run, no slowdown:"; echo "$hold"
+  fi
+  up=$(tune "$sock" --out "$work/up.yaml" 2>/dev/null) || fail "tune after the upgrade"
+  echo "$up" | grep -q "driver: 570.86.15 -> none" || { echo "$up"; fail "the environment change is not named"; }
+  if echo "$up" | grep -q "settings changed (last tune -> new tune) after the environment change:" &&
+    echo "$up" | grep -Eq "^  streams.bulk_priority: least -> greatest: -[0-9.]+% \[-[0-9.]+%, -[0-9.]+%\] over [0-9]+ pairs$"; then
+    ups=$((ups + 1))
+  else
+    echo "run $run, slowdown:"; echo "$up"
+  fi
+  [ $holds -ge 2 ] && [ $ups -ge 2 ] && break
+done
+echo "after the environment change: the old tuning held in $holds and the change was named with its gain in $ups of $run runs"
+[ $holds -ge 2 ] || fail "no word that the old tuning holds in 2 of 3 runs"
+[ $ups -ge 2 ] || fail "no setting change with its gain and interval in 2 of 3 runs"
 stop_ferryd "$same_pid"
 stop_ferryd "$pid"
 echo PASS
