@@ -466,6 +466,9 @@ TEST(UidLimits, SessionsPerUidRefusesTheSeventeenthWithAClearMessage) {
       << seventeenth.status().ToString();
   EXPECT_NE(seventeenth.status().message().find("limits.sessions_per_uid is 16"), std::string::npos)
       << seventeenth.status().ToString();
+  // Turned away, counted as a rejection: it broke no rule, so it is no eviction.
+  EXPECT_TRUE(DaemonHarness::Eventually([&] { return d.counters().rejected.load() >= 1; }));
+  EXPECT_EQ(d.counters().evictions.load(), 0u);
   clients.pop_back();
   EXPECT_TRUE(DaemonHarness::Eventually([&] { return d.Connect("again").ok(); }, 5000));
 }
