@@ -534,8 +534,7 @@ Status ClientCore::Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueu
       std::lock_guard<std::mutex> l(ring_mu_);
       ReapLocked();
       if (until_enqueued ? t.done : SeenDoneLocked(t)) {
-        // A copy ferryd refused has no wait to report: ferryd would refuse the report as well.
-        if (!until_enqueued && !t.wait_reported && t.status.ok()) {
+        if (!until_enqueued && !t.wait_reported) {
           t.wait_reported = true;
           ReportWaitLocked(t.tag, first ? 0 : MonotonicNanos() - start);
         }

@@ -223,14 +223,20 @@ void Sessions::Dispatch(Session& s, ReceivedMessage& msg) {
 
 void Sessions::HandleHello(Session& s, uint32_t seq, uint16_t version, const wire::HelloRequest& req) {
   wire::HelloReply r{};
-  auto refuse = [&](const Status& st) {
+  // Refused and evicted (a hello that breaks the protocol, or one ferryd cannot serve), or turned
+  // away: a client over a limit or not allowed here broke no rule, so it is no eviction.
+  auto answer_and_close = [&](const Status& st, bool evict) {
     r.status = ToWire(st);
     Reply(s, wire::MsgType::kHelloReply, seq, r);
     svc_.rejections.Count(st);
-    // A client over a limit or not allowed here broke no rule: it is turned away, not evicted.
-    const bool rule_kept = st.code() == Code::kResourceExhausted || st.code() == Code::kPermissionDenied;
-    Close(s, "hello refused: " + st.ToString(), !rule_kept);
+    if (!evict) {
+      FERRY_LOG(kWarning) << "connection from pid " << s.peer.pid << " uid " << s.peer.uid
+                          << " turned away at hello: " << st.ToString();
+    }
+    Close(s, "hello refused: " + st.ToString(), evict);
   };
+  auto refuse = [&](const Status& st) { answer_and_close(st, true); };
+  auto turn_away = [&](const Status& st) { answer_and_close(st, false); };
   if (s.hello_done) return refuse(ProtocolError("hello sent twice"));
   // First: a client of another version may mean another layout for everything after its hello.
   if (version != wire::kVersion || req.client_version != wire::kVersion) {
@@ -251,20 +257,20 @@ void Sessions::HandleHello(Session& s, uint32_t seq, uint16_t version, const wir
   }
   s.name = name;
   if (!Authorized(s)) {
-    return refuse(PermissionDenied("uid " + std::to_string(s.peer.uid) + " is not allowed to use this ferryd" +
-                                   (allowed_gid_ ? " (not in group " + config_.allowed_group + ")" : "")));
+    return turn_away(PermissionDenied("uid " + std::to_string(s.peer.uid) + " is not allowed to use this ferryd" +
+                                      (allowed_gid_ ? " (not in group " + config_.allowed_group + ")" : "")));
   }
   if (svc_.counters.sessions >= config_.max_sessions) {
-    return refuse(ResourceExhausted("ferryd already serves " + std::to_string(config_.max_sessions) + " clients"));
+    return turn_away(ResourceExhausted("ferryd already serves " + std::to_string(config_.max_sessions) + " clients"));
   }
   const uint32_t of_uid = static_cast<uint32_t>(std::count_if(svc_.map.begin(), svc_.map.end(), [&](const auto& e) {
     return e.second->hello_done && !e.second->dead && e.second->peer.uid == s.peer.uid;
   }));
   if (of_uid >= config_.limits.sessions_per_uid) {
-    return refuse(ResourceExhausted("uid " + std::to_string(s.peer.uid) + " already has " + std::to_string(of_uid) +
-                                    " sessions; limits.sessions_per_uid is " +
-                                    std::to_string(config_.limits.sessions_per_uid) +
-                                    " (end one of them, or raise the limit in ferryd's config)"));
+    return turn_away(ResourceExhausted("uid " + std::to_string(s.peer.uid) + " already has " + std::to_string(of_uid) +
+                                       " sessions; limits.sessions_per_uid is " +
+                                       std::to_string(config_.limits.sessions_per_uid) +
+                                       " (end one of them, or raise the limit in ferryd's config)"));
   }
   if (Status ring = svc_.rings.Attach(s, config_.ring_entries); !ring.ok()) return refuse(ring);
   // The flag area goes to the engines now where they wait on event flags or write done words

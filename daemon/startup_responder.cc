@@ -12,10 +12,7 @@
 namespace ferry::daemon {
 namespace {
 
-// A connection that says nothing by then is closed. Long enough for a client the scheduler holds
-// between its connect and its hello on a loaded machine; one silent connection holds the answers
-// to the others this long, only while ferryd starts.
-constexpr int kHelloWaitMs = 1000;
+constexpr int kHelloWaitMs = 200;  // a connection that says nothing by then is closed
 
 }  // namespace
 

@@ -10,7 +10,8 @@ fail() { echo "FAIL: $*"; grep -E "evicted|error" "$dir/ferryd.log" | tail -20; 
 "$ferryd" --backend host --runtime-dir "$dir" --pool-size 256MiB --slab-size 1MiB --metrics-address "" \
   >"$dir/ferryd.log" 2>&1 &
 dpid=$!
-for _ in $(seq 200); do [ -S "$dir/ferryd.sock" ] && break; sleep 0.05; done
+for _ in $(seq 400); do grep -qs "\] ready$" "$dir/ferryd.log" && break; sleep 0.025; done
+grep -qs "\] ready$" "$dir/ferryd.log" || fail "ferryd did not say it is ready"
 sock=$dir/ferryd.sock
 for _ in $(seq "$kills"); do
   "$client" mixed "$sock" 1048576 1000 >/dev/null 2>&1 &

@@ -130,23 +130,29 @@ GapSleeps SleepsWhileCopyingEvery(DaemonHarness& d, Client& client, std::chrono:
   EXPECT_TRUE(region.ok()) << region.status().ToString();
   if (!region.ok()) return out;
   auto* device = static_cast<std::byte*>(dev->data());
+  // From one submission to the next: ferryd's idle time after a copy, and whatever held the test's
+  // thread on its way back from the wait, are both inside it.
+  auto last_submit = std::chrono::steady_clock::now();
+  uint64_t sleeps_so_far = d.counters().sleeps.load();
   for (int i = 0; i < reps; ++i) {
-    const uint64_t before = d.counters().sleeps.load();
-    const auto gap_start = std::chrono::steady_clock::now();
     std::this_thread::sleep_for(period);
     FillRandom(src->data(), kBytes, testing::RandomSeed());
     Poison(device, kBytes);
-    const auto gap = std::chrono::steady_clock::now() - gap_start;
+    const auto submit = std::chrono::steady_clock::now();
+    const auto gap = submit - last_submit;
+    last_submit = submit;
     auto t = client.Copy(Direction::kHostToDevice, *src, 0, *region, 0, kBytes);
     EXPECT_TRUE(t.ok()) << t.status().ToString();
     if (!t.ok()) return out;
     const Status waited = t->Wait(10s);
     EXPECT_TRUE(waited.ok()) << waited.ToString();
     EXPECT_EQ(FirstDifference(device, src->data(), kBytes), -1) << "copy " << i;
+    const uint64_t sleeps_now = d.counters().sleeps.load();
     if (gap <= on_time) {
       ++out.gaps;
-      out.sleeps += d.counters().sleeps.load() - before;
+      out.sleeps += sleeps_now - sleeps_so_far;
     }
+    sleeps_so_far = sleeps_now;
   }
   return out;
 }

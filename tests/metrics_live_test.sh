@@ -110,5 +110,5 @@ if failed:
     sys.exit("FAIL: panels without data: " + ", ".join(failed))
 print(f"every one of {len(panels)} dashboard panels returns data")
 PY
-wait "${pids[1]}" "${pids[2]}" || { echo "FAIL: a load client failed"; exit 1; }
+for p in "${pids[1]}" "${pids[2]}"; do wait "$p" || { echo "FAIL: a load client failed"; exit 1; }; done
 echo PASS

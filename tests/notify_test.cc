@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "common/fd.hpp"
@@ -41,9 +42,20 @@ class FakeSystemd {
       if (!ready.ok() || !*ready) continue;
       char buf[512];
       ssize_t n = ::recv(fd_.get(), buf, sizeof buf, 0);
-      if (n > 0) out.emplace_back(buf, static_cast<size_t>(n));
+      if (n <= 0) continue;
+      out.emplace_back(buf, static_cast<size_t>(n));
+      if (out.back().find("WATCHDOG=1") != std::string::npos) ping_ns_.push_back(MonotonicNanos());
     }
     return out;
+  }
+  // The median time between the watchdog pings received since the last call (ms; -1 if < 2).
+  double MedianPingIntervalMs() {
+    std::vector<double> gaps;
+    for (size_t i = 1; i < ping_ns_.size(); ++i) gaps.push_back(double(ping_ns_[i] - ping_ns_[i - 1]) / 1e6);
+    ping_ns_.clear();
+    if (gaps.empty()) return -1;
+    std::sort(gaps.begin(), gaps.end());
+    return gaps[gaps.size() / 2];
   }
   // Messages received until `count` of them hold `what`, or for at most `max_ms` (a loaded
   // machine may hold the pinging thread for a while).
@@ -64,6 +76,7 @@ class FakeSystemd {
  private:
   std::string path_;
   UniqueFd fd_;
+  std::vector<uint64_t> ping_ns_;  // when each WATCHDOG=1 was received
 };
 
 TEST(Systemd, ReadyThenWatchdogOnlyWhileCopiesProgress) {
@@ -87,7 +100,12 @@ TEST(Systemd, ReadyThenWatchdogOnlyWhileCopiesProgress) {
   }
   EXPECT_TRUE(built_at >= 0 && built_at < registering_at && registering_at < ready_at)
       << "built at " << built_at << ", registering at " << registering_at << ", ready at " << ready_at;
-  EXPECT_GE(FakeSystemd::Count(first, "WATCHDOG=1"), 3) << "idle: fed every 50 ms";
+  EXPECT_GE(FakeSystemd::Count(first, "WATCHDOG=1"), 3);
+  systemd.MedianPingIntervalMs();  // those may have waited in the socket: timed from here
+  systemd.CollectUntil("WATCHDOG=1", 7, 5000);
+  const double idle_ms = systemd.MedianPingIntervalMs();
+  EXPECT_GT(idle_ms, 0);
+  EXPECT_LT(idle_ms, 100) << "idle: fed every 50 ms, within systemd's 100 ms";
 
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
   ASSERT_OK_AND_ASSIGN(HostBuffer host, client->AllocateHost(1 << 20));
@@ -103,6 +121,11 @@ TEST(Systemd, ReadyThenWatchdogOnlyWhileCopiesProgress) {
   ASSERT_OK(t.Wait(5s));
   auto after = systemd.CollectUntil("WATCHDOG=1", 2, 5000);
   EXPECT_GE(FakeSystemd::Count(after, "WATCHDOG=1"), 2) << "fed again once copies progress";
+  systemd.MedianPingIntervalMs();
+  systemd.CollectUntil("WATCHDOG=1", 7, 5000);
+  const double after_ms = systemd.MedianPingIntervalMs();
+  EXPECT_GT(after_ms, 0);
+  EXPECT_LT(after_ms, 100) << "fed every 50 ms again";
   d.Stop();
   EXPECT_GE(FakeSystemd::Count(systemd.Collect(100), "STOPPING=1"), 1);
 }

@@ -137,6 +137,7 @@ TEST_F(RealDaemon, SigtermStopsCleanlyAndLeavesNothingBehind) {
   auto holder = StartClient({"hold", socket_, std::to_string(1 << 20)}, "holder");
   ASSERT_TRUE(holder->WaitForOutput("ready")) << holder->Output();
   EXPECT_EQ(DevShmUse(daemon_->pid()), 0u);
+  EXPECT_EQ(DevShmUse(holder->pid()), 0u);
   daemon_->Signal(SIGTERM);
   int st = daemon_->Wait(15s);
   ASSERT_TRUE(WIFEXITED(st)) << daemon_->Output();
@@ -168,6 +169,7 @@ TEST_F(RealDaemon, AfterFerrydIsKilledClientsGetAClearErrorAndARestartServesAgai
   auto holder = StartClient({"hold", socket_, std::to_string(1 << 20)}, "holder");
   ASSERT_TRUE(holder->WaitForOutput("ready")) << holder->Output();
   EXPECT_EQ(DevShmUse(daemon_->pid()), 0u);
+  EXPECT_EQ(DevShmUse(holder->pid()), 0u);
   daemon_->Signal(SIGKILL);
   EXPECT_TRUE(WIFSIGNALED(daemon_->Wait()));
   int st = holder->Wait(15s);

@@ -35,8 +35,9 @@ ms=$((($(date +%s%N) - t0) / 1000000))
 cat "$dir/ferryd.log"
 [ $rc = 0 ] || { echo "FAIL: ferryd exited $rc after SIGTERM during its start"; exit 1; }
 grep -q "stopped during the start" "$dir/ferryd.log" || { echo "FAIL: ferryd built its pool to the end ($ms ms after SIGTERM)"; exit 1; }
-# The bug this guards against built the whole pool first (minutes); a loaded machine under a
-# sanitizer may take seconds to unmap what was built.
-[ $ms -lt 10000 ] || { echo "FAIL: ferryd took $ms ms to stop"; exit 1; }
+# The bug this guards against built the whole pool first (minutes). Under a sanitizer, a loaded
+# machine may take seconds to unmap what was built and check for leaks at exit.
+limit_ms=2000; [ -n "${FERRY_SANITIZED:-}" ] && limit_ms=10000
+[ $ms -lt $limit_ms ] || { echo "FAIL: ferryd took $ms ms to stop (at most $limit_ms)"; exit 1; }
 [ ! -e "$dir/ferryd.sock" ] || { echo "FAIL: the socket is left behind"; exit 1; }
 echo "ok: stopped $ms ms after SIGTERM during the pool's build"
