@@ -225,18 +225,14 @@ void Sessions::HandleHello(Session& s, uint32_t seq, uint16_t version, const wir
   wire::HelloReply r{};
   // Refused and evicted (a hello that breaks the protocol, or one ferryd cannot serve), or turned
   // away: a client over a limit or not allowed here broke no rule, so it is no eviction.
-  auto answer_and_close = [&](const Status& st, bool evict) {
+  auto answer_and_close = [&](const Status& st, Closing how) {
     r.status = ToWire(st);
     Reply(s, wire::MsgType::kHelloReply, seq, r);
     svc_.rejections.Count(st);
-    if (!evict) {
-      FERRY_LOG(kWarning) << "connection from pid " << s.peer.pid << " uid " << s.peer.uid
-                          << " turned away at hello: " << st.ToString();
-    }
-    Close(s, "hello refused: " + st.ToString(), evict);
+    Close(s, "hello refused: " + st.ToString(), how);
   };
-  auto refuse = [&](const Status& st) { answer_and_close(st, true); };
-  auto turn_away = [&](const Status& st) { answer_and_close(st, false); };
+  auto refuse = [&](const Status& st) { answer_and_close(st, Closing::kEvicted); };
+  auto turn_away = [&](const Status& st) { answer_and_close(st, Closing::kTurnedAway); };
   if (s.hello_done) return refuse(ProtocolError("hello sent twice"));
   // First: a client of another version may mean another layout for everything after its hello.
   if (version != wire::kVersion || req.client_version != wire::kVersion) {
@@ -312,14 +308,22 @@ void Sessions::HandleHello(Session& s, uint32_t seq, uint16_t version, const wir
   Reply(s, wire::MsgType::kHelloReply, seq, r, fds, 3);
 }
 
-void Sessions::Close(Session& s, const std::string& reason, bool evicted) {
+void Sessions::Close(Session& s, const std::string& reason, Closing how) {
   if (s.dead) return;
   s.dead = true;
-  if (evicted) {
-    svc_.counters.evictions++;
-    FERRY_LOG(kWarning) << "session " << s.id << " '" << s.name << "' (pid " << s.peer.pid << ") evicted: " << reason;
-  } else {
-    FERRY_LOG(kInfo) << "session " << s.id << " '" << s.name << "' (pid " << s.peer.pid << ") ended: " << reason;
+  const std::string who =
+      "session " + std::to_string(s.id) + " '" + s.name + "' (pid " + std::to_string(s.peer.pid) + ")";
+  switch (how) {
+    case Closing::kEvicted:
+      svc_.counters.evictions++;
+      FERRY_LOG(kWarning) << who << " evicted: " << reason;
+      break;
+    case Closing::kTurnedAway:
+      FERRY_LOG(kWarning) << who << " turned away: " << reason;
+      break;
+    case Closing::kEnded:
+      FERRY_LOG(kInfo) << who << " ended: " << reason;
+      break;
   }
   svc_.poller.Unwatch(s.sock.get());
   svc_.poller.Unwatch(s.submit_efd.get());

@@ -76,13 +76,16 @@ class Sessions {
   // Stops serving a session now; its resources go once its copies in flight are done (the copy
   // engines may still be reading or writing its buffers). Evict: it misbehaved or failed
   // (counted, a warning); End: it ended normally (disconnected, ferryd stops).
-  void Evict(Session& s, const std::string& reason) { Close(s, reason, true); }
-  void End(Session& s, const std::string& reason) { Close(s, reason, false); }
+  void Evict(Session& s, const std::string& reason) { Close(s, reason, Closing::kEvicted); }
+  void End(Session& s, const std::string& reason) { Close(s, reason, Closing::kEnded); }
 
   uint64_t session_quota_bytes() const { return quota_; }
 
  private:
-  void Close(Session& s, const std::string& reason, bool evicted);
+  // kTurnedAway: refused at hello for a limit or a uid not allowed (a warning, not counted as an
+  // eviction: the client broke no rule).
+  enum class Closing { kEnded, kTurnedAway, kEvicted };
+  void Close(Session& s, const std::string& reason, Closing how);
   void LogRefusedConnection(const PeerCredentials& peer, const std::string& why);
   uint64_t HelloTimeoutNs() const { return uint64_t{config_.limits.hello_timeout_ms} * 1'000'000; }
   bool Authorized(const Session& s) const;

@@ -4,15 +4,9 @@
 # fault of the client's), and ferryd ends whole. usage: early_kill_test.sh FERRYD FERRYCTL TEST_CLIENT [KILLS]
 set -uo pipefail
 ferryd=$1 ctl=$2 client=$3 kills=${4:-400}
-dir=$(mktemp -d /tmp/ferry-early-kill-XXXXXX)
-trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT
+. "$(dirname "$0")/host_ferryd.sh"
+pool_size=256MiB start_host_ferryd early-kill "$ferryd"
 fail() { echo "FAIL: $*"; grep -E "evicted|error" "$dir/ferryd.log" | tail -20; exit 1; }
-"$ferryd" --backend host --runtime-dir "$dir" --pool-size 256MiB --slab-size 1MiB --metrics-address "" \
-  >"$dir/ferryd.log" 2>&1 &
-dpid=$!
-for _ in $(seq 400); do grep -qs "\] ready$" "$dir/ferryd.log" && break; sleep 0.025; done
-grep -qs "\] ready$" "$dir/ferryd.log" || fail "ferryd did not say it is ready"
-sock=$dir/ferryd.sock
 for _ in $(seq "$kills"); do
   "$client" mixed "$sock" 1048576 1000 >/dev/null 2>&1 &
   c=$!
@@ -21,11 +15,7 @@ for _ in $(seq "$kills"); do
   wait $c 2>/dev/null
 done
 "$client" roundtrip "$sock" 4194304 20 >"$dir/final.log" 2>&1 || fail "a client after the kills failed: $(cat "$dir/final.log")"
-for _ in $(seq 100); do
-  st=$("$ctl" --socket "$sock" status --json) || fail "ferryctl status"
-  python3 -c 'import json, sys; s = json.loads(sys.argv[1]); sys.exit(s["pool_free_bytes"] != s["pool_bytes"])' "$st" && break
-  sleep 0.1
-done
+wait_pool_whole "$ctl"
 python3 - "$st" "$kills" <<'PY' || fail "see above"
 import json, sys
 s, kills = json.loads(sys.argv[1]), int(sys.argv[2])
@@ -34,5 +24,5 @@ print(f"{kills} clients killed within 10 ms of their start: evictions {s['evicti
 assert s["evictions"] == 0, "a client killed mid-start was counted as evicted"
 assert s["pool_free_bytes"] == s["pool_bytes"], "pool not whole again"
 PY
-kill -TERM $dpid; wait $dpid || fail "ferryd did not stop cleanly"
+kill -TERM $pid; wait $pid || fail "ferryd did not stop cleanly"
 echo PASS

@@ -5,6 +5,9 @@
 #                           pool of $pool_size (default 64MiB), both cleaned up on exit;
 #                           metrics on $metrics_address if set (then $metrics is the address
 #                           it bound, IPV4:PORT)
+#   wait_pool_whole FERRYCTL
+#                           ferryd's status (JSON) in $st once its pool is whole again, or after
+#                           10 s the last one read
 fail() { echo "FAIL: $*"; exit 1; }
 need() {
   for t in "$@"; do command -v "$t" >/dev/null || fail "$t is not installed (scripts/setup.sh installs it)"; done
@@ -26,4 +29,13 @@ start_host_ferryd() {
   sock=$dir/rt/ferryd.sock
   grep -q '\[info\] ready' "$dir/ferryd.log" || { cat "$dir/ferryd.log"; fail "ferryd did not start"; }
   metrics=$(sed -n 's|.*metrics on http://\([0-9.]*:[0-9]*\)/metrics.*|\1|p' "$dir/ferryd.log")
+}
+wait_pool_whole() {
+  # Slabs of ended sessions come back once their processes are gone and the zeroer is done.
+  for _ in $(seq 100); do
+    st=$("$1" --socket "$sock" status --json) || fail "ferryctl status"
+    python3 -c 'import json, sys; s = json.loads(sys.argv[1]); sys.exit(s["pool_free_bytes"] != s["pool_bytes"])' "$st" &&
+      return 0
+    sleep 0.1
+  done
 }

@@ -5,6 +5,7 @@
 # and ferryd's memory is flat. usage: soak_test.sh FERRYD FERRYCTL TEST_CLIENT [SECONDS]
 set -uo pipefail
 ferryd=$1 ctl=$2 client=$3 seconds=${4:-60}
+. "$(dirname "$0")/host_ferryd.sh"
 dir=$(mktemp -d /tmp/ferry-soak-XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*"; tail -20 "$dir/ferryd.log"; exit 1; }
@@ -38,13 +39,7 @@ done
 for i in "${!pids[@]}"; do kill -9 "${pids[$i]}" 2>/dev/null; wait "${pids[$i]}" 2>/dev/null; done
 for i in $(seq 0 3); do "$client" mixed "$sock" 4194304 50 >"$dir/final$i.log" 2>&1 & done
 for j in $(jobs -p); do [ "$j" = "$dpid" ] && continue; wait "$j" || fail "a final client failed: $(cat "$dir"/final*.log)"; done
-# Slabs of ended sessions come back once their processes are gone and the zeroer is done:
-# wait for that (bounded) before checking that the pool is whole.
-for _ in $(seq 100); do
-  st=$("$ctl" --socket "$sock" status --json) || fail "ferryctl status"
-  python3 -c 'import json, sys; s = json.loads(sys.argv[1]); sys.exit(s["pool_free_bytes"] != s["pool_bytes"])' "$st" && break
-  sleep 0.1
-done
+wait_pool_whole "$ctl"  # bounded: the check below says if it is not
 echo "$st"
 python3 - "$st" "$rss_start" "$(rss)" "$kills" <<'PY' || fail "$(grep -E 'evicted' "$dir/ferryd.log" | tail -5)"
 import json, sys
