@@ -477,6 +477,22 @@ int TransferBench::ManySmall() {
   std::vector<ferry::Transfer> ts;
   ts.reserve(kCount);
   const BlockIndices in_order = MakeBlockIndices(kCount, false, 0);  // the same copies as one list
+  // The same copies with the device side shuffled: none adjacent to the one before, so ferryd
+  // cannot join them, and cudaMemcpyBatchAsync of the same.
+  const BlockIndices scattered = MakeBlockIndices(kCount, true, 0x5ca77e4);
+  std::vector<void*> scattered_dsts(kCount);
+  for (size_t i = 0; i < kCount; ++i) scattered_dsts[i] = static_cast<std::byte*>(dev_) + scattered.dst[i] * kPiece;
+  auto ferry_singles = [&](const std::vector<uint32_t>& dst_blocks) -> int {
+    ts.clear();
+    for (size_t i = 0; i < kCount; ++i) {
+      auto t = client_->Copy(ferry::Direction::kHostToDevice, *pool_buf_, i * kPiece, *region_, dst_blocks[i] * kPiece,
+                             kPiece);
+      FERRY_OR_DIE(t.status());
+      ts.push_back(std::move(*t));
+    }
+    for (auto& t : ts) FERRY_OR_DIE(t.Wait(10s));
+    return 0;
+  };
   for (int rep = -2; rep < reps; ++rep) {
     double t0 = NowSeconds();
     for (size_t i = 0; i < kCount; ++i) {
@@ -493,16 +509,19 @@ int TransferBench::ManySmall() {
     CUDA_OR_DIE(cudaStreamSynchronize(s_[0]));
     t1 = NowSeconds();
     if (rep >= 0) Add("many", kPiece * kCount, "h2d", "in-process-batch", rep, t1 - t0);
-    ts.clear();
     t0 = NowSeconds();
-    for (size_t i = 0; i < kCount; ++i) {
-      auto t = client_->Copy(ferry::Direction::kHostToDevice, *pool_buf_, i * kPiece, *region_, i * kPiece, kPiece);
-      FERRY_OR_DIE(t.status());
-      ts.push_back(std::move(*t));
-    }
-    for (auto& t : ts) FERRY_OR_DIE(t.Wait(10s));
+    if (int rc = ferry_singles(in_order.dst)) return rc;
     t1 = NowSeconds();
     if (rep >= 0) Add("many", kPiece * kCount, "h2d", "ferry", rep, t1 - t0);
+    t0 = NowSeconds();
+    CUDA_OR_DIE(cudaMemcpyBatchAsync(scattered_dsts.data(), srcs.data(), sizes.data(), kCount, &attr, &idx, 1, s_[0]));
+    CUDA_OR_DIE(cudaStreamSynchronize(s_[0]));
+    t1 = NowSeconds();
+    if (rep >= 0) Add("many", kPiece * kCount, "h2d", "in-process-batch-scattered", rep, t1 - t0);
+    t0 = NowSeconds();
+    if (int rc = ferry_singles(scattered.dst)) return rc;
+    t1 = NowSeconds();
+    if (rep >= 0) Add("many", kPiece * kCount, "h2d", "ferry-scattered", rep, t1 - t0);
     t0 = NowSeconds();
     auto list = client_->CopyBlocks(ferry::Direction::kHostToDevice, *pool_buf_, 0, *region_, 0, in_order.list(kPiece));
     FERRY_OR_DIE(list.status());
@@ -510,13 +529,26 @@ int TransferBench::ManySmall() {
     t1 = NowSeconds();
     if (rep >= 0) Add("many", kPiece * kCount, "h2d", "ferry-list", rep, t1 - t0);
   }
+  // The separate copies' bytes, in order and scattered, once each into poisoned device memory.
+  std::vector<std::byte> readback(kPiece * kCount);
+  for (const BlockIndices* singles : {&in_order, &scattered}) {
+    CUDA_OR_DIE(cudaMemset(dev_, 0xA5, kPiece * kCount));
+    CUDA_OR_DIE(cudaDeviceSynchronize());
+    if (int rc = ferry_singles(singles->dst)) return rc;
+    CUDA_OR_DIE(cudaMemcpy(readback.data(), dev_, readback.size(), cudaMemcpyDeviceToHost));
+    if (auto bad = FirstWrongBlock(*singles, kPiece, pool_buf_->data(), readback.data())) {
+      verified_ = false;
+      failures_.push_back(std::string("1024 x 64 KiB as separate copies") +
+                          (singles == &scattered ? ", scattered" : "") + ": copy " + std::to_string(*bad) +
+                          " arrived wrong");
+    }
+  }
   // The list's bytes, once, into poisoned device memory.
   CUDA_OR_DIE(cudaMemset(dev_, 0xA5, kPiece * kCount));
   CUDA_OR_DIE(cudaDeviceSynchronize());
   auto list = client_->CopyBlocks(ferry::Direction::kHostToDevice, *pool_buf_, 0, *region_, 0, in_order.list(kPiece));
   FERRY_OR_DIE(list.status());
   FERRY_OR_DIE(list->Wait(10s));
-  std::vector<std::byte> readback(kPiece * kCount);
   CUDA_OR_DIE(cudaMemcpy(readback.data(), dev_, readback.size(), cudaMemcpyDeviceToHost));
   if (auto bad = FirstWrongBlock(in_order, kPiece, pool_buf_->data(), readback.data())) {
     verified_ = false;
@@ -895,6 +927,12 @@ void TransferBench::Report(bool json) const {
         m1.median, m1.min, m1.max, m2.median, m2.min, m2.max, m3.median, m3.min, m3.max);
     std::printf("%-24s  (the same 1024 copies as one block list through ferryd: %.2f [%.2f, %.2f])\n", "", m4.median,
                 m4.min, m4.max);
+    Summary s2 = Gbps("many", 1024 * (64 << 10), "h2d", "in-process-batch-scattered"),
+            s3 = Gbps("many", 1024 * (64 << 10), "h2d", "ferry-scattered");
+    std::printf(
+        "%-24s  device side scattered (no copy adjacent to the one before): in-process cudaMemcpyBatchAsync "
+        "%.2f [%.2f, %.2f]   through ferryd %.2f [%.2f, %.2f]\n",
+        "", s2.median, s2.min, s2.max, s3.median, s3.min, s3.max);
   }
   if (Runs("blocks")) {
     std::printf("\nblock lists, shuffled (GB/s)  %-26s %-26s %-26s %7s %7s\n", "in-process one-stream loop",

@@ -19,7 +19,6 @@ namespace ferry::detail {
 
 ClientCore::~ClientCore() {
   if (relay_created_) device_->DestroyStream(relay_stream_);
-  for (auto& [caller, relay] : flag_relays_) device_->DestroyStream(relay);
   if (flags_mapped_) device_->UnmapFlags(flags_);
   // EventState's destructor cannot reach a core that is going away: release events here.
   for (auto& e : free_events_) {
@@ -106,8 +105,6 @@ Status ClientCore::Connect(const ConnectOptions& o) {
   // probes cost the stream; ferryd's exposed-time metric then misses those stalls).
   if (const char* s = std::getenv("FERRY_STALL_PROBES"); s != nullptr && std::string_view(s) == "0")
     stall_probes_on_ = false;
-  if (const char* s = std::getenv("FERRY_FLAG_RELAY"); s != nullptr && std::string_view(s) == "1")
-    flag_relay_on_ = true;
   return Status::Ok();
 }
 
@@ -195,22 +192,7 @@ Status ClientCore::RecordEvent(EventState& ev, void* stream) {
   }
   // Counted once written: a copy submitted after a failed record waits for the last good one.
   const uint32_t n = ev.records.load(std::memory_order_relaxed) + 1;
-  void* writer = stream;
-  if (flag_relay_on_) {
-    std::lock_guard<std::mutex> l(flag_relays_mu_);
-    auto relay = flag_relays_.find(stream);
-    if (relay == flag_relays_.end()) {
-      FERRY_ASSIGN_OR_RETURN(void* s, device_->CreateStream());
-      relay = flag_relays_.emplace(stream, s).first;
-    }
-    if (ev.relay_mark == nullptr) {
-      FERRY_ASSIGN_OR_RETURN(ev.relay_mark, device_->CreateLocalEvent());
-    }
-    FERRY_RETURN_IF_ERROR(device_->RecordEvent(ev.relay_mark, stream));
-    FERRY_RETURN_IF_ERROR(device_->StreamWaitEvent(relay->second, ev.relay_mark));
-    writer = relay->second;
-  }
-  FERRY_RETURN_IF_ERROR(device_->WriteFlag(writer, ev.flag, n));
+  FERRY_RETURN_IF_ERROR(device_->WriteFlag(stream, ev.flag, n));
   ev.records.store(n, std::memory_order_release);
   return Status::Ok();
 }
@@ -658,10 +640,7 @@ Status ClientCore::StreamWait(std::span<TransferState* const> batch, void* strea
 
 EventState::~EventState() {
   // The daemon closes its side when the session ends; the client's event goes now.
-  if (auto c = core.lock()) {
-    c->device().DestroyEvent(ev.event);
-    if (relay_mark != nullptr) c->device().DestroyEvent(relay_mark);
-  }
+  if (auto c = core.lock()) c->device().DestroyEvent(ev.event);
 }
 
 HostBufferState::~HostBufferState() {

@@ -39,7 +39,6 @@ struct EventState {
   // after the event waits for the number of the last record before it was submitted.
   uint32_t* flag = nullptr;
   std::atomic<uint32_t> records{0};
-  void* relay_mark = nullptr;  // FERRY_FLAG_RELAY=1: a local event marking each record on its stream
   ~EventState();
 };
 
@@ -234,12 +233,6 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   static constexpr uint64_t kEnqueueSpinNs = 3'000'000;
   std::atomic<uint32_t> reaped_to_{0};  // cq_head_ after the last reap, readable without ring_mu_
 
-  // FERRY_FLAG_RELAY=1 (an A/B for measurement): a record marks the caller's stream with a local
-  // event and a stream of ours, one per caller's stream, waits on it and writes the flag, so the
-  // caller's stream carries no flag write.
-  bool flag_relay_on_ = false;
-  std::mutex flag_relays_mu_;           // guards flag_relays_ and the events' relay marks
-  std::map<void*, void*> flag_relays_;  // caller's stream -> our stream writing its flags
   std::mutex relay_mu_;          // guards relay_stream_ and orders the relay's wait-then-record pairs
   void* relay_stream_ = nullptr;  // created on the first RecordEventAfter
   bool relay_created_ = false;

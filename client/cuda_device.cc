@@ -155,7 +155,6 @@ class CudaClientDevice : public ClientDevice {
     if (r != CUDA_SUCCESS) return DeviceError("cuStreamWriteValue32 failed (CUresult " + std::to_string(r) + ")");
     return Status::Ok();
   }
-  Result<void*> CreateLocalEvent() override { return NewEvent(cudaEventDisableTiming); }
   Result<void*> CreateTimingEvent() override { return NewEvent(cudaEventDefault); }
   Result<int64_t> ElapsedIfDone(void* start, void* end) override {
     const cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(end));

@@ -53,8 +53,6 @@ class ClientDevice {
   virtual Result<AllocationInfo> AllocationOf(const void* ptr) = 0;
   virtual Result<DeviceEvent> CreateEvent() = 0;
   virtual void DestroyEvent(void* event) = 0;
-  // An event of this process alone (no timing, no interprocess handle); nullptr on the host.
-  virtual Result<void*> CreateLocalEvent() = 0;
   virtual Status RecordEvent(void* event, void* stream) = 0;
   virtual Status StreamWaitEvent(void* stream, void* event) = 0;
   // A stream of libferry's own (nullptr on the host backend, where nothing runs on streams).

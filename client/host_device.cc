@@ -71,7 +71,6 @@ class HostClientDevice : public ClientDevice {
     e.request.kind = static_cast<uint32_t>(wire::EventHandleKind::kHost);
     return e;
   }
-  Result<void*> CreateLocalEvent() override { return static_cast<void*>(nullptr); }
   void DestroyEvent(void*) override {}
   Status RecordEvent(void*, void*) override { return Status::Ok(); }
   Status StreamWaitEvent(void*, void*) override { return Status::Ok(); }

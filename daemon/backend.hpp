@@ -54,6 +54,10 @@ struct CopyPiece {
   std::byte* device;
   uint64_t length;
   bool batchable = true;  // may go to the engines in one batch with others on its stream
+  // The scheduler sent the piece before it to the same stream, from the same session's host
+  // buffer (within one registration) to the same device region: where the two are adjacent on
+  // both sides and the earlier one is still staged, the backend may copy them as one.
+  bool joins_previous = false;
 };
 
 // "Start once the client's stream has written at least `value` into this flag word" (a cyclic

@@ -39,6 +39,7 @@
 #include "common/status_macros.hpp"
 #include "daemon/backend.hpp"
 #include "daemon/numa.hpp"
+#include "daemon/staged_copies.hpp"
 
 namespace ferry::daemon {
 namespace {
@@ -444,17 +445,12 @@ class CudaBackend : public Backend {
     }
     StagedCopies& st = lane_staged_;
     for (const CopyPiece& p : plan.pieces) {
-      st.dsts.push_back(h2d ? static_cast<void*>(p.device) : static_cast<void*>(p.host));
-      st.srcs.push_back(h2d ? static_cast<const void*>(p.host) : static_cast<const void*>(p.device));
-      st.sizes.push_back(p.length);
-      st.batchable.push_back(true);
+      st.Add(h2d ? static_cast<void*>(p.device) : static_cast<void*>(p.host),
+             h2d ? static_cast<const void*>(p.host) : static_cast<const void*>(p.device), p.length, true, false);
       g.bytes += p.length;
     }
     if (g.status.ok()) g.status = Issue(st, h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s);
-    st.dsts.clear();
-    st.srcs.clear();
-    st.sizes.clear();
-    st.batchable.clear();
+    st.ClearCopies();
     if (g.status.ok()) {
       auto e = TakeEvent();
       g.status = e.ok() ? CudaStatus(cudaEventRecord(*e, s), "fence") : e.status();
@@ -496,11 +492,9 @@ class CudaBackend : public Backend {
       groups_[cls].bytes += p.length;
       groups_[cls].pieces++;
       groups_[cls].all_batchable = groups_[cls].all_batchable && p.batchable;
-      StagedCopies& st = staged_[d][p.stream];
-      st.dsts.push_back(h2d ? static_cast<void*>(p.device) : static_cast<void*>(p.host));
-      st.srcs.push_back(h2d ? static_cast<const void*>(p.host) : static_cast<const void*>(p.device));
-      st.sizes.push_back(p.length);
-      st.batchable.push_back(p.batchable);
+      staged_[d][p.stream].Add(h2d ? static_cast<void*>(p.device) : static_cast<void*>(p.host),
+                               h2d ? static_cast<const void*>(p.host) : static_cast<const void*>(p.device), p.length,
+                               p.batchable, p.joins_previous);
       groups_[cls].staged_mask |= uint64_t{1} << (d * 32 + p.stream);
     }
     const bool one_stream = std::all_of(plan.pieces.begin(), plan.pieces.end(),
@@ -586,10 +580,7 @@ class CudaBackend : public Backend {
           Status issued;
           if (trace_) issued = TraceStart(g, d, s, st);
           if (issued.ok()) issued = Issue(st, kind, streams_[d][s]);
-          st.dsts.clear();
-          st.srcs.clear();
-          st.sizes.clear();
-          st.batchable.clear();
+          st.ClearCopies();
           if (issued.ok()) issued_streams.emplace_back(d, s);
           if (!issued.ok()) failed_streams.push_back(streams_[d][s]);
           if (!issued.ok() && g.status.ok()) g.status = issued;
@@ -738,13 +729,6 @@ class CudaBackend : public Backend {
     uint64_t staged_ns = 0;        // while staging: when the first piece came
     uint64_t accepted_ns = 0;      // when ferryd read the first piece's request (trace)
     uint64_t staged_mask = 0;  // while staging: bit d * 32 + s for each stream with staged pieces
-  };
-  struct StagedCopies {
-    std::vector<std::pair<uint64_t, uint32_t>> done_writes;  // (device address, value), after the copies
-    std::vector<void*> dsts;
-    std::vector<const void*> srcs;
-    std::vector<size_t> sizes;
-    std::vector<bool> batchable;
   };
 
   Status TraceStart(Group& g, int d, uint32_t s, const StagedCopies& st) {

@@ -198,6 +198,44 @@ uint32_t Scheduler::BulkStream(const Copy& c) {
   return bank + static_cast<uint32_t>(bulk_cursor_++ % n);
 }
 
+// Small single copies (pieces up to the policy's batch threshold) stay on one bulk stream until
+// they add up to the threshold or kStreamRunPieces of them went: a client's adjacent pieces then
+// meet on one stream, where the backend joins them, and each stream's batch stays as large as
+// under a plain round robin (the backend's batches hold up to 64 pieces: 16 a stream over 4).
+// Larger pieces move to the next stream one by one, as block lists' units do.
+constexpr uint32_t kStreamRunPieces = 16;
+
+uint32_t Scheduler::SingleCopyStream(int e, const Copy& c, const CopyPiece& piece) {
+  StreamRun& run = runs_[e];
+  const uint32_t n = std::min(c.policy->bulk_streams, kMaxBulkStreams);
+  const uint32_t bank = c.policy->bulk_priority == StreamPriority::kLeast ? 1 : 1 + kMaxBulkStreams;
+  const uint64_t threshold = c.policy->batch_threshold_bytes;
+  const bool small = piece.length <= threshold;
+  if (small && run.stream >= bank && run.stream < bank + n && run.bytes + piece.length <= threshold &&
+      run.pieces < kStreamRunPieces) {
+    run.bytes += piece.length;
+    run.pieces++;
+    return run.stream;
+  }
+  const uint32_t stream = BulkStream(c);
+  run = small ? StreamRun{stream, piece.length, 1} : StreamRun{};
+  return stream;
+}
+
+// Whether `piece`, going to its stream, continues the piece that stream was sent last: the same
+// session, the same device region, adjacent on both sides, and (where the backend registered the
+// pool slab by slab) the earlier piece not ending at a slab's end. Records `piece` as the tail.
+bool Scheduler::JoinsStreamTail(int e, const Copy& c, const CopyPiece& piece) {
+  StreamTail& tail = tails_[e][piece.stream % kStreamIndexes];
+  const bool slab_end = backend_.pieces_stay_in_one_slab() && pool_.slab_bytes != 0 &&
+                        static_cast<uint64_t>(piece.host - pool_.base) % pool_.slab_bytes == 0;
+  const bool joins = c.blocks == 0 && tail.session_id == c.session_id && tail.region_id == c.region_id &&
+                     tail.host_end == piece.host && tail.device_end == piece.device && !slab_end;
+  tail = c.blocks == 0 ? StreamTail{c.session_id, c.region_id, piece.host + piece.length, piece.device + piece.length}
+                       : StreamTail{};
+  return joins;
+}
+
 // Hands the next piece of `c` (or all of it, when it goes whole) to the backend.
 void Scheduler::DispatchNext(SessionQueues* q, Copy& c) {
   CopyPlan plan;
@@ -215,10 +253,11 @@ void Scheduler::DispatchNext(SessionQueues* q, Copy& c) {
     // A whole bulk copy spreads over the streams too, unit by unit; a lane is one stream of its own.
     if (i == unit_end) {
       unit_end = c.UnitEnd(c.unit++, i);
-      if (c.Bulk()) stream = BulkStream(c);
+      if (c.Bulk()) stream = c.blocks == 0 ? SingleCopyStream(c.EngineSet(), c, c.pieces[i]) : BulkStream(c);
     }
     CopyPiece p = c.pieces[i];
     p.stream = stream;
+    if (c.Bulk()) p.joins_previous = JoinsStreamTail(c.EngineSet(), c, p);
     plan.pieces.push_back(p);
     bytes += p.length;
   }

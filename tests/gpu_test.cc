@@ -71,6 +71,7 @@ class GpuDaemon : public ::testing::Test {
   virtual std::vector<std::string> ExtraDaemonArgs() const { return {}; }
   void ReclaimedSlabsStillCopyEveryByteBothWays(const char* registration_line);
   void ManySmallCopiesLandWhereTheyShould();
+  void AdjacentCopiesLandWhereTheyShould();
   void ACopyAfterAnEventWaitsForTheKernelBeforeIt(size_t n);
 
   // Reads the whole device allocation back with the CUDA runtime, independent of ferry.
@@ -271,6 +272,44 @@ void GpuDaemon::ManySmallCopiesLandWhereTheyShould() {
   }
   EXPECT_EQ(FirstDifference(small.data(), back.data(), small.size()), -1);
 }
+
+// A client's run of adjacent copies, which ferryd joins into larger ones on the engines (where
+// the pool is registered slab by slab, never across a slab's end): 52 KiB pieces, so some of
+// them straddle slabs, in order both ways; random data, poisoned destinations, every byte.
+void GpuDaemon::AdjacentCopiesLandWhereTheyShould() {
+  constexpr size_t kPiece = 52 << 10, kCount = 1024;
+  const uint64_t seed = testing::RandomSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(kPiece * kCount));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client_->AllocateDevice(kPiece * kCount));
+  ASSERT_CUDA(cudaMemset(dev.data(), 0xA5, dev.size()));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
+  FillRandom(host.data(), host.size(), seed);
+  const std::vector<std::byte> sent(host.data(), host.data() + host.size());
+  std::vector<Transfer> ts;
+  for (size_t i = 0; i < kCount; ++i) {
+    ASSERT_OK_AND_ASSIGN(Transfer t,
+                         client_->Copy(Direction::kHostToDevice, host, i * kPiece, region, i * kPiece, kPiece));
+    ts.push_back(std::move(t));
+  }
+  for (auto& t : ts) ASSERT_OK(t.Wait(10s));
+  std::vector<std::byte> back = ReadBack(dev.data(), dev.size());
+  EXPECT_EQ(FirstDifference(back.data(), sent.data(), sent.size()), -1) << "host to device";
+  testing::Poison(host.data(), host.size());
+  ts.clear();
+  for (size_t i = 0; i < kCount; ++i) {
+    ASSERT_OK_AND_ASSIGN(Transfer t,
+                         client_->Copy(Direction::kDeviceToHost, host, i * kPiece, region, i * kPiece, kPiece));
+    ts.push_back(std::move(t));
+  }
+  for (auto& t : ts) ASSERT_OK(t.Wait(10s));
+  EXPECT_EQ(FirstDifference(host.data(), sent.data(), sent.size()), -1) << "device to host";
+}
+
+TEST_F(GpuDaemon, AdjacentCopiesJoinedOnTheEnginesLandWhereTheyShould) { AdjacentCopiesLandWhereTheyShould(); }
+
+TEST_F(PerSlabGpuDaemon, AdjacentCopiesJoinedWithinEachSlabLandWhereTheyShould) { AdjacentCopiesLandWhereTheyShould(); }
 
 // By default the copy streams write fence words that ferryd reads instead of asking the driver.
 TEST_F(GpuDaemon, ManySmallCopiesInFlightLandWhereTheyShould) {

@@ -617,6 +617,105 @@ TEST_F(SchedulerTest, ABlockListIsLatencyClassOnlyWhenAllOfItIsSmall) {
   EXPECT_NE(backend_.submitted[1].plan.pieces[0].stream, 0u);
 }
 
+// Small single copies of a session go to a bulk stream in runs of up to 16 (and up to the batch
+// threshold in bytes), and each piece that continues the last one its stream was sent, on both
+// sides and in the same device region, is marked as joining it.
+TEST_F(SchedulerTest, AdjacentSmallCopiesGoToOneStreamInRunsAndJoin) {
+  Start(Chunked(64 * kMiB));
+  scheduler_->AddSession(1, 1);
+  constexpr uint64_t kPiece = 64 << 10;
+  for (uint64_t i = 0; i < 40; ++i) {
+    CopyRequest r = Copy(i + 1, 1, kSessionSpan + i * kPiece, kPiece);
+    r.region_id = 7;
+    scheduler_->Submit(r);
+  }
+  scheduler_->Dispatch();
+  ASSERT_EQ(backend_.submitted.size(), 40u);
+  for (size_t i = 0; i < 40; ++i) {
+    const CopyPiece& p = backend_.submitted[i].plan.pieces[0];
+    const CopyPiece& run_start = backend_.submitted[i - i % 16].plan.pieces[0];
+    EXPECT_NE(p.stream, 0u) << "copy " << i;
+    EXPECT_EQ(p.stream, run_start.stream) << "copy " << i << " left its run";
+    EXPECT_EQ(p.joins_previous, i % 16 != 0) << "copy " << i;
+  }
+  EXPECT_NE(backend_.submitted[0].plan.pieces[0].stream, backend_.submitted[16].plan.pieces[0].stream);
+  EXPECT_NE(backend_.submitted[16].plan.pieces[0].stream, backend_.submitted[32].plan.pieces[0].stream);
+}
+
+// A run ends at the batch threshold in bytes: 256 KiB pieces go four to a stream.
+TEST_F(SchedulerTest, ARunOfSmallCopiesEndsAtTheBatchThreshold) {
+  Start(Chunked(64 * kMiB));
+  scheduler_->AddSession(1, 1);
+  for (uint64_t i = 0; i < 8; ++i) scheduler_->Submit(Copy(i + 1, 1, kSessionSpan + i * (256 << 10), 256 << 10));
+  scheduler_->Dispatch();
+  ASSERT_EQ(backend_.submitted.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(backend_.submitted[i].plan.pieces[0].stream, backend_.submitted[i - i % 4].plan.pieces[0].stream);
+    EXPECT_EQ(backend_.submitted[i].plan.pieces[0].joins_previous, i % 4 != 0) << "copy " << i;
+  }
+  EXPECT_NE(backend_.submitted[0].plan.pieces[0].stream, backend_.submitted[4].plan.pieces[0].stream);
+}
+
+// Pieces that only look adjacent do not join: a gap on either side, another device region,
+// another session's copy between them on the stream, a block list.
+TEST_F(SchedulerTest, CopiesThatAreNotAdjacentInOneRegionDoNotJoin) {
+  Start(Chunked(64 * kMiB));
+  scheduler_->AddSession(1, 1);
+  scheduler_->AddSession(2, 1);
+  constexpr uint64_t kPiece = 64 << 10;
+  const uint64_t base = kSessionSpan;
+  auto copy = [&](uint64_t id, uint64_t session, uint64_t host_off, uint64_t dev_off, uint32_t region) {
+    CopyRequest r = Copy(id, session, base + host_off, kPiece);
+    r.device = device_.data() + base + dev_off;
+    r.region_id = region;
+    return r;
+  };
+  scheduler_->Submit(copy(1, 1, 0, 0, 1));
+  scheduler_->Submit(copy(2, 1, 2 * kPiece, kPiece, 1));      // host side has a gap
+  scheduler_->Submit(copy(3, 1, 3 * kPiece, 3 * kPiece, 1));  // device side has a gap
+  scheduler_->Submit(copy(4, 1, 4 * kPiece, 4 * kPiece, 2));  // adjacent, another region
+  scheduler_->Submit(copy(5, 1, 5 * kPiece, 5 * kPiece, 2));  // joins 4
+  scheduler_->Dispatch();
+  ASSERT_EQ(backend_.submitted.size(), 5u);
+  const std::vector<bool> expected{false, false, false, false, true};
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(backend_.submitted[i].plan.pieces[0].joins_previous, expected[i]) << "copy " << i + 1;
+  }
+  // Another session's copy ends the tail, though the next of session 1 is adjacent to 5.
+  scheduler_->Submit(copy(6, 2, 64 * kMiB, 64 * kMiB, 1));
+  scheduler_->Submit(copy(7, 1, 6 * kPiece, 6 * kPiece, 2));
+  scheduler_->Dispatch();
+  ASSERT_EQ(backend_.submitted.size(), 7u);
+  EXPECT_FALSE(backend_.submitted[6].plan.pieces[0].joins_previous);
+  // A list's pieces never join, nor does a copy join a list's last block.
+  backend_.FinishAll();
+  scheduler_->PollBackend();
+  CopyRequest list = List(8, 1, base + 7 * kPiece, 4, kPiece);
+  list.region_id = 2;
+  scheduler_->Submit(list);
+  scheduler_->Submit(copy(9, 1, 14 * kPiece, 14 * kPiece, 2));  // where the list's last block ends
+  scheduler_->Dispatch();
+  for (size_t i = 7; i < backend_.submitted.size(); ++i) {
+    for (const CopyPiece& p : backend_.submitted[i].plan.pieces) EXPECT_FALSE(p.joins_previous) << "plan " << i;
+  }
+}
+
+// Where the backend registered the pool slab by slab, a piece that starts a slab never joins
+// the one that ended the slab before: one copy may not span two registrations.
+TEST_F(SchedulerTest, AdjacentCopiesDoNotJoinAcrossASlabRegisteredApart) {
+  backend_.per_slab = true;
+  Start(Chunked(64 * kMiB));
+  scheduler_->AddSession(1, 1);
+  constexpr uint64_t kPiece = 64 << 10;
+  for (uint64_t i = 0; i < 4; ++i) scheduler_->Submit(Copy(i + 1, 1, kSlab - 2 * kPiece + i * kPiece, kPiece));
+  scheduler_->Dispatch();
+  ASSERT_EQ(backend_.submitted.size(), 4u);
+  const std::vector<bool> expected{false, true, false, true};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(backend_.submitted[i].plan.pieces[0].joins_previous, expected[i]) << "copy " << i + 1;
+  }
+}
+
 TEST_F(SchedulerTest, ACancelledSessionsQueuedCopiesNeverGoOut) {
   Start(Chunked(kMiB, kMiB));
   scheduler_->AddSession(1, 1);

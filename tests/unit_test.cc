@@ -18,8 +18,9 @@
 #include "common/yaml_util.hpp"
 #include "daemon/config.hpp"
 #include "daemon/pinned_pool.hpp"
-#include "daemon/poll_window.hpp"
 #include "daemon/policy_loader.hpp"
+#include "daemon/poll_window.hpp"
+#include "daemon/staged_copies.hpp"
 #include "test_util.hpp"
 
 namespace ferry {
@@ -192,6 +193,29 @@ TEST(Config, HugeFileIsRejected) {
 }
 
 // ferryd polls after its last activity for a window that follows the gaps between requests.
+// A staged copy that the scheduler marks as joining, and that starts where the last one ends
+// on both sides, becomes part of it; any other stays a copy of its own.
+TEST(StagedCopies, JoinsAMarkedCopyOnlyWhereBothSidesContinueTheLast) {
+  std::vector<std::byte> src(1 << 20), dst(1 << 20);
+  daemon::StagedCopies st;
+  st.Add(dst.data(), src.data(), 4096, true, false);
+  st.Add(dst.data() + 4096, src.data() + 4096, 4096, true, true);  // joins
+  ASSERT_EQ(st.sizes.size(), 1u);
+  EXPECT_EQ(st.sizes[0], 8192u);
+  st.Add(dst.data() + 8192, src.data() + 8192, 4096, true, false);    // adjacent, not marked
+  st.Add(dst.data() + 16384, src.data() + 12288, 4096, true, true);   // destination has a gap
+  st.Add(dst.data() + 20480, src.data() + 20480, 4096, true, true);   // source has a gap
+  st.Add(dst.data() + 24576, src.data() + 24576, 4096, false, true);  // not batchable
+  st.Add(dst.data() + 28672, src.data() + 28672, 4096, true, true);   // after one not batchable
+  EXPECT_EQ(st.sizes, (std::vector<size_t>{8192, 4096, 4096, 4096, 4096, 4096}));
+  EXPECT_EQ(st.dsts.back(), dst.data() + 28672);
+  EXPECT_EQ(st.srcs.back(), src.data() + 28672);
+  EXPECT_EQ(st.batchable, (std::vector<bool>{true, true, true, true, false, true}));
+  st.ClearCopies();
+  st.Add(dst.data() + 32768, src.data() + 32768, 4096, true, true);  // nothing staged to join
+  EXPECT_EQ(st.sizes, (std::vector<size_t>{4096}));
+}
+
 TEST(PollWindow, StretchesToBridgeTheGapsClientsLeaveAndShrinksWhenTheyGoQuiet) {
   constexpr uint64_t kUs = 1000, kMs = 1000 * kUs;
   daemon::PollWindow w(200 * kUs, 20 * kMs);

@@ -2,8 +2,7 @@
 # Where the time goes through ferryd, on a GPU machine, in three parts: the seed's in-step steps
 # (ferryd --trace-engine with ferry-bench overlap --timeline, split by bench/gpu/instep_trace.py
 # into the hand-off to ferryd's lane, the last copy and the hand-off back; then a plain ferryd
-# with the client's stall probes on and off and its event flags written by relay streams
-# (FERRY_FLAG_RELAY=1), ROUNDS times), the 4 KiB latency copies
+# with the client's stall probes on and off, ROUNDS times), the 4 KiB latency copies
 # (bench/probes/trace_timeline.py: the client's call, ferryd reading and issuing, the engine,
 # the done word) and the 1024 x 64 KiB copies (bench/probes/engine_busy.py: were the engines
 # kept fed). POLICY (default policies/chunked.yaml) is the overlap's policy; OTHER_LIB, a folder
@@ -28,7 +27,6 @@ start_ferryd >/dev/null
 for round in $(seq "${ROUNDS:-2}"); do
   echo "-- round $round, probes on"; ov
   echo "-- round $round, probes off"; FERRY_STALL_PROBES=0 ov
-  echo "-- round $round, flags written by relay streams"; FERRY_FLAG_RELAY=1 ov
   if [ -n "${OTHER_LIB:-}" ]; then
     echo "-- round $round, client library from $OTHER_LIB"; LD_LIBRARY_PATH=$OTHER_LIB:$LD_LIBRARY_PATH ov
   fi
