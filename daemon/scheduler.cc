@@ -198,41 +198,46 @@ uint32_t Scheduler::BulkStream(const Copy& c) {
   return bank + static_cast<uint32_t>(bulk_cursor_++ % n);
 }
 
-// Small single copies (pieces up to the policy's batch threshold) stay on one bulk stream until
-// they add up to the threshold or kStreamRunPieces of them went: a client's adjacent pieces then
-// meet on one stream, where the backend joins them, and each stream's batch stays as large as
-// under a plain round robin (the backend's batches hold up to 64 pieces: 16 a stream over 4).
-// Larger pieces move to the next stream one by one, as block lists' units do.
-constexpr uint32_t kStreamRunPieces = 16;
-
+// A small single copy (a piece up to the policy's batch threshold) that continues the piece some
+// bulk stream was sent last goes to that stream, while what has met there in a row stays within
+// the threshold: a client's adjacent copies meet where the backend can join them, about a batch
+// threshold's worth on each stream. Any other piece goes round robin, as block lists' units do,
+// so scattered copies still spread over the engines.
 uint32_t Scheduler::SingleCopyStream(int e, const Copy& c, const CopyPiece& piece) {
-  StreamRun& run = runs_[e];
   const uint32_t n = std::min(c.policy->bulk_streams, kMaxBulkStreams);
   const uint32_t bank = c.policy->bulk_priority == StreamPriority::kLeast ? 1 : 1 + kMaxBulkStreams;
-  const uint64_t threshold = c.policy->batch_threshold_bytes;
-  const bool small = piece.length <= threshold;
-  if (small && run.stream >= bank && run.stream < bank + n && run.bytes + piece.length <= threshold &&
-      run.pieces < kStreamRunPieces) {
-    run.bytes += piece.length;
-    run.pieces++;
-    return run.stream;
+  if (piece.length <= c.policy->batch_threshold_bytes && !StartsASlab(piece)) {
+    for (uint32_t s = bank; s < bank + n; ++s) {
+      const StreamTail& tail = tails_[e][s];
+      if (tail.session_id == c.session_id && tail.region_id == c.region_id && tail.host_end == piece.host &&
+          tail.device_end == piece.device && tail.run_bytes + piece.length <= c.policy->batch_threshold_bytes) {
+        return s;
+      }
+    }
   }
-  const uint32_t stream = BulkStream(c);
-  run = small ? StreamRun{stream, piece.length, 1} : StreamRun{};
-  return stream;
+  return BulkStream(c);
+}
+
+// Where the backend registered the pool slab by slab, a piece that starts a slab is in another
+// registration than the piece before it: the two may not be copied as one.
+bool Scheduler::StartsASlab(const CopyPiece& piece) const {
+  return backend_.pieces_stay_in_one_slab() && pool_.slab_bytes != 0 &&
+         static_cast<uint64_t>(piece.host - pool_.base) % pool_.slab_bytes == 0;
 }
 
 // Whether `piece`, going to its stream, continues the piece that stream was sent last: the same
-// session, the same device region, adjacent on both sides, and (where the backend registered the
-// pool slab by slab) the earlier piece not ending at a slab's end. Records `piece` as the tail.
+// session, the same device region, adjacent on both sides, not across slabs pinned apart.
+// Records `piece` as the stream's tail (a block list's: none, its pieces never join).
 bool Scheduler::JoinsStreamTail(int e, const Copy& c, const CopyPiece& piece) {
   StreamTail& tail = tails_[e][piece.stream % kStreamIndexes];
-  const bool slab_end = backend_.pieces_stay_in_one_slab() && pool_.slab_bytes != 0 &&
-                        static_cast<uint64_t>(piece.host - pool_.base) % pool_.slab_bytes == 0;
   const bool joins = c.blocks == 0 && tail.session_id == c.session_id && tail.region_id == c.region_id &&
-                     tail.host_end == piece.host && tail.device_end == piece.device && !slab_end;
-  tail = c.blocks == 0 ? StreamTail{c.session_id, c.region_id, piece.host + piece.length, piece.device + piece.length}
-                       : StreamTail{};
+                     tail.host_end == piece.host && tail.device_end == piece.device && !StartsASlab(piece);
+  if (c.blocks != 0) {
+    tail = StreamTail{};
+  } else {
+    tail = StreamTail{c.session_id, c.region_id, piece.host + piece.length, piece.device + piece.length,
+                      (joins ? tail.run_bytes : 0) + piece.length};
+  }
   return joins;
 }
 

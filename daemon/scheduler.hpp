@@ -188,6 +188,7 @@ class Scheduler {
   void PlanBlockList(Copy& c, uint64_t pool_offset, std::byte* device, std::vector<BlockPiece>& pieces);
   uint32_t BulkStream(const Copy& c);
   uint32_t SingleCopyStream(int e, const Copy& c, const CopyPiece& piece);
+  bool StartsASlab(const CopyPiece& piece) const;
   bool JoinsStreamTail(int e, const Copy& c, const CopyPiece& piece);
   void Schedule(Copy& c);
   void DispatchNext(SessionQueues* q, Copy& c);
@@ -218,19 +219,14 @@ class Scheduler {
   uint32_t copies_started_[2 * kMaxGpus] = {};  // bulk copies with pieces out, not finished
   uint64_t rr_cursor_[2 * kMaxGpus] = {};       // deficit round robin: the session visited last (or now)
   bool visit_open_[2 * kMaxGpus] = {};          // ... and its visit continues when the engines drain
-  // Small single copies go to a bulk stream in runs (SingleCopyStream).
-  struct StreamRun {
-    uint32_t stream = 0;  // 0: none open
-    uint64_t bytes = 0;
-    uint32_t pieces = 0;
-  };
-  StreamRun runs_[2 * kMaxGpus] = {};
-  // The last piece each bulk stream was sent, for JoinsStreamTail (session 0: none that joins).
+  // The last piece each bulk stream was sent (session 0: none that a piece may join), and the
+  // bytes of the adjacent pieces that met there in a row, it included.
   struct StreamTail {
     uint64_t session_id = 0;
     uint32_t region_id = 0;
     const std::byte* host_end = nullptr;
     const std::byte* device_end = nullptr;
+    uint64_t run_bytes = 0;
   };
   static constexpr uint32_t kStreamIndexes = 1 + 2 * kMaxBulkStreams;  // the latency stream, two banks
   StreamTail tails_[2 * kMaxGpus][kStreamIndexes] = {};

@@ -617,9 +617,9 @@ TEST_F(SchedulerTest, ABlockListIsLatencyClassOnlyWhenAllOfItIsSmall) {
   EXPECT_NE(backend_.submitted[1].plan.pieces[0].stream, 0u);
 }
 
-// Small single copies of a session go to a bulk stream in runs of up to 16 (and up to the batch
-// threshold in bytes), and each piece that continues the last one its stream was sent, on both
-// sides and in the same device region, is marked as joining it.
+// A small single copy that continues the last piece a bulk stream was sent (on both sides, in
+// the same session and device region) goes to that stream, marked as joining it, until a batch
+// threshold's worth (1 MiB: 16 of 64 KiB) met there in a row; then the next stream.
 TEST_F(SchedulerTest, AdjacentSmallCopiesGoToOneStreamInRunsAndJoin) {
   Start(Chunked(64 * kMiB));
   scheduler_->AddSession(1, 1);
@@ -640,6 +640,22 @@ TEST_F(SchedulerTest, AdjacentSmallCopiesGoToOneStreamInRunsAndJoin) {
   }
   EXPECT_NE(backend_.submitted[0].plan.pieces[0].stream, backend_.submitted[16].plan.pieces[0].stream);
   EXPECT_NE(backend_.submitted[16].plan.pieces[0].stream, backend_.submitted[32].plan.pieces[0].stream);
+}
+
+// Small copies that continue nothing go round robin, as before joining: a burst of scattered
+// copies still spreads over the engines.
+TEST_F(SchedulerTest, ScatteredSmallCopiesSpreadOverTheStreams) {
+  Start(Chunked(64 * kMiB));
+  scheduler_->AddSession(1, 1);
+  constexpr uint64_t kPiece = 64 << 10;
+  for (uint64_t i = 0; i < 8; ++i) scheduler_->Submit(Copy(i + 1, 1, kSessionSpan + 2 * i * kPiece, kPiece));
+  scheduler_->Dispatch();
+  ASSERT_EQ(backend_.submitted.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    const CopyPiece& p = backend_.submitted[i].plan.pieces[0];
+    EXPECT_FALSE(p.joins_previous) << "copy " << i;
+    if (i > 0) EXPECT_NE(p.stream, backend_.submitted[i - 1].plan.pieces[0].stream) << "copy " << i;
+  }
 }
 
 // A run ends at the batch threshold in bytes: 256 KiB pieces go four to a stream.
@@ -681,12 +697,17 @@ TEST_F(SchedulerTest, CopiesThatAreNotAdjacentInOneRegionDoNotJoin) {
   for (size_t i = 0; i < 5; ++i) {
     EXPECT_EQ(backend_.submitted[i].plan.pieces[0].joins_previous, expected[i]) << "copy " << i + 1;
   }
-  // Another session's copy ends the tail, though the next of session 1 is adjacent to 5.
-  scheduler_->Submit(copy(6, 2, 64 * kMiB, 64 * kMiB, 1));
+  // Another session's copy adjacent to 5 on both sides, in a region of the same id, does not
+  // join it; the next of session 1 still does.
+  scheduler_->Submit(copy(6, 2, 6 * kPiece, 6 * kPiece, 2));
+  scheduler_->Dispatch();
   scheduler_->Submit(copy(7, 1, 6 * kPiece, 6 * kPiece, 2));
   scheduler_->Dispatch();
   ASSERT_EQ(backend_.submitted.size(), 7u);
-  EXPECT_FALSE(backend_.submitted[6].plan.pieces[0].joins_previous);
+  EXPECT_FALSE(backend_.submitted[5].plan.pieces[0].joins_previous);
+  EXPECT_NE(backend_.submitted[5].plan.pieces[0].stream, backend_.submitted[4].plan.pieces[0].stream);
+  EXPECT_TRUE(backend_.submitted[6].plan.pieces[0].joins_previous);
+  EXPECT_EQ(backend_.submitted[6].plan.pieces[0].stream, backend_.submitted[4].plan.pieces[0].stream);
   // A list's pieces never join, nor does a copy join a list's last block.
   backend_.FinishAll();
   scheduler_->PollBackend();

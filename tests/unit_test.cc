@@ -192,7 +192,6 @@ TEST(Config, HugeFileIsRejected) {
   EXPECT_NE(c.status().message().find("the limit is"), std::string::npos);
 }
 
-// ferryd polls after its last activity for a window that follows the gaps between requests.
 // A staged copy that the scheduler marks as joining, and that starts where the last one ends
 // on both sides, becomes part of it; any other stays a copy of its own.
 TEST(StagedCopies, JoinsAMarkedCopyOnlyWhereBothSidesContinueTheLast) {
@@ -216,6 +215,7 @@ TEST(StagedCopies, JoinsAMarkedCopyOnlyWhereBothSidesContinueTheLast) {
   EXPECT_EQ(st.sizes, (std::vector<size_t>{4096}));
 }
 
+// ferryd polls after its last activity for a window that follows the gaps between requests.
 TEST(PollWindow, StretchesToBridgeTheGapsClientsLeaveAndShrinksWhenTheyGoQuiet) {
   constexpr uint64_t kUs = 1000, kMs = 1000 * kUs;
   daemon::PollWindow w(200 * kUs, 20 * kMs);
