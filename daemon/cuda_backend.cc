@@ -451,6 +451,11 @@ class CudaBackend : public Backend {
     }
     if (g.status.ok()) g.status = Issue(st, h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s);
     st.ClearCopies();
+    // The client's stream waits on the signal: it goes right behind the copies, ahead of the
+    // fence that only ferryd waits for.
+    if (g.status.ok() && plan.signal != nullptr) {
+      g.status = CudaStatus(cudaEventRecord(static_cast<CudaEvent*>(plan.signal)->get(), s), "signal");
+    }
     if (g.status.ok()) {
       auto e = TakeEvent();
       g.status = e.ok() ? CudaStatus(cudaEventRecord(*e, s), "fence") : e.status();
@@ -459,9 +464,6 @@ class CudaBackend : public Backend {
     if (trace_start != nullptr) {
       const size_t fence = g.status.ok() && !g.events.empty() ? 0 : SIZE_MAX;
       g.spans.push_back(CopySpan{static_cast<int>(plan.direction), kLaneSpan, g.bytes, issued_ns, trace_start, fence});
-    }
-    if (g.status.ok() && plan.signal != nullptr) {
-      g.status = CudaStatus(cudaEventRecord(static_cast<CudaEvent*>(plan.signal)->get(), s), "signal");
     }
     if (g.events.empty()) g.by_stream_query = true;  // failed before its fence: reported at the next poll
     const FenceId id = g.fences[0];
