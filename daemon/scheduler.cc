@@ -206,32 +206,31 @@ uint32_t Scheduler::BulkStream(const Copy& c) {
 uint32_t Scheduler::SingleCopyStream(int e, const Copy& c, const CopyPiece& piece) {
   const uint32_t n = std::min(c.policy->bulk_streams, kMaxBulkStreams);
   const uint32_t bank = c.policy->bulk_priority == StreamPriority::kLeast ? 1 : 1 + kMaxBulkStreams;
-  if (piece.length <= c.policy->batch_threshold_bytes && !StartsASlab(piece)) {
+  if (piece.length <= c.policy->batch_threshold_bytes) {
     for (uint32_t s = bank; s < bank + n; ++s) {
       const StreamTail& tail = tails_[e][s];
-      if (tail.session_id == c.session_id && tail.region_id == c.region_id && tail.host_end == piece.host &&
-          tail.device_end == piece.device && tail.run_bytes + piece.length <= c.policy->batch_threshold_bytes) {
-        return s;
-      }
+      if (Continues(tail, c, piece) && tail.run_bytes + piece.length <= c.policy->batch_threshold_bytes) return s;
     }
   }
   return BulkStream(c);
 }
 
-// Where the backend registered the pool slab by slab, a piece that starts a slab is in another
-// registration than the piece before it: the two may not be copied as one.
-bool Scheduler::StartsASlab(const CopyPiece& piece) const {
-  return backend_.pieces_stay_in_one_slab() && pool_.slab_bytes != 0 &&
-         static_cast<uint64_t>(piece.host - pool_.base) % pool_.slab_bytes == 0;
+// Whether `piece` of single copy `c` continues the piece a stream was sent last (`tail`): the
+// same session, the same device region, adjacent on both sides, and not across slabs pinned
+// apart (where the backend registered the pool slab by slab, a piece that starts a slab is in
+// another registration than the piece before it).
+bool Scheduler::Continues(const StreamTail& tail, const Copy& c, const CopyPiece& piece) const {
+  const bool starts_a_slab = backend_.pieces_stay_in_one_slab() && pool_.slab_bytes != 0 &&
+                             static_cast<uint64_t>(piece.host - pool_.base) % pool_.slab_bytes == 0;
+  return c.blocks == 0 && tail.session_id == c.session_id && tail.region_id == c.region_id &&
+         tail.host_end == piece.host && tail.device_end == piece.device && !starts_a_slab;
 }
 
-// Whether `piece`, going to its stream, continues the piece that stream was sent last: the same
-// session, the same device region, adjacent on both sides, not across slabs pinned apart.
-// Records `piece` as the stream's tail (a block list's: none, its pieces never join).
+// Whether `piece`, going to its stream, continues the piece that stream was sent last. Records
+// `piece` as the stream's tail (a block list's: none, its pieces never join).
 bool Scheduler::JoinsStreamTail(int e, const Copy& c, const CopyPiece& piece) {
   StreamTail& tail = tails_[e][piece.stream % kStreamIndexes];
-  const bool joins = c.blocks == 0 && tail.session_id == c.session_id && tail.region_id == c.region_id &&
-                     tail.host_end == piece.host && tail.device_end == piece.device && !StartsASlab(piece);
+  const bool joins = Continues(tail, c, piece);
   if (c.blocks != 0) {
     tail = StreamTail{};
   } else {

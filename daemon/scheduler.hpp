@@ -187,9 +187,7 @@ class Scheduler {
   void PlanPieces(Copy& c, uint64_t pool_offset, std::byte* device);
   void PlanBlockList(Copy& c, uint64_t pool_offset, std::byte* device, std::vector<BlockPiece>& pieces);
   uint32_t BulkStream(const Copy& c);
-  uint32_t SingleCopyStream(int e, const Copy& c, const CopyPiece& piece);
-  bool StartsASlab(const CopyPiece& piece) const;
-  bool JoinsStreamTail(int e, const Copy& c, const CopyPiece& piece);
+
   void Schedule(Copy& c);
   void DispatchNext(SessionQueues* q, Copy& c);
   // e: an engine set, gpu * 2 + direction.
@@ -230,6 +228,10 @@ class Scheduler {
   };
   static constexpr uint32_t kStreamIndexes = 1 + 2 * kMaxBulkStreams;  // the latency stream, two banks
   StreamTail tails_[2 * kMaxGpus][kStreamIndexes] = {};
+
+  uint32_t SingleCopyStream(int e, const Copy& c, const CopyPiece& piece);
+  bool Continues(const StreamTail& tail, const Copy& c, const CopyPiece& piece) const;
+  bool JoinsStreamTail(int e, const Copy& c, const CopyPiece& piece);
 };
 
 }  // namespace ferry::daemon

@@ -81,6 +81,24 @@ class GpuDaemon : public ::testing::Test {
     return out;
   }
 
+  // `n` random bytes (from `seed`) in a pool buffer, and `n` bytes of device memory poisoned
+  // (0xA5) and registered as a region to copy them into.
+  struct PoisonedRegion {
+    HostBuffer host;
+    DeviceAllocation dev;
+    DeviceRegion region;
+  };
+  Result<PoisonedRegion> MakePoisonedRegion(size_t n, uint64_t seed) {
+    FERRY_ASSIGN_OR_RETURN(HostBuffer host, client_->AllocateHost(n));
+    FERRY_ASSIGN_OR_RETURN(DeviceAllocation dev, client_->AllocateDevice(n));
+    if (cudaMemset(dev.data(), 0xA5, n) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+      return Internal("poisoning the region failed");
+    }
+    FERRY_ASSIGN_OR_RETURN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
+    FillRandom(host.data(), n, seed);
+    return PoisonedRegion{std::move(host), std::move(dev), std::move(region)};
+  }
+
   // What a stream-wait test copies and checks: `n` random bytes in a pool buffer, a device
   // region (poisoned) to copy them into, and a mirror (poisoned) that the test's stream copies
   // the region into once it has waited, so that the mirror holds what the stream saw.
@@ -92,17 +110,13 @@ class GpuDaemon : public ::testing::Test {
     std::unique_ptr<void, decltype(&cudaFree)> mirror;
   };
   Result<MirroredRegion> MakeMirroredRegion(size_t n) {
-    FERRY_ASSIGN_OR_RETURN(HostBuffer host, client_->AllocateHost(n));
-    FERRY_ASSIGN_OR_RETURN(DeviceAllocation dev, client_->AllocateDevice(n));
-    FERRY_ASSIGN_OR_RETURN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
+    FERRY_ASSIGN_OR_RETURN(PoisonedRegion target, MakePoisonedRegion(n, testing::RandomSeed()));
     void* mirror = nullptr;
     if (cudaMalloc(&mirror, n) != cudaSuccess) return Internal("cudaMalloc of the mirror failed");
-    MirroredRegion m{n, std::move(host), std::move(dev), std::move(region), {mirror, &cudaFree}};
-    if (cudaMemset(m.dev.data(), 0xA5, n) != cudaSuccess || cudaMemset(mirror, 0x5A, n) != cudaSuccess ||
-        cudaDeviceSynchronize() != cudaSuccess) {
-      return Internal("poisoning the region and the mirror failed");
+    MirroredRegion m{n, std::move(target.host), std::move(target.dev), std::move(target.region), {mirror, &cudaFree}};
+    if (cudaMemset(mirror, 0x5A, n) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+      return Internal("poisoning the mirror failed");
     }
-    FillRandom(m.host.data(), n, testing::RandomSeed());
     return m;
   }
   // The region as the stream sees it now: copied into the mirror in the stream's order, read back.
@@ -228,12 +242,8 @@ void GpuDaemon::ManySmallCopiesLandWhereTheyShould() {
   constexpr size_t kPiece = 64 << 10, kCount = 1024;
   const uint64_t seed = testing::RandomSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(kPiece * kCount));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client_->AllocateDevice(kPiece * kCount));
-  ASSERT_CUDA(cudaMemset(dev.data(), 0xA5, dev.size()));
-  ASSERT_CUDA(cudaDeviceSynchronize());
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
-  FillRandom(host.data(), host.size(), seed);
+  ASSERT_OK_AND_ASSIGN(PoisonedRegion target, MakePoisonedRegion(kPiece * kCount, seed));
+  auto& [host, dev, region] = target;
   std::vector<Transfer> ts;
   // Reverse order, so a piece landing at the wrong offset cannot go unnoticed.
   for (size_t i = kCount; i-- > 0;) {
@@ -280,12 +290,8 @@ void GpuDaemon::AdjacentCopiesLandWhereTheyShould() {
   constexpr size_t kPiece = 52 << 10, kCount = 1024;
   const uint64_t seed = testing::RandomSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(kPiece * kCount));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client_->AllocateDevice(kPiece * kCount));
-  ASSERT_CUDA(cudaMemset(dev.data(), 0xA5, dev.size()));
-  ASSERT_CUDA(cudaDeviceSynchronize());
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
-  FillRandom(host.data(), host.size(), seed);
+  ASSERT_OK_AND_ASSIGN(PoisonedRegion target, MakePoisonedRegion(kPiece * kCount, seed));
+  auto& [host, dev, region] = target;
   const std::vector<std::byte> sent(host.data(), host.data() + host.size());
   std::vector<Transfer> ts;
   for (size_t i = 0; i < kCount; ++i) {

@@ -654,7 +654,9 @@ TEST_F(SchedulerTest, ScatteredSmallCopiesSpreadOverTheStreams) {
   for (size_t i = 0; i < 8; ++i) {
     const CopyPiece& p = backend_.submitted[i].plan.pieces[0];
     EXPECT_FALSE(p.joins_previous) << "copy " << i;
-    if (i > 0) EXPECT_NE(p.stream, backend_.submitted[i - 1].plan.pieces[0].stream) << "copy " << i;
+    if (i > 0) {
+      EXPECT_NE(p.stream, backend_.submitted[i - 1].plan.pieces[0].stream) << "copy " << i;
+    }
   }
 }
 
