@@ -478,8 +478,13 @@ int TransferBench::ManySmall() {
   ts.reserve(kCount);
   const BlockIndices in_order = MakeBlockIndices(kCount, false, 0);  // the same copies as one list
   // The same copies with the device side shuffled: none adjacent to the one before, so ferryd
-  // cannot join them, and cudaMemcpyBatchAsync of the same.
-  const BlockIndices scattered = MakeBlockIndices(kCount, true, 0x5ca77e4);
+  // cannot join them, and cudaMemcpyBatchAsync of the same. The host side stays in order, as
+  // ferry_singles and the batch read it.
+  const BlockIndices scattered = [&] {
+    BlockIndices b = MakeBlockIndices(kCount, true, 0x5ca77e4);
+    b.src = in_order.src;
+    return b;
+  }();
   std::vector<void*> scattered_dsts(kCount);
   for (size_t i = 0; i < kCount; ++i) scattered_dsts[i] = static_cast<std::byte*>(dev_) + scattered.dst[i] * kPiece;
   auto ferry_singles = [&](const std::vector<uint32_t>& dst_blocks) -> int {

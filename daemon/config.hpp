@@ -60,7 +60,10 @@ struct DaemonConfig {
   uint64_t session_quota_bytes = 0;  // 0: the whole pool
   uint32_t max_sessions = 64;
   Limits limits;
-  uint32_t ring_entries = 256;       // submission ring; the completion ring is twice that
+  // Submission ring; the completion ring is twice that. A session has at most this many copies
+  // in flight: 1024 keeps 1024 x 64 KiB copies submitted one by one on the engines (256 held
+  // them to 38.4 and 43.4 GB/s on an H100, against 42.1 and 42.8 with 1024).
+  uint32_t ring_entries = 1024;
   int cpu = -1;                      // pin the event loop to this CPU (one near the GPU); -1: no pinning
   uint32_t spin_us = 200;            // busy-poll at least this long after the last activity, then sleep
   uint32_t spin_max_us = 20000;      // ... or up to this long when requests keep coming (PollWindow); 0: spin_us

@@ -200,30 +200,30 @@ uint32_t Scheduler::BulkStream(const Copy& c) {
 
 // A small single copy (a piece up to the policy's batch threshold) that continues the piece some
 // bulk stream was sent last goes to that stream, while what has met there in a row stays within
-// the threshold: a client's adjacent copies meet where the backend can join them, about a batch
-// threshold's worth on each stream. Any other piece goes round robin, as block lists' units do,
-// so scattered copies still spread over the engines.
+// the policy's join size: a client's adjacent copies meet where the backend can join them, in
+// runs of up to that size, one stream after another. Any other piece goes round robin, as block
+// lists' units do, so scattered copies still spread over the engines.
 uint32_t Scheduler::SingleCopyStream(int e, const Copy& c, const CopyPiece& piece) {
   const uint32_t n = std::min(c.policy->bulk_streams, kMaxBulkStreams);
   const uint32_t bank = c.policy->bulk_priority == StreamPriority::kLeast ? 1 : 1 + kMaxBulkStreams;
   if (piece.length <= c.policy->batch_threshold_bytes) {
     for (uint32_t s = bank; s < bank + n; ++s) {
-      const StreamTail& tail = tails_[e][s];
-      if (Continues(tail, c, piece) && tail.run_bytes + piece.length <= c.policy->batch_threshold_bytes) return s;
+      if (Continues(tails_[e][s], c, piece)) return s;
     }
   }
   return BulkStream(c);
 }
 
-// Whether `piece` of single copy `c` continues the piece a stream was sent last (`tail`): the
-// same session, the same device region, adjacent on both sides, and not across slabs pinned
-// apart (where the backend registered the pool slab by slab, a piece that starts a slab is in
-// another registration than the piece before it).
+// Whether `piece` of single copy `c` continues the run of pieces a stream was sent last
+// (`tail`) within the policy's join size: the same session, the same device region, adjacent on
+// both sides, and not across slabs pinned apart (where the backend registered the pool slab by
+// slab, a piece that starts a slab is in another registration than the piece before it).
 bool Scheduler::Continues(const StreamTail& tail, const Copy& c, const CopyPiece& piece) const {
   const bool starts_a_slab = backend_.pieces_stay_in_one_slab() && pool_.slab_bytes != 0 &&
                              static_cast<uint64_t>(piece.host - pool_.base) % pool_.slab_bytes == 0;
   return c.blocks == 0 && tail.session_id == c.session_id && tail.region_id == c.region_id &&
-         tail.host_end == piece.host && tail.device_end == piece.device && !starts_a_slab;
+         tail.host_end == piece.host && tail.device_end == piece.device && !starts_a_slab &&
+         tail.run_bytes + piece.length <= c.policy->join_bytes;
 }
 
 // Whether `piece`, going to its stream, continues the piece that stream was sent last. Records

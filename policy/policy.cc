@@ -111,8 +111,11 @@ Result<std::shared_ptr<Policy>> SettingsFromYaml(const YAML::Node& root, const s
     if (auto n = l["latency_max_bytes"]) { FERRY_ASSIGN_OR_RETURN(p->latency_max_bytes, GetSize(file, n, 0, 1ull << 30)); }
   }
   if (auto b = root["batching"]) {
-    FERRY_RETURN_IF_ERROR(CheckKeys(file, b, {"threshold"}));
+    FERRY_RETURN_IF_ERROR(CheckKeys(file, b, {"threshold", "join"}));
     if (auto n = b["threshold"]) { FERRY_ASSIGN_OR_RETURN(p->batch_threshold_bytes, GetSize(file, n, 0, 1ull << 32)); }
+    if (auto n = b["join"]) {
+      FERRY_ASSIGN_OR_RETURN(p->join_bytes, GetSize(file, n, 0, 1ull << 32));
+    }
   }
   if (auto st = root["staging"]) {
     FERRY_RETURN_IF_ERROR(CheckKeys(file, st, {"chunk_size", "threads", "buffers"}));
@@ -297,6 +300,7 @@ std::map<std::string, std::string> CanonicalSettings(const Policy& p) {
   kv["limits.copies_in_flight"] = p.max_copies_in_flight ? std::to_string(p.max_copies_in_flight) : "unlimited";
   kv["limits.latency_max_bytes"] = SizeText(p.latency_max_bytes);
   kv["batching.threshold"] = SizeText(p.batch_threshold_bytes);
+  kv["batching.join"] = SizeText(p.join_bytes);
   kv["staging.chunk_size"] = SizeText(p.staging_chunk_bytes);
   kv["staging.threads"] = std::to_string(p.staging_threads);
   kv["staging.buffers"] = std::to_string(p.staging_buffers);
@@ -372,6 +376,7 @@ void EngineYaml(std::ostringstream& y, const Policy& p, const std::string& ind) 
   if (p.schedule != Schedule::kSerial) y << ind << "  copies_in_flight: " << p.max_copies_in_flight << "\n";
   y << ind << "  latency_max_bytes: " << SizeText(p.latency_max_bytes) << "\n";
   y << ind << "batching:\n" << ind << "  threshold: " << SizeText(p.batch_threshold_bytes) << "\n";
+  y << ind << "  join: " << SizeText(p.join_bytes) << "\n";
 }
 
 }  // namespace

@@ -68,6 +68,10 @@ struct Policy {
   uint32_t max_copies_in_flight = 0;              // 0: unlimited (serial: 1)
   uint64_t latency_max_bytes = 1ull << 20;        // larger "latency" copies are scheduled as bulk
   uint64_t batch_threshold_bytes = 1ull << 20;    // pieces up to this size are batched per stream
+  // A client's small copies adjacent on both sides are joined into one engine copy, up to this
+  // size (0: never). 16 MiB: 1024 x 64 KiB in order went at 47.4 and 46.6 GB/s through ferryd
+  // on an H100, against 45.1 and 45.2 in runs of 4 MiB and 42.8 and 42.1 in runs of 1 MiB.
+  uint64_t join_bytes = 16ull << 20;
   // Staging pageable memory (Client::CopyStaged): the client library's threads copy each chunk
   // (at most this size) into one of this many pool buffers together while ferryd DMAs the
   // chunks already staged. 12 threads: on the H200's host, with streaming stores, 12 reached 40

@@ -89,6 +89,20 @@ TEST(Policy, HashCoversSettingsNotSpelling) {
   EXPECT_EQ(diff[0], "schedule.chunk_size: 8MiB -> 16MiB");
 }
 
+TEST(Policy, TheJoinSizeIsReadHashedAndDiffed) {
+  auto base = MustParse("name: j\n");
+  auto four = MustParse("name: j\nbatching: {join: 4MiB}\n");
+  auto off = MustParse("name: j\nbatching:\n  join: 0\n");
+  EXPECT_EQ(base->join_bytes, 16ull << 20);
+  EXPECT_EQ(four->join_bytes, 4ull << 20);
+  EXPECT_EQ(off->join_bytes, 0u);
+  EXPECT_NE(base->Hash(), four->Hash());
+  EXPECT_EQ(daemon::DiffPolicies(*base, *four), std::vector<std::string>{"batching.join: 16MiB -> 4MiB"});
+  auto back = ParsePolicy(off->ToYaml(), "off.yaml");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ((*back)->join_bytes, 0u);
+}
+
 TEST(Policy, ClientsAreClassedByNameAndUid) {
   auto p = MustParse(
       "classes: [{name: fast, weight: 3}, {name: slow, weight: 1, latency: false}]\n"
@@ -184,22 +198,28 @@ INSTANTIATE_TEST_SUITE_P(
     All, PolicyErrors,
     ::testing::Values(
         BadPolicy{"shedule: {kind: serial}\n", "bad.yaml:1:1: unknown key 'shedule'"},
-        BadPolicy{"schedule: {kind: fancy}\n", "bad.yaml:1:18: schedule kind 'fancy' unknown (expected serial, side-stream, chunked or geometric)"},
+        BadPolicy{"schedule: {kind: fancy}\n",
+                  "bad.yaml:1:18: schedule kind 'fancy' unknown (expected serial, side-stream, chunked or geometric)"},
         BadPolicy{"schedule: {chunk_size: 1MiB}\n", "bad.yaml:1:11: schedule needs a kind"},
         BadPolicy{"schedule:\n  kind: chunked\n  chunk_size: 1KiB\n", "bad.yaml:3:15: size 1KiB out of range"},
         BadPolicy{"schedule:\n  kind: chunked\n  ratio: 0.5\n", "bad.yaml:3:10: ratio applies to kind geometric only"},
-        BadPolicy{"schedule: {kind: geometric, ratio: 1.5}\n", "bad.yaml:1:36: expected a number in [0.05, 0.95], got '1.5'"},
+        BadPolicy{"schedule: {kind: geometric, ratio: 1.5}\n",
+                  "bad.yaml:1:36: expected a number in [0.05, 0.95], got '1.5'"},
         BadPolicy{"streams: {per_direction: 9}\n", "bad.yaml:1:26: value 9 out of range [1, 8]"},
         BadPolicy{"streams: {bulk_priority: medium}\n", "priority 'medium' unknown (expected greatest or least)"},
-        BadPolicy{"schedule: {kind: serial}\nstreams: {per_direction: 2}\n", "bad.yaml:2:26: a serial schedule uses one stream"},
+        BadPolicy{"schedule: {kind: serial}\nstreams: {per_direction: 2}\n",
+                  "bad.yaml:2:26: a serial schedule uses one stream"},
         BadPolicy{"limits: {in_flight_bytes: lots}\n", "bad.yaml:1:27: expected a size"},
-        BadPolicy{"limits: {in_flight_bytes: 1MiB, client_in_flight_bytes: 2MiB}\n", "client_in_flight_bytes is above in_flight_bytes"},
+        BadPolicy{"limits: {in_flight_bytes: 1MiB, client_in_flight_bytes: 2MiB}\n",
+                  "client_in_flight_bytes is above in_flight_bytes"},
         BadPolicy{"classes: []\n", "classes is a non-empty list"},
         BadPolicy{"classes: [{name: a}, {name: a}]\n", "class 'a' defined twice"},
         BadPolicy{"classes: [{name: a, weight: 0}]\n", "value 0 out of range [1, 1000]"},
         BadPolicy{"clients: [{name: x, class: nope}]\n", "class 'nope' is not defined in classes"},
         BadPolicy{"default_class: nope\n", "default_class 'nope' is not a defined class"},
         BadPolicy{"batching: {threshold: -1}\n", "bad.yaml:1:23"},
+        BadPolicy{"batching: {join: lots}\n", "bad.yaml:1:18: expected a size"},
+        BadPolicy{"batching: {joins: 4MiB}\n", "bad.yaml:1:12: unknown key 'joins'"},
         BadPolicy{"- just\n- a list\n", "a policy is a map of settings"},
         BadPolicy{"gpus: {match: 1}\n", "bad.yaml:1:7: gpus is a list of overrides"},
         BadPolicy{"gpus: [{limits: {in_flight_bytes: 1MiB}}]\n", "bad.yaml:1:8: an override needs match"},

@@ -90,6 +90,13 @@ std::shared_ptr<const Policy> Chunked(uint64_t chunk, uint64_t in_flight = 1024 
   return p;
 }
 
+// `policy` with adjacent small copies joined in runs of at most `bytes` (batching.join).
+std::shared_ptr<const Policy> JoiningUpTo(std::shared_ptr<const Policy> policy, uint64_t bytes) {
+  auto p = std::make_shared<Policy>(*policy);
+  p->join_bytes = bytes;
+  return p;
+}
+
 // A scheduler over a fake pool and device: host addresses are pool + offset, device addresses
 // device + offset, so a plan's pieces say which copy and which part of it they are.
 class SchedulerTest : public ::testing::Test {
@@ -621,7 +628,7 @@ TEST_F(SchedulerTest, ABlockListIsLatencyClassOnlyWhenAllOfItIsSmall) {
 // the same session and device region) goes to that stream, marked as joining it, until a batch
 // threshold's worth (1 MiB: 16 of 64 KiB) met there in a row; then the next stream.
 TEST_F(SchedulerTest, AdjacentSmallCopiesGoToOneStreamInRunsAndJoin) {
-  Start(Chunked(64 * kMiB));
+  Start(JoiningUpTo(Chunked(64 * kMiB), kMiB));
   scheduler_->AddSession(1, 1);
   constexpr uint64_t kPiece = 64 << 10;
   for (uint64_t i = 0; i < 40; ++i) {
@@ -660,9 +667,9 @@ TEST_F(SchedulerTest, ScatteredSmallCopiesSpreadOverTheStreams) {
   }
 }
 
-// A run ends at the batch threshold in bytes: 256 KiB pieces go four to a stream.
-TEST_F(SchedulerTest, ARunOfSmallCopiesEndsAtTheBatchThreshold) {
-  Start(Chunked(64 * kMiB));
+// A run ends at the policy's join size in bytes: with 1 MiB, 256 KiB pieces go four to a stream.
+TEST_F(SchedulerTest, ARunOfSmallCopiesEndsAtThePolicysJoinSize) {
+  Start(JoiningUpTo(Chunked(64 * kMiB), kMiB));
   scheduler_->AddSession(1, 1);
   for (uint64_t i = 0; i < 8; ++i) scheduler_->Submit(Copy(i + 1, 1, kSessionSpan + i * (256 << 10), 256 << 10));
   scheduler_->Dispatch();
@@ -672,6 +679,41 @@ TEST_F(SchedulerTest, ARunOfSmallCopiesEndsAtTheBatchThreshold) {
     EXPECT_EQ(backend_.submitted[i].plan.pieces[0].joins_previous, i % 4 != 0) << "copy " << i;
   }
   EXPECT_NE(backend_.submitted[0].plan.pieces[0].stream, backend_.submitted[4].plan.pieces[0].stream);
+}
+
+// The default join size keeps a stream's run going far past the batch threshold: 64 adjacent
+// 64 KiB copies (4 MiB) are one run on one stream.
+TEST_F(SchedulerTest, ByDefaultAdjacentCopiesJoinInRunsOfSixteenMiB) {
+  Start(JoiningUpTo(Chunked(64 * kMiB), Policy{}.join_bytes));
+  ASSERT_EQ(Policy{}.join_bytes, 16 * kMiB);
+  scheduler_->AddSession(1, 1);
+  constexpr uint64_t kPiece = 64 << 10;
+  for (uint64_t i = 0; i < 320; ++i) scheduler_->Submit(Copy(i + 1, 1, kSessionSpan + i * kPiece, kPiece));
+  scheduler_->Dispatch();
+  ASSERT_EQ(backend_.submitted.size(), 320u);
+  for (size_t i = 0; i < 320; ++i) {
+    const CopyPiece& p = backend_.submitted[i].plan.pieces[0];
+    EXPECT_EQ(p.stream, backend_.submitted[i - i % 256].plan.pieces[0].stream) << "copy " << i << " left its run";
+    EXPECT_EQ(p.joins_previous, i % 256 != 0) << "copy " << i;
+  }
+  EXPECT_NE(backend_.submitted[0].plan.pieces[0].stream, backend_.submitted[256].plan.pieces[0].stream);
+}
+
+// batching.join 0: adjacent copies never join, and go round robin as scattered ones do.
+TEST_F(SchedulerTest, AJoinSizeOfZeroJoinsNothing) {
+  Start(JoiningUpTo(Chunked(64 * kMiB), 0));
+  scheduler_->AddSession(1, 1);
+  constexpr uint64_t kPiece = 64 << 10;
+  for (uint64_t i = 0; i < 8; ++i) scheduler_->Submit(Copy(i + 1, 1, kSessionSpan + i * kPiece, kPiece));
+  scheduler_->Dispatch();
+  ASSERT_EQ(backend_.submitted.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    const CopyPiece& p = backend_.submitted[i].plan.pieces[0];
+    EXPECT_FALSE(p.joins_previous) << "copy " << i;
+    if (i > 0) {
+      EXPECT_NE(p.stream, backend_.submitted[i - 1].plan.pieces[0].stream) << "copy " << i;
+    }
+  }
 }
 
 // Pieces that only look adjacent do not join: a gap on either side, another device region,
