@@ -134,6 +134,18 @@ class SchedulerTest : public ::testing::Test {
     }
     return out;
   }
+  // The `n` plans submitted so far each went alone (none joins the one before), each to
+  // another stream than the one before.
+  void ExpectEachPlanAloneRoundRobin(size_t n) const {
+    ASSERT_EQ(backend_.submitted.size(), n);
+    for (size_t i = 0; i < n; ++i) {
+      const CopyPiece& p = backend_.submitted[i].plan.pieces[0];
+      EXPECT_FALSE(p.joins_previous) << "copy " << i;
+      if (i > 0) {
+        EXPECT_NE(p.stream, backend_.submitted[i - 1].plan.pieces[0].stream) << "copy " << i;
+      }
+    }
+  }
   // Which session's copy each plan was of (by its pool offset: session s's copies lie at s GiB).
   uint64_t SessionOf(const RecordingBackend::Submitted& s) const {
     return static_cast<uint64_t>(s.plan.pieces[0].host - pool_.data()) / kSessionSpan;
@@ -657,14 +669,7 @@ TEST_F(SchedulerTest, ScatteredSmallCopiesSpreadOverTheStreams) {
   constexpr uint64_t kPiece = 64 << 10;
   for (uint64_t i = 0; i < 8; ++i) scheduler_->Submit(Copy(i + 1, 1, kSessionSpan + 2 * i * kPiece, kPiece));
   scheduler_->Dispatch();
-  ASSERT_EQ(backend_.submitted.size(), 8u);
-  for (size_t i = 0; i < 8; ++i) {
-    const CopyPiece& p = backend_.submitted[i].plan.pieces[0];
-    EXPECT_FALSE(p.joins_previous) << "copy " << i;
-    if (i > 0) {
-      EXPECT_NE(p.stream, backend_.submitted[i - 1].plan.pieces[0].stream) << "copy " << i;
-    }
-  }
+  ExpectEachPlanAloneRoundRobin(8);
 }
 
 // A run ends at the policy's join size in bytes: with 1 MiB, 256 KiB pieces go four to a stream.
@@ -706,14 +711,7 @@ TEST_F(SchedulerTest, AJoinSizeOfZeroJoinsNothing) {
   constexpr uint64_t kPiece = 64 << 10;
   for (uint64_t i = 0; i < 8; ++i) scheduler_->Submit(Copy(i + 1, 1, kSessionSpan + i * kPiece, kPiece));
   scheduler_->Dispatch();
-  ASSERT_EQ(backend_.submitted.size(), 8u);
-  for (size_t i = 0; i < 8; ++i) {
-    const CopyPiece& p = backend_.submitted[i].plan.pieces[0];
-    EXPECT_FALSE(p.joins_previous) << "copy " << i;
-    if (i > 0) {
-      EXPECT_NE(p.stream, backend_.submitted[i - 1].plan.pieces[0].stream) << "copy " << i;
-    }
-  }
+  ExpectEachPlanAloneRoundRobin(8);
 }
 
 // Pieces that only look adjacent do not join: a gap on either side, another device region,
