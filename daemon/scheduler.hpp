@@ -187,7 +187,6 @@ class Scheduler {
   void PlanPieces(Copy& c, uint64_t pool_offset, std::byte* device);
   void PlanBlockList(Copy& c, uint64_t pool_offset, std::byte* device, std::vector<BlockPiece>& pieces);
   uint32_t BulkStream(const Copy& c);
-
   void Schedule(Copy& c);
   void DispatchNext(SessionQueues* q, Copy& c);
   // e: an engine set, gpu * 2 + direction.

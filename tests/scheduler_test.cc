@@ -637,8 +637,8 @@ TEST_F(SchedulerTest, ABlockListIsLatencyClassOnlyWhenAllOfItIsSmall) {
 }
 
 // A small single copy that continues the last piece a bulk stream was sent (on both sides, in
-// the same session and device region) goes to that stream, marked as joining it, until a batch
-// threshold's worth (1 MiB: 16 of 64 KiB) met there in a row; then the next stream.
+// the same session and device region) goes to that stream, marked as joining it, until the
+// policy's join size (here 1 MiB: 16 of 64 KiB) met there in a row; then the next stream.
 TEST_F(SchedulerTest, AdjacentSmallCopiesGoToOneStreamInRunsAndJoin) {
   Start(JoiningUpTo(Chunked(64 * kMiB), kMiB));
   scheduler_->AddSession(1, 1);
@@ -686,8 +686,8 @@ TEST_F(SchedulerTest, ARunOfSmallCopiesEndsAtThePolicysJoinSize) {
   EXPECT_NE(backend_.submitted[0].plan.pieces[0].stream, backend_.submitted[4].plan.pieces[0].stream);
 }
 
-// The default join size keeps a stream's run going far past the batch threshold: 64 adjacent
-// 64 KiB copies (4 MiB) are one run on one stream.
+// The default join size keeps a stream's run going far past the batch threshold: 256 adjacent
+// 64 KiB copies (16 MiB) are one run on one stream, and the next starts a run on another.
 TEST_F(SchedulerTest, ByDefaultAdjacentCopiesJoinInRunsOfSixteenMiB) {
   Start(JoiningUpTo(Chunked(64 * kMiB), Policy{}.join_bytes));
   ASSERT_EQ(Policy{}.join_bytes, 16 * kMiB);
