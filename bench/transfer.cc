@@ -66,8 +66,10 @@ options:
   --staged-chunk B   CopyStaged chunk size (default: the policy's, fitted to the copy)
   --staged-threads N CopyStaged threads (default: the policy's)
   --timeline         print each both-ways copy's and each 4 KiB latency copy's (not the
-                     alternating ones) submit and done times (CLOCK_MONOTONIC ns) on
-                     stderr, to line up with the log of a ferryd run with --trace-engine
+                     alternating ones) submit and done times, and each run of the 1024
+                     separate copies' start, first and last submission, first wait's end
+                     and end (CLOCK_MONOTONIC ns) on stderr, to line up with the log of a
+                     ferryd run with --trace-engine
   -h, --help         this help
 )";
 
@@ -140,6 +142,7 @@ class TransferBench {
   int daemon_pid_ = -1;
   std::string csv_;
   bool json_ = false, quick_ = false, timeline_ = false;
+  std::vector<double> many_free_us_;  // freeing a run of separate copies' handles, microseconds
   std::set<std::string> sections_{"bandwidth", "both", "latency", "many", "blocks", "staged"};
   bool Runs(const char* section) const { return sections_.count(section) != 0; }
   ferry::StagedCopyOptions staged_opts_;
@@ -487,16 +490,40 @@ int TransferBench::ManySmall() {
   }();
   std::vector<void*> scattered_dsts(kCount);
   for (size_t i = 0; i < kCount; ++i) scattered_dsts[i] = static_cast<std::byte*>(dev_) + scattered.dst[i] * kPiece;
-  auto ferry_singles = [&](const std::vector<uint32_t>& dst_blocks) -> int {
+  // Marks (seconds) of the last run of separate copies: submitting its first copy, its last,
+  // the first wait's end.
+  double first_submitted = 0, last_submitted = 0, first_waited = 0;
+  // Each run times submitting its 1024 copies and waiting for them; the handles of the run before
+  // are freed ahead of its clock (timed apart), as the in-process rows have none to free.
+  auto free_handles = [&] {
+    const double c0 = NowSeconds();
     ts.clear();
+    many_free_us_.push_back((NowSeconds() - c0) * 1e6);
+  };
+  auto ferry_singles = [&](const std::vector<uint32_t>& dst_blocks) -> int {
     for (size_t i = 0; i < kCount; ++i) {
       auto t = client_->Copy(ferry::Direction::kHostToDevice, *pool_buf_, i * kPiece, *region_, dst_blocks[i] * kPiece,
                              kPiece);
       FERRY_OR_DIE(t.status());
       ts.push_back(std::move(*t));
+      if (i == 0) first_submitted = NowSeconds();
     }
-    for (auto& t : ts) FERRY_OR_DIE(t.Wait(10s));
+    last_submitted = NowSeconds();
+    for (auto& t : ts) {
+      FERRY_OR_DIE(t.Wait(10s));
+      if (&t == &ts.front()) first_waited = NowSeconds();
+    }
     return 0;
+  };
+  std::string timeline;  // printed after the reps, so the printing does not delay them
+  auto mark = [&](const char* what, int rep, double t0, double t1) {
+    if (!timeline_ || rep < 0) return;
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "timeline many %s rep %d: start %.0f, first submitted %.0f, last submitted %.0f, first waited "
+                  "%.0f, done %.0f ns\n",
+                  what, rep, t0 * 1e9, first_submitted * 1e9, last_submitted * 1e9, first_waited * 1e9, t1 * 1e9);
+    timeline += line;
   };
   for (int rep = -2; rep < reps; ++rep) {
     double t0 = NowSeconds();
@@ -514,26 +541,33 @@ int TransferBench::ManySmall() {
     CUDA_OR_DIE(cudaStreamSynchronize(s_[0]));
     t1 = NowSeconds();
     if (rep >= 0) Add("many", kPiece * kCount, "h2d", "in-process-batch", rep, t1 - t0);
+    free_handles();
     t0 = NowSeconds();
     if (int rc = ferry_singles(in_order.dst)) return rc;
     t1 = NowSeconds();
     if (rep >= 0) Add("many", kPiece * kCount, "h2d", "ferry", rep, t1 - t0);
+    mark("in order", rep, t0, t1);
     t0 = NowSeconds();
     CUDA_OR_DIE(cudaMemcpyBatchAsync(scattered_dsts.data(), srcs.data(), sizes.data(), kCount, &attr, &idx, 1, s_[0]));
     CUDA_OR_DIE(cudaStreamSynchronize(s_[0]));
     t1 = NowSeconds();
     if (rep >= 0) Add("many", kPiece * kCount, "h2d", "in-process-batch-scattered", rep, t1 - t0);
+    free_handles();
     t0 = NowSeconds();
     if (int rc = ferry_singles(scattered.dst)) return rc;
     t1 = NowSeconds();
     if (rep >= 0) Add("many", kPiece * kCount, "h2d", "ferry-scattered", rep, t1 - t0);
+    mark("scattered", rep, t0, t1);
     t0 = NowSeconds();
     auto list = client_->CopyBlocks(ferry::Direction::kHostToDevice, *pool_buf_, 0, *region_, 0, in_order.list(kPiece));
     FERRY_OR_DIE(list.status());
+    first_submitted = last_submitted = NowSeconds();
     FERRY_OR_DIE(list->Wait(10s));
-    t1 = NowSeconds();
+    t1 = first_waited = NowSeconds();
     if (rep >= 0) Add("many", kPiece * kCount, "h2d", "ferry-list", rep, t1 - t0);
+    mark("list", rep, t0, t1);
   }
+  std::fputs(timeline.c_str(), stderr);
   // The separate copies' bytes, in order and scattered, once each into poisoned device memory.
   std::vector<std::byte> readback(kPiece * kCount);
   for (const BlockIndices* singles : {&in_order, &scattered}) {
@@ -938,6 +972,12 @@ void TransferBench::Report(bool json) const {
         "%-24s  device side scattered (no copy adjacent to the one before): in-process cudaMemcpyBatchAsync "
         "%.2f [%.2f, %.2f]   through ferryd %.2f [%.2f, %.2f]\n",
         "", s2.median, s2.min, s2.max, s3.median, s3.min, s3.max);
+    if (!many_free_us_.empty()) {
+      std::vector<double> f = many_free_us_;
+      std::sort(f.begin(), f.end());
+      std::printf("%-24s  freeing a run's 1024 Transfer handles, before the next run's clock: %.1f us [%.1f, %.1f]\n",
+                  "", f[f.size() / 2], f.front(), f.back());
+    }
   }
   if (Runs("blocks")) {
     std::printf("\nblock lists, shuffled (GB/s)  %-26s %-26s %-26s %7s %7s\n", "in-process one-stream loop",

@@ -462,6 +462,60 @@ TEST_F(GpuDaemon, ACopyWaitingOnAnotherClientsEventDoesNotDelayThisClientsCopies
   cudaStreamDestroy(slow);
 }
 
+// Each session's copies after events wait on lanes of their own: while one client's copy waits
+// for a record its stream makes only after a long kernel, another client's copy after an event
+// recorded at once goes (its lane is not stuck behind the first one's wait on the GPU).
+TEST_F(GpuDaemon, ACopyAfterAnEventGoesWhileAnotherClientsCopyAfterAnEventStillWaits) {
+  constexpr size_t n = (4 << 20) + 3;
+  const uint64_t seed = testing::RandomSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  ConnectOptions o;
+  o.socket_path = socket_;
+  o.name = "waiting";
+  ASSERT_OK_AND_ASSIGN(auto waiting, Client::Connect(o));
+  struct Pair {
+    HostBuffer host;
+    DeviceAllocation dev;
+    DeviceRegion region;
+    std::vector<std::byte> want;
+  };
+  std::vector<Pair> pairs;
+  for (Client* c : {waiting.get(), client_.get()}) {
+    ASSERT_OK_AND_ASSIGN(HostBuffer host, c->AllocateHost(n));
+    ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, c->AllocateDevice(n));
+    ASSERT_OK_AND_ASSIGN(DeviceRegion region, c->RegisterDevice(dev.data(), dev.size()));
+    std::vector<std::byte> want(n);
+    FillRandom(want.data(), n, seed + pairs.size());
+    ASSERT_CUDA(cudaMemcpy(dev.data(), want.data(), n, cudaMemcpyHostToDevice));
+    testing::Poison(host.data(), n);
+    pairs.push_back({std::move(host), std::move(dev), std::move(region), std::move(want)});
+  }
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  ASSERT_OK_AND_ASSIGN(SharedEvent late, waiting->CreateEvent());
+  ASSERT_OK_AND_ASSIGN(SharedEvent early, client_->CreateEvent());
+  // This client's event is recorded (its flag written) before the kernel starts: in this
+  // process, a stream may share a hardware queue with the kernel's and wait behind it.
+  ASSERT_OK(early.Record(stream_));
+  ASSERT_CUDA(cudaStreamSynchronize(stream_));
+  cudaStream_t slow = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&slow, cudaStreamNonBlocking));
+  ASSERT_CUDA(testing::LaunchSpin(4'000'000'000, slow));  // ~2 s
+  ASSERT_OK(late.Record(slow));
+  ASSERT_OK_AND_ASSIGN(Transfer waits, waiting->Copy(Direction::kDeviceToHost, pairs[0].host, 0, pairs[0].region, 0, n,
+                                                     {.after = &late}));
+  ASSERT_OK_AND_ASSIGN(Transfer goes, client_->Copy(Direction::kDeviceToHost, pairs[1].host, 0, pairs[1].region, 0, n,
+                                                    {.after = &early}));
+  // Within 1 s: not behind the other client's copy, whose record comes ~2 s on.
+  ASSERT_OK(goes.Wait(1s));
+  EXPECT_EQ(FirstDifference(pairs[1].host.data(), pairs[1].want.data(), n), -1);
+  ASSERT_OK_AND_ASSIGN(bool done, waits.Poll());
+  EXPECT_FALSE(done) << "the other client's copy went before its record";
+  EXPECT_EQ(cudaStreamQuery(slow), cudaErrorNotReady) << "the kernel ended before this client's copy did";
+  ASSERT_OK(waits.Wait(20s));
+  EXPECT_EQ(FirstDifference(pairs[0].host.data(), pairs[0].want.data(), n), -1);
+  cudaStreamDestroy(slow);
+}
+
 TEST_F(GpuDaemon, AStreamWaitsOnTheGpuForACopyWithoutTheHostBlocking) {
   constexpr size_t n = 256 << 20;  // ~5 ms on the bus
   ASSERT_OK_AND_ASSIGN(MirroredRegion m, MakeMirroredRegion(n));
