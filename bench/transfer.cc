@@ -496,6 +496,7 @@ int TransferBench::ManySmall() {
   // Each run times submitting its 1024 copies and waiting for them; the handles of the run before
   // are freed ahead of its clock (timed apart), as the in-process rows have none to free.
   auto free_handles = [&] {
+    if (ts.empty()) return;
     const double c0 = NowSeconds();
     ts.clear();
     many_free_us_.push_back((NowSeconds() - c0) * 1e6);
@@ -573,6 +574,7 @@ int TransferBench::ManySmall() {
   for (const BlockIndices* singles : {&in_order, &scattered}) {
     CUDA_OR_DIE(cudaMemset(dev_, 0xA5, kPiece * kCount));
     CUDA_OR_DIE(cudaDeviceSynchronize());
+    ts.clear();
     if (int rc = ferry_singles(singles->dst)) return rc;
     CUDA_OR_DIE(cudaMemcpy(readback.data(), dev_, readback.size(), cudaMemcpyDeviceToHost));
     if (auto bad = FirstWrongBlock(*singles, kPiece, pool_buf_->data(), readback.data())) {
