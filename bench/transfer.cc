@@ -975,10 +975,9 @@ void TransferBench::Report(bool json) const {
         "%.2f [%.2f, %.2f]   through ferryd %.2f [%.2f, %.2f]\n",
         "", s2.median, s2.min, s2.max, s3.median, s3.min, s3.max);
     if (!many_free_us_.empty()) {
-      std::vector<double> f = many_free_us_;
-      std::sort(f.begin(), f.end());
+      const Summary f = Summarize(many_free_us_);
       std::printf("%-24s  freeing a run's 1024 Transfer handles, before the next run's clock: %.1f us [%.1f, %.1f]\n",
-                  "", f[f.size() / 2], f.front(), f.back());
+                  "", f.median, f.min, f.max);
     }
   }
   if (Runs("blocks")) {
