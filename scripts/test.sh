@@ -25,7 +25,7 @@ tsan_supp=$PWD/tests/tsan.supp  # races inside uninstrumented libraries, each wi
 for san in address thread; do
   dir=$build-$san
   echo "== $san sanitizer build and test ($dir)"
-  FERRY_BUILD_DIR=$dir FERRY_BUILD_TYPE=RelWithDebInfo bash scripts/build.sh -DFERRY_SANITIZE=$san -DFERRY_CUDA=OFF \
+  FERRY_BUILD_DIR=$dir FERRY_BUILD_TYPE=Debug bash scripts/build.sh -DFERRY_SANITIZE=$san -DFERRY_CUDA=OFF \
     -DFERRY_FUZZ_SECONDS=5 >/dev/null
   labels="unit|integration"
   [ $san = address ] && labels="unit|integration|fuzz"

@@ -71,10 +71,12 @@ minisign -Vm "$dir/report.json" -p "$dir/bench.pub" -q 2>/dev/null && fail "mini
 grep -q "on 2 compute streams in turn" "$dir/lanes.txt" || { cat "$dir/lanes.txt"; fail "the text does not name the compute streams"; }
 python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["checks_passed"] and r["workload"]["compute_streams"] == 2, r["workload"]' \
   "$dir/lanes.json" || fail "the report does not carry the compute streams, or a check failed"
-"$ctl" --socket "$sock" bench overlap --quick --n 64 --compute-streams 9 >/dev/null 2>&1 && fail "--compute-streams 9 was accepted"
+"$ctl" --socket "$sock" bench overlap --quick --n 64 --policies "$policies" --compute-streams 9 >/dev/null 2>"$dir/cs.txt" &&
+  fail "--compute-streams 9 was accepted"
+grep -q -- "--compute-streams takes 1..8" "$dir/cs.txt" || { cat "$dir/cs.txt"; fail "the --compute-streams error does not say why"; }
 
 # --timeline needs the GPU's clock: on the host engine, a clear error before any step runs.
-"$ctl" --socket "$sock" bench overlap --quick --n 64 --timeline "$dir/tl.csv" >/dev/null 2>"$dir/tl.txt" &&
+"$ctl" --socket "$sock" bench overlap --quick --n 64 --policies "$policies" --timeline "$dir/tl.csv" >/dev/null 2>"$dir/tl.txt" &&
   fail "--timeline ran on the host engine"
 grep -q "needs the GPU engine" "$dir/tl.txt" || { cat "$dir/tl.txt"; fail "the --timeline error does not say why"; }
 [ ! -e "$dir/tl.csv" ] || fail "a failed --timeline run left a file"
