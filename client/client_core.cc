@@ -251,10 +251,7 @@ Result<std::shared_ptr<TransferState>> ClientCore::Submit(wire::SubmissionEntry 
           ++sq_tail_;
         }
         hdr_->sq_tail.value.store(sq_tail_, std::memory_order_release);
-        std::atomic_thread_fence(std::memory_order_seq_cst);
-        if (hdr_->daemon_state.value.load(std::memory_order_relaxed) & wire::kDaemonSleeping) {
-          RingDoorbell(submit_efd_.get());
-        }
+        WakeDaemonIfAsleep();
         return t;
       }
     }
@@ -275,6 +272,8 @@ Result<std::shared_ptr<TransferState>> ClientCore::Submit(wire::SubmissionEntry 
         hdr_->sq_head.value.load(std::memory_order_acquire) != seen_head) {
       continue;
     }
+    // Room comes only from ferryd reading the ring: it must not be asleep over a full one.
+    WakeDaemonIfAsleep();
     WaitForProgress(1'000'000);
   }
 }
@@ -354,6 +353,16 @@ void ClientCore::ReportWaitLocked(uint64_t tag, uint64_t blocked_ns) {
   sq_[wire::RingSlot(sq_tail_, sq_entries_)] = e;
   ++sq_tail_;
   hdr_->sq_tail.value.store(sq_tail_, std::memory_order_release);
+  WakeDaemonIfAsleep();
+}
+
+// After publishing submissions: a sleeping ferryd reads none of them until its doorbell rings.
+// Pairs with ferryd's setting its sleeping bit, fencing, and looking at the rings once more.
+void ClientCore::WakeDaemonIfAsleep() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (hdr_->daemon_state.value.load(std::memory_order_relaxed) & wire::kDaemonSleeping) {
+    RingDoorbell(submit_efd_.get());
+  }
 }
 
 // Caller holds ring_mu_.

@@ -178,6 +178,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
 
   // The methods named *Locked are called with ring_mu_ held.
   void ReportWaitLocked(uint64_t tag, uint64_t blocked_ns);
+  void WakeDaemonIfAsleep();
   void ReapLocked();
   void CollectStallsLocked();
   StallProbe TakeProbeLocked();

@@ -225,6 +225,47 @@ TEST(Daemon, WithSpinMaxZeroItSleepsInEveryGapLongerThanSpinUs) {
   EXPECT_EQ(d.counters().poll_window_ns.load(), 50'000u);
 }
 
+// Waiting on a copy tells ferryd how long the wait was, in a ring entry. Waits on a whole ring's
+// worth of copies done while ferryd slept once filled the ring with reports nobody woke it for:
+// ferryd read none of them, the metrics never got them, and the client's next copy found the
+// ring full and failed after 1 s ("0 copies in flight").
+TEST(Daemon, WaitsOnAWholeRingOfCopiesDoneWhileFerrydSleptReachItAndTheNextCopiesGo) {
+  auto config = DaemonHarness::SmallConfig();
+  config.spin_us = 50;
+  config.spin_max_us = 0;
+  const size_t count = config.ring_entries;
+  DaemonHarness d(config);
+  ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
+  constexpr size_t kPiece = 4096 + 40;
+  ASSERT_OK_AND_ASSIGN(HostBuffer src, client->AllocateHost(kPiece * count));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(kPiece * count));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  auto* device = static_cast<std::byte*>(dev.data());
+  for (int round = 0; round < 2; ++round) {
+    FillRandom(src.data(), src.size(), testing::RandomSeed() + round);
+    Poison(device, dev.size());
+    const uint64_t completed = d.counters().copies_completed.load();
+    const uint64_t reports = d.counters().wait_reports_accepted.load();
+    const uint64_t sleeps = d.counters().sleeps.load();
+    std::vector<Transfer> ts;
+    for (size_t i = 0; i < count; ++i) {
+      auto t = client->Copy(Direction::kHostToDevice, src, i * kPiece, region, i * kPiece, kPiece);
+      ASSERT_TRUE(t.ok()) << "round " << round << ", copy " << i << ": " << t.status().ToString();
+      ts.push_back(std::move(*t));
+    }
+    ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().copies_completed.load() >= completed + count; }))
+        << "round " << round << ": the copies never completed";
+    ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().sleeps.load() > sleeps; }))
+        << "round " << round << ": ferryd never went to sleep";
+    std::this_thread::sleep_for(20ms);  // asleep now: its poll window is 50 us
+    for (auto& t : ts) ASSERT_OK(t.Wait(10s));
+    EXPECT_EQ(FirstDifference(device, src.data(), src.size()), -1) << "round " << round;
+    EXPECT_TRUE(DaemonHarness::Eventually([&] { return d.counters().wait_reports_accepted.load() == reports + count; }))
+        << "round " << round << ": ferryd took " << d.counters().wait_reports_accepted.load() - reports << " of "
+        << count << " wait reports";
+  }
+}
+
 TEST(Daemon, ClientSideChecksRejectCopiesOutsideTheirBuffers) {
   DaemonHarness d;
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
