@@ -232,11 +232,13 @@ Result<std::shared_ptr<TransferState>> ClientCore::Submit(wire::SubmissionEntry 
   }
   const uint64_t deadline = MonotonicNanos() + 1'000'000'000ull;
   for (;;) {
+    uint32_t seen_tail = 0, seen_head = 0;  // the rings as this thread last found them, under ring_mu_
     {
       std::lock_guard<std::mutex> l(ring_mu_);
       FERRY_RETURN_IF_ERROR(broken_);
       ReapLocked();
-      const uint32_t head = hdr_->sq_head.value.load(std::memory_order_acquire);
+      seen_tail = cq_head_;
+      const uint32_t head = seen_head = hdr_->sq_head.value.load(std::memory_order_acquire);
       // Room for the whole group: its last slot must fit too.
       if (outstanding_ < sq_entries_ && !wire::RingFull(head, sq_tail_ + extra, sq_entries_)) {
         e.user_tag = t->tag = next_tag_++;
@@ -259,22 +261,17 @@ Result<std::shared_ptr<TransferState>> ClientCore::Submit(wire::SubmissionEntry 
       return ResourceExhausted("submission ring full: " + std::to_string(outstanding_) +
                                " copies in flight for 1 s; wait on some before submitting more");
     }
-    // Room comes with ferryd's next completions, usually within microseconds while it copies:
-    // spin for them first, as a waiter does, before the doorbell's wake-up (tens of us a time,
-    // paid over and over by a client keeping more copies in flight than its ring holds).
-    const uint32_t seen_head = hdr_->sq_head.value.load(std::memory_order_acquire);
+    // Room comes with ferryd reading the ring and with its completions, usually within
+    // microseconds while it copies: spin for them first, as a waiter does, before the doorbell's
+    // wake-up (tens of us a time, paid over and over by a client keeping more copies in flight
+    // than its ring holds). ferryd must not be asleep over a full ring.
+    WakeDaemonIfAsleep();
     for (const uint64_t spin_until = MonotonicNanos() + spin_ns_;
-         hdr_->cq_tail.value.load(std::memory_order_acquire) == reaped_to_.load(std::memory_order_acquire) &&
+         hdr_->cq_tail.value.load(std::memory_order_acquire) == seen_tail &&
          hdr_->sq_head.value.load(std::memory_order_acquire) == seen_head && MonotonicNanos() < spin_until;) {
       CpuRelax();
     }
-    if (hdr_->cq_tail.value.load(std::memory_order_acquire) != reaped_to_.load(std::memory_order_acquire) ||
-        hdr_->sq_head.value.load(std::memory_order_acquire) != seen_head) {
-      continue;
-    }
-    // Room comes only from ferryd reading the ring: it must not be asleep over a full one.
-    WakeDaemonIfAsleep();
-    WaitForProgress(1'000'000);
+    WaitForProgress(1'000'000, seen_tail, seen_head);
   }
 }
 
@@ -400,7 +397,6 @@ void ClientCore::ReapLocked() {
     --outstanding_;
   }
   if (any) hdr_->cq_head.value.store(cq_head_, std::memory_order_release);
-  reaped_to_.store(cq_head_, std::memory_order_release);
   if (!stall_probes_.empty()) CollectStallsLocked();
 }
 
@@ -456,16 +452,20 @@ void ClientCore::Break(const Status& why) {
   outstanding_ = 0;
 }
 
-// Sleeps until the daemon signals completions, the connection drops, or timeout_ns passes.
+// Sleeps until the daemon signals completions past `seen_tail` (the completion ring's tail as the
+// caller last reaped it), or with `seen_head` (a caller waiting for room in the submission ring)
+// reads submissions past it, the connection drops, or timeout_ns passes.
 // Several threads may wait at once (the staged path does): one of them watches the doorbell
 // and wakes the others when it rings, since reading an eventfd wakes only its reader.
-void ClientCore::WaitForProgress(uint64_t timeout_ns) {
+void ClientCore::WaitForProgress(uint64_t timeout_ns, uint32_t seen_tail, std::optional<uint32_t> seen_head) {
   std::unique_lock<std::mutex> wl(wait_mu_);
-  if (waiters_++ == 0) hdr_->client_state.value.store(wire::kClientWaiting, std::memory_order_relaxed);
+  ++waiters_;
+  if (seen_head) ++room_waiters_;
+  PublishClientStateLocked();
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  const bool ready =
-      hdr_->cq_tail.value.load(std::memory_order_acquire) != reaped_to_.load(std::memory_order_acquire) ||
-      broken_flag_.load(std::memory_order_acquire);
+  const bool ready = hdr_->cq_tail.value.load(std::memory_order_acquire) != seen_tail ||
+                     (seen_head && hdr_->sq_head.value.load(std::memory_order_acquire) != *seen_head) ||
+                     broken_flag_.load(std::memory_order_acquire);
   if (!ready && polling_) {
     const uint64_t gen = wake_gen_;
     wake_cv_.wait_for(wl, std::chrono::nanoseconds(timeout_ns), [&] { return wake_gen_ != gen; });
@@ -488,7 +488,16 @@ void ClientCore::WaitForProgress(uint64_t timeout_ns) {
     ++wake_gen_;
     wake_cv_.notify_all();
   }
-  if (--waiters_ == 0) hdr_->client_state.value.store(0, std::memory_order_relaxed);
+  --waiters_;
+  if (seen_head) --room_waiters_;
+  PublishClientStateLocked();
+}
+
+// Caller holds wait_mu_.
+void ClientCore::PublishClientStateLocked() {
+  hdr_->client_state.value.store(
+      (waiters_ > 0 ? wire::kClientWaiting : 0) | (room_waiters_ > 0 ? wire::kClientWaitingForRoom : 0),
+      std::memory_order_relaxed);
 }
 
 // Waits without burning a core for long copies and without a wake-up's delay for short ones:
@@ -510,10 +519,13 @@ Status ClientCore::Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueu
   // workload on the H200 from 0.18 to 0.15 ms (a doorbell wake-up costs tens of us).
   const uint64_t spin = until_enqueued ? std::max<uint64_t>(spin_ns_, kEnqueueSpinNs) : spin_ns_;
   const uint64_t spin_until = std::max(start, t.submit_ns + 2 * earliest) + spin;
+  // The completion ring's tail as of this thread's last reap. Not the ring's shared head: another
+  // thread may reap this copy's completion after it was posted, when no doorbell rang for it.
+  uint32_t seen_tail = 0;
   for (bool first = true;; first = false) {
     // Spinning threads look at the ring without the lock, and take it only when completions
     // arrived: many threads waiting at once (the staged path) must not starve submitters.
-    if (!first && hdr_->cq_tail.value.load(std::memory_order_acquire) == reaped_to_.load(std::memory_order_acquire) &&
+    if (!first && hdr_->cq_tail.value.load(std::memory_order_acquire) == seen_tail &&
         (until_enqueued || !DoneByWord(t)) && MonotonicNanos() - start < timeout_ns) {
       const uint64_t now = MonotonicNanos();
       if (now >= sleep_until && now < spin_until) {
@@ -524,6 +536,7 @@ Status ClientCore::Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueu
     {
       std::lock_guard<std::mutex> l(ring_mu_);
       ReapLocked();
+      seen_tail = cq_head_;
       if (until_enqueued ? t.done : SeenDoneLocked(t)) {
         if (!until_enqueued && !t.wait_reported) {
           t.wait_reported = true;
@@ -538,9 +551,9 @@ Status ClientCore::Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueu
     if (now - start >= timeout_ns) return Timeout("copy not done after " + std::to_string(timeout_ns / 1000) + " us");
     const uint64_t left = timeout_ns - (now - start);
     if (now < sleep_until) {
-      WaitForProgress(std::min(sleep_until - now, left));
+      WaitForProgress(std::min(sleep_until - now, left), seen_tail);
     } else if (now >= spin_until) {
-      WaitForProgress(std::min<uint64_t>(left, 50'000'000));
+      WaitForProgress(std::min<uint64_t>(left, 50'000'000), seen_tail);
     }
   }
 }

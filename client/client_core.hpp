@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -191,7 +192,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   }
   // Caller holds ring_mu_: `t` reads as done (done, or done by its word).
   bool SeenDoneLocked(TransferState& t);
-  void WaitForProgress(uint64_t timeout_ns);
+  void WaitForProgress(uint64_t timeout_ns, uint32_t seen_tail, std::optional<uint32_t> seen_head = std::nullopt);
+  void PublishClientStateLocked();
 
   UniqueFd sock_;
   std::mutex ctl_mu_;
@@ -224,15 +226,15 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::vector<StallProbe> stall_probes_, free_probes_;
   Status broken_;
 
-  std::mutex wait_mu_;  // guards the four below
+  std::mutex wait_mu_;  // guards the five below
   int waiters_ = 0;
+  int room_waiters_ = 0;  // ... of them waiting for room in the submission ring
   bool polling_ = false;  // a waiter is in ppoll on the doorbell
   uint64_t wake_gen_ = 0;
   std::condition_variable wake_cv_;
   std::atomic<bool> broken_flag_{false};  // broken_ is not ok (readable without ring_mu_)
   uint64_t spin_ns_ = 50'000;
   static constexpr uint64_t kEnqueueSpinNs = 3'000'000;
-  std::atomic<uint32_t> reaped_to_{0};  // cq_head_ after the last reap, readable without ring_mu_
 
   std::mutex relay_mu_;          // guards relay_stream_ and orders the relay's wait-then-record pairs
   void* relay_stream_ = nullptr;  // created on the first RecordEventAfter

@@ -384,6 +384,7 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free);
 inline constexpr uint32_t kRingMagic = 0x474e4952;  // "RING"
 inline constexpr uint32_t kDaemonSleeping = 1;       // daemon_state bit: ring the submit doorbell
 inline constexpr uint32_t kClientWaiting = 1;        // client_state bit: ring the completion doorbell
+inline constexpr uint32_t kClientWaitingForRoom = 2;  // client_state bit: ... also when reading submissions
 
 // Layout of the ring segment: RingHeader, then sq_entries SubmissionEntry, then cq_entries
 // CompletionEntry, then (from the next 4 KiB boundary) the flag area, on pages of its own so

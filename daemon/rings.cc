@@ -106,7 +106,14 @@ Result<bool> Rings::ReadSubmissions(Session& s, Scheduler& scheduler) {
     ++s.sq_head;
     HandleSubmission(s, e, scheduler);
   }
-  if (!s.dead) s.hdr->sq_head.value.store(s.sq_head, std::memory_order_release);
+  if (!s.dead && taken > 0) {
+    s.hdr->sq_head.value.store(s.sq_head, std::memory_order_release);
+    // Reading makes room, and a client may be asleep waiting for it.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (s.hdr->client_state.value.load(std::memory_order_relaxed) & wire::kClientWaitingForRoom) {
+      RingDoorbell(s.complete_efd.get());
+    }
+  }
   if (s.sq_head == tail) s.sq_seen_empty_ns = scan_ns;
   return taken > 0;
 }
@@ -178,7 +185,7 @@ void Rings::Reject(Session& s, uint64_t tag, const Status& st) {
 
 void Rings::RememberForReports(Session& s, uint64_t copy_id, uint64_t user_tag, uint64_t accepted_ns,
                                Direction direction) {
-  while (s.reportable_order.size() >= Session::kMaxReportableCopies) {
+  while (s.reportable_order.size() >= s.max_reportable_copies()) {
     const auto [tag, id] = s.reportable_order.front();
     s.reportable_order.pop_front();
     if (auto it = s.reportable.find(tag); it != s.reportable.end() && it->second.copy_id == id) s.reportable.erase(it);

@@ -5,6 +5,7 @@
 // state is the scheduler's, kept by session id.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -108,8 +109,10 @@ struct Session {
   ClientClass klass;
 
   // The session's recent copies, by user_tag: bounded (the oldest are forgotten first), each
-  // reportable once.
-  static constexpr size_t kMaxReportableCopies = 4096;
+  // reportable once. Two rings' worth at least: a client may have a whole ring of copies out and
+  // report its waits on them only after the next ring's worth went in.
+  static constexpr size_t kMinReportableCopies = 4096;
+  size_t max_reportable_copies() const { return std::max<size_t>(kMinReportableCopies, 2 * size_t{sq_entries}); }
   std::unordered_map<uint64_t, ReportableCopy> reportable;
   std::deque<std::pair<uint64_t, uint64_t>> reportable_order;  // (user_tag, copy_id), oldest first
   RejectLog reject_log;

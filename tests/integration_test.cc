@@ -266,6 +266,90 @@ TEST(Daemon, WaitsOnAWholeRingOfCopiesDoneWhileFerrydSleptReachItAndTheNextCopie
   }
 }
 
+// ferryd believes a wait report only for a copy it remembers; it remembers two rings' worth (at
+// least 4096). It once remembered 4096 whatever the ring, and refused the reports of a client
+// with a larger ring waiting on more copies than that.
+TEST(Daemon, WaitReportsOnMoreCopiesThan4096AreBelievedWithARingLargeEnough) {
+  auto config = DaemonHarness::SmallConfig();
+  config.ring_entries = 8192;
+  DaemonHarness d(config);
+  ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
+  constexpr size_t kCount = 6000, kPiece = 40;
+  ASSERT_OK_AND_ASSIGN(HostBuffer src, client->AllocateHost(kPiece * kCount));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(kPiece * kCount));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  FillRandom(src.data(), src.size(), testing::RandomSeed());
+  Poison(static_cast<std::byte*>(dev.data()), dev.size());
+  const uint64_t reports = d.counters().wait_reports_accepted.load();
+  const uint64_t refused = d.counters().wait_reports_refused.load();
+  std::vector<Transfer> ts;
+  for (size_t i = 0; i < kCount; ++i) {
+    ASSERT_OK_AND_ASSIGN(Transfer t,
+                         client->Copy(Direction::kHostToDevice, src, i * kPiece, region, i * kPiece, kPiece));
+    ts.push_back(std::move(t));
+  }
+  for (auto& t : ts) ASSERT_OK(t.Wait(10s));
+  EXPECT_EQ(FirstDifference(static_cast<std::byte*>(dev.data()), src.data(), src.size()), -1);
+  EXPECT_TRUE(DaemonHarness::Eventually([&] { return d.counters().wait_reports_accepted.load() == reports + kCount; }))
+      << d.counters().wait_reports_accepted.load() - reports << " of " << kCount << " wait reports believed";
+  EXPECT_EQ(d.counters().wait_reports_refused.load(), refused);
+}
+
+// A waiter spins, then sleeps on the doorbell, while no completion arrived since it last looked.
+// It once compared with the ring as any thread last reaped it: a completion posted while no
+// thread slept (so no doorbell rang) and reaped by another thread left the waiter spinning out
+// its whole spin (FERRY_SPIN_US) or asleep until some other completion came.
+TEST(Client, AWaiterSeesItsCopyDoneWhenAnotherThreadReapedItsCompletion) {
+  DaemonHarness d;
+  ::setenv("FERRY_SPIN_US", "2000000", 1);  // a missed completion costs 2 s of spinning
+  auto connected = d.Connect();
+  ::unsetenv("FERRY_SPIN_US");
+  ASSERT_OK_AND_ASSIGN(auto client, std::move(connected));
+  constexpr size_t kPiece = 64, kCopies = 1000;
+  ASSERT_OK_AND_ASSIGN(HostBuffer src, client->AllocateHost(kPiece * 2));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(kPiece * 2));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  auto* device = static_cast<std::byte*>(dev.data());
+  ASSERT_OK_AND_ASSIGN(Transfer done, client->Copy(Direction::kHostToDevice, src, kPiece, region, kPiece, kPiece));
+  ASSERT_OK(done.Wait(10s));
+  // The waiter and the reapers share a CPU, so that one is often preempted between its look at
+  // the ring and the next; ferryd's loop runs where the scheduler puts it.
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(0, &one);
+  ASSERT_EQ(::pthread_setaffinity_np(::pthread_self(), sizeof one, &one), 0);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> reapers;
+  for (int k = 0; k < 2; ++k) {
+    reapers.emplace_back([&] {
+      ::pthread_setaffinity_np(::pthread_self(), sizeof one, &one);
+      while (!stop.load(std::memory_order_relaxed)) (void)done.Poll();  // reaps whatever arrived
+    });
+  }
+  auto slowest = std::chrono::steady_clock::duration::zero();
+  for (size_t i = 0; i < kCopies && !HasFailure(); ++i) {
+    FillRandom(src.data(), kPiece, testing::RandomSeed() + i);
+    Poison(device, kPiece);
+    auto t = client->Copy(Direction::kHostToDevice, src, 0, region, 0, kPiece);
+    if (!t.ok()) {
+      ADD_FAILURE() << "copy " << i << ": " << t.status().ToString();
+      break;
+    }
+    const auto before = std::chrono::steady_clock::now();
+    const Status waited = t->Wait(10s);
+    EXPECT_TRUE(waited.ok()) << "copy " << i << ": " << waited.ToString();
+    slowest = std::max(slowest, std::chrono::steady_clock::now() - before);
+    EXPECT_EQ(FirstDifference(device, src.data(), kPiece), -1) << "copy " << i;
+  }
+  stop = true;
+  for (auto& r : reapers) r.join();
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  for (int c = 0; c < CPU_SETSIZE; ++c) CPU_SET(c, &all);
+  ::pthread_setaffinity_np(::pthread_self(), sizeof all, &all);
+  EXPECT_LT(slowest, 1s) << "a wait spun out its 2 s spin for a completion another thread had reaped";
+}
+
 TEST(Daemon, ClientSideChecksRejectCopiesOutsideTheirBuffers) {
   DaemonHarness d;
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
@@ -521,6 +605,34 @@ class RecordingObserver : public daemon::ServerObserver {
 
 // A client reporting waits it never had (a forged exposed time of an hour, the 100,000-wait
 // attack): only a real copy of its own session, once, no longer than that copy has existed.
+// A client waiting for room in its submission ring sleeps on the completion doorbell with
+// kClientWaitingForRoom set. Reading submissions makes room without posting a completion (a wait
+// report posts none), so ferryd rings the doorbell for the read itself; the client once slept
+// out a 1 ms timer there, every time. A client not waiting for room is not woken.
+TEST(Daemon, ReadingSubmissionsRingsTheDoorbellOfAClientWaitingForRoom) {
+  DaemonHarness d;
+  RawSession raw;
+  ASSERT_OK(raw.Open(d.socket_path()));
+  auto report = [&, tag = uint64_t{1000}]() mutable {
+    wire::SubmissionEntry e{};
+    e.opcode = static_cast<uint16_t>(wire::Opcode::kReportWait);
+    e.user_tag = ++tag;  // no copy of this session: refused, and nothing is posted
+    const uint64_t refused = d.counters().wait_reports_refused.load();
+    raw.Push(e);
+    return DaemonHarness::Eventually([&] { return d.counters().wait_reports_refused.load() > refused; });
+  };
+  pollfd doorbell{raw.complete_doorbell(), POLLIN, 0};
+  raw.header()->client_state.value.store(0);
+  ASSERT_TRUE(report()) << "ferryd never read the report";
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(::poll(&doorbell, 1, 0), 0) << "a client not waiting was woken";
+
+  raw.header()->client_state.value.store(wire::kClientWaitingForRoom);
+  ASSERT_TRUE(report()) << "ferryd never read the report";
+  EXPECT_EQ(::poll(&doorbell, 1, 2000), 1) << "no doorbell for the room its read made";
+  EXPECT_EQ(raw.header()->cq_tail.value.load(), 0u) << "the doorbell was for a completion, not the room";
+}
+
 TEST(Daemon, WaitReportsAreBelievedOnlyForARealCopyOnceAndNoLongerThanItExisted) {
   RecordingObserver seen;
   DaemonHarness d(DaemonHarness::SmallConfig(), nullptr, DaemonHarness::SmallChunks(), &seen);

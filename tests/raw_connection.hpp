@@ -30,6 +30,7 @@ class RawConnection {
     if (m.fds.size() != 3) return Internal("hello reply without its three fds");
     FERRY_ASSIGN_OR_RETURN(ring_, MapShared(m.fds[0].get(), reply_.ring_bytes));
     submit_ = std::move(m.fds[1]);
+    complete_ = std::move(m.fds[2]);
     return Status::Ok();
   }
   wire::RingHeader* header() { return reinterpret_cast<wire::RingHeader*>(ring_.data()); }
@@ -63,6 +64,7 @@ class RawConnection {
     return !m.ok() && m.status().code() == Code::kUnavailable;
   }
   int sock() const { return sock_.get(); }
+  int complete_doorbell() const { return complete_.get(); }
 
  protected:
   // One control request (with one fd, or none) and its reply.
@@ -72,7 +74,7 @@ class RawConnection {
     return RecvMessage(sock_.get(), 5000);
   }
 
-  UniqueFd sock_, submit_;
+  UniqueFd sock_, submit_, complete_;
   Mapping ring_;
   wire::HelloReply reply_{};
   uint32_t seq_ = 1;
