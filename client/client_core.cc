@@ -495,9 +495,11 @@ void ClientCore::WaitForProgress(uint64_t timeout_ns, uint32_t seen_tail, std::o
 
 // Caller holds wait_mu_.
 void ClientCore::PublishClientStateLocked() {
-  hdr_->client_state.value.store(
-      (waiters_ > 0 ? wire::kClientWaiting : 0) | (room_waiters_ > 0 ? wire::kClientWaitingForRoom : 0),
-      std::memory_order_relaxed);
+  const uint32_t state =
+      (waiters_ > 0 ? wire::kClientWaiting : 0) | (room_waiters_ > 0 ? wire::kClientWaitingForRoom : 0);
+  if (hdr_->client_state.value.load(std::memory_order_relaxed) != state) {
+    hdr_->client_state.value.store(state, std::memory_order_relaxed);
+  }
 }
 
 // Waits without burning a core for long copies and without a wake-up's delay for short ones:

@@ -93,7 +93,7 @@ Result<bool> Rings::ReadSubmissions(Session& s, Scheduler& scheduler) {
   const uint32_t room = s.cq_entries / 2 > s.in_flight ? s.cq_entries / 2 - s.in_flight : 0;
   // The budget counts requests: a block list's group of slots is one, read whole in one turn.
   const uint32_t take = std::min(room, kSubmissionsPerTurn);
-  uint32_t taken = 0;
+  uint32_t taken = 0, requests = 0;
   for (; taken < take && s.sq_head != tail && !s.dead; ++taken) {
     wire::SubmissionEntry e;
     // Read the entry once, into our memory; the client may rewrite the slot at any time.
@@ -101,9 +101,11 @@ Result<bool> Rings::ReadSubmissions(Session& s, Scheduler& scheduler) {
     const auto op = static_cast<wire::Opcode>(e.opcode);
     if (op == wire::Opcode::kBlocksHostToDevice || op == wire::Opcode::kBlocksDeviceToHost) {
       FERRY_RETURN_IF_ERROR(ReadBlockList(s, e, tail, scheduler));
+      ++requests;
       continue;
     }
     ++s.sq_head;
+    if (op != wire::Opcode::kReportWait) ++requests;
     HandleSubmission(s, e, scheduler);
   }
   if (!s.dead && taken > 0) {
@@ -115,7 +117,7 @@ Result<bool> Rings::ReadSubmissions(Session& s, Scheduler& scheduler) {
     }
   }
   if (s.sq_head == tail) s.sq_seen_empty_ns = scan_ns;
-  return taken > 0;
+  return requests > 0;  // wait reports alone are no activity: they must not teach the poll window
 }
 
 // A block list's group: its SubmissionEntry (at sq_head), a BlockListEntry, and with

@@ -498,8 +498,8 @@ class Server::Impl {
       }
       if (slept) rings_->SetSleeping(false);
       if (n < 0 && errno != EINTR) return ErrnoStatus("epoll_wait", errno);
-      bool work = n > 0;
-      for (int i = 0; i < n; ++i) HandleEvent(evs[i]);
+      bool work = false;
+      for (int i = 0; i < n; ++i) work |= HandleEvent(evs[i]);
       RunTimers();
       if (PollSubmissions()) {
         window.OnQuietGap(MonotonicNanos() - last_activity);
@@ -518,7 +518,16 @@ class Server::Impl {
     return Status::Ok();
   }
 
-  void HandleEvent(const epoll_event& ev) {
+  // Whether the event was activity for the poll window. A submit doorbell is not by itself: the
+  // ring read after it decides (a client's wait report alone is none).
+  bool HandleEvent(const epoll_event& ev) {
+    HandleEventOf(ev);
+    const uint64_t tag = ev.data.u64;
+    const bool session_doorbell = (tag >> 8) != 0 && (tag & 0xf) == kDoorbellKind;
+    return !session_doorbell;
+  }
+
+  void HandleEventOf(const epoll_event& ev) {
     const uint64_t tag = ev.data.u64;
     if (tag == kStopTag) {
       DrainDoorbell(stop_efd_.get());
