@@ -238,9 +238,9 @@ Result<std::shared_ptr<TransferState>> ClientCore::Submit(wire::SubmissionEntry 
       FERRY_RETURN_IF_ERROR(broken_);
       ReapLocked();
       seen_tail = cq_head_;
-      const uint32_t head = seen_head = hdr_->sq_head.value.load(std::memory_order_acquire);
+      seen_head = hdr_->sq_head.value.load(std::memory_order_acquire);
       // Room for the whole group: its last slot must fit too.
-      if (outstanding_ < sq_entries_ && !wire::RingFull(head, sq_tail_ + extra, sq_entries_)) {
+      if (outstanding_ < sq_entries_ && !wire::RingFull(seen_head, sq_tail_ + extra, sq_entries_)) {
         e.user_tag = t->tag = next_tag_++;
         if (t->watch_done_word && done_words_ != nullptr) t->done_word = &done_words_[t->tag % wire::kDoneWords];
         t->submit_ns = MonotonicNanos();

@@ -41,8 +41,8 @@ class Rings : public Scheduler::Listener {
 
   // Reads what `s` submitted since the last turn (at most kSubmissionsPerTurn requests, a block
   // list's slots counting as one, and no more than fit in its completion ring when done) and
-  // hands its copies to `scheduler`. True if it read any request but wait reports. An error: the session broke the
-  // ring's protocol and must be evicted, for that reason.
+  // hands its copies to `scheduler`. True if it read any request but wait reports. An error: the
+  // session broke the ring's protocol and must be evicted, for that reason.
   Result<bool> ReadSubmissions(Session& s, Scheduler& scheduler);
   // Posts the session's waiting results as its completion ring has room, and rings its doorbell
   // if it waits for them. An error: evict it, for that reason.

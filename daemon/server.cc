@@ -521,25 +521,21 @@ class Server::Impl {
   // Whether the event was activity for the poll window. A submit doorbell is not by itself: the
   // ring read after it decides (a client's wait report alone is none).
   bool HandleEvent(const epoll_event& ev) {
-    HandleEventOf(ev);
-    const uint64_t tag = ev.data.u64;
-    const bool session_doorbell = (tag >> 8) != 0 && (tag & 0xf) == kDoorbellKind;
-    return !session_doorbell;
-  }
-
-  void HandleEventOf(const epoll_event& ev) {
     const uint64_t tag = ev.data.u64;
     if (tag == kStopTag) {
       DrainDoorbell(stop_efd_.get());
       stopping_ = true;
-      return;
+      return true;
     }
-    if (tag == kListenTag) return Accept();
-    if (tag == kBackendTag) return;  // the scheduler polls the backend every turn
+    if (tag == kListenTag) {
+      Accept();
+      return true;
+    }
+    if (tag == kBackendTag) return true;  // the scheduler polls the backend every turn
     if (tag == kZeroedTag) {
       pool_->CollectZeroed();
       UpdatePoolCounters(*pool_, counters_);
-      return;
+      return true;
     }
     if ((tag & 0xf) == kPeerExitKind) {
       // An ended session's client exited: its mappings are gone, so its slabs may be too.
@@ -549,22 +545,26 @@ class Server::Impl {
         exit_watch_.erase(w);
       }
       Reclaim();
-      return;
+      return true;
     }
     if (tag == kReloadTag) {
       DrainDoorbell(reload_efd_.get());
       ReloadPolicyFile();
-      return;
+      return true;
     }
-    if (tag == kPolicyLoadedTag) return PolicyLoaded();
+    if (tag == kPolicyLoadedTag) {
+      PolicyLoaded();
+      return true;
+    }
     auto it = session_map_.find(tag >> 8);
-    if (it == session_map_.end() || it->second->dead) return;
+    if (it == session_map_.end() || it->second->dead) return true;
     Session& s = *it->second;
     if ((tag & 0xf) == kDoorbellKind) {
       DrainDoorbell(s.submit_efd.get());
-      return;
+      return false;
     }
     sessions_->OnSocketEvent(s, ev.events);
+    return true;
   }
 
   void Accept() {
