@@ -26,9 +26,11 @@ namespace ferry {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::CopyTarget;
 using testing::DaemonHarness;
 using testing::FillRandom;
 using testing::FirstDifference;
+using testing::MakeCopyTarget;
 using testing::Poison;
 
 // Copies `n` random bytes host -> device -> host through the daemon and checks both legs.
@@ -226,8 +228,8 @@ TEST(Daemon, WithSpinMaxZeroItSleepsInEveryGapLongerThanSpinUs) {
 }
 
 // A wait's report wakes a sleeping ferryd, but it is no request: it must not teach the poll
-// window a gap. A client copying every 30 ms and waiting halfway once made ferryd learn 15 ms
-// gaps and poll a core for 20 ms (spin_max_us) of every 30.
+// window a gap. A client copying every 45 ms and waiting 15 ms after each copy once made ferryd
+// learn 15 ms gaps and poll a core for 20 ms (spin_max_us) after each copy and each wait.
 TEST(Daemon, WaitReportsAloneDoNotTeachThePollWindow) {
   auto config = DaemonHarness::SmallConfig();
   config.spin_us = 50;
@@ -235,10 +237,9 @@ TEST(Daemon, WaitReportsAloneDoNotTeachThePollWindow) {
   DaemonHarness d(config);
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
   constexpr size_t kBytes = 4096;
-  ASSERT_OK_AND_ASSIGN(HostBuffer src, client->AllocateHost(kBytes));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(kBytes));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
-  auto* device = static_cast<std::byte*>(dev.data());
+  ASSERT_OK_AND_ASSIGN(CopyTarget target, MakeCopyTarget(*client, kBytes));
+  auto& [src, dev, region] = target;
+  std::byte* device = target.device();
   for (int step = 0; step < 12; ++step) {
     FillRandom(src.data(), kBytes, testing::RandomSeed() + step);
     Poison(device, kBytes);
@@ -246,9 +247,9 @@ TEST(Daemon, WaitReportsAloneDoNotTeachThePollWindow) {
     std::this_thread::sleep_for(15ms);
     ASSERT_OK(t.Wait(10s));
     EXPECT_EQ(FirstDifference(device, src.data(), kBytes), -1) << "step " << step;
-    std::this_thread::sleep_for(15ms);
+    std::this_thread::sleep_for(30ms);
   }
-  EXPECT_EQ(d.counters().poll_window_ns.load(), 50'000u) << "gaps between copies are 30 ms, past spin_max_us";
+  EXPECT_EQ(d.counters().poll_window_ns.load(), 50'000u) << "gaps between copies are 45 ms, past spin_max_us";
 }
 
 // Waiting on a copy tells ferryd how long the wait was, in a ring entry. Waits on a whole ring's
@@ -263,10 +264,9 @@ TEST(Daemon, WaitsOnAWholeRingOfCopiesDoneWhileFerrydSleptReachItAndTheNextCopie
   DaemonHarness d(config);
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
   constexpr size_t kPiece = 4096 + 40;
-  ASSERT_OK_AND_ASSIGN(HostBuffer src, client->AllocateHost(kPiece * count));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(kPiece * count));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
-  auto* device = static_cast<std::byte*>(dev.data());
+  ASSERT_OK_AND_ASSIGN(CopyTarget target, MakeCopyTarget(*client, kPiece * count));
+  auto& [src, dev, region] = target;
+  std::byte* device = target.device();
   for (int round = 0; round < 2; ++round) {
     FillRandom(src.data(), src.size(), testing::RandomSeed() + round);
     Poison(device, dev.size());
@@ -301,11 +301,10 @@ TEST(Daemon, WaitReportsOnMoreCopiesThan4096AreBelievedWithARingLargeEnough) {
   DaemonHarness d(config);
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
   constexpr size_t kCount = 6000, kPiece = 40;
-  ASSERT_OK_AND_ASSIGN(HostBuffer src, client->AllocateHost(kPiece * kCount));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(kPiece * kCount));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  ASSERT_OK_AND_ASSIGN(CopyTarget target, MakeCopyTarget(*client, kPiece * kCount));
+  auto& [src, dev, region] = target;
   FillRandom(src.data(), src.size(), testing::RandomSeed());
-  Poison(static_cast<std::byte*>(dev.data()), dev.size());
+  Poison(target.device(), dev.size());
   const uint64_t reports = d.counters().wait_reports_accepted.load();
   const uint64_t refused = d.counters().wait_reports_refused.load();
   std::vector<Transfer> ts;
@@ -315,7 +314,7 @@ TEST(Daemon, WaitReportsOnMoreCopiesThan4096AreBelievedWithARingLargeEnough) {
     ts.push_back(std::move(t));
   }
   for (auto& t : ts) ASSERT_OK(t.Wait(10s));
-  EXPECT_EQ(FirstDifference(static_cast<std::byte*>(dev.data()), src.data(), src.size()), -1);
+  EXPECT_EQ(FirstDifference(target.device(), src.data(), src.size()), -1);
   EXPECT_TRUE(DaemonHarness::Eventually([&] { return d.counters().wait_reports_accepted.load() == reports + kCount; }))
       << d.counters().wait_reports_accepted.load() - reports << " of " << kCount << " wait reports believed";
   EXPECT_EQ(d.counters().wait_reports_refused.load(), refused);
@@ -332,10 +331,9 @@ TEST(Client, AWaiterSeesItsCopyDoneWhenAnotherThreadReapedItsCompletion) {
   ::unsetenv("FERRY_SPIN_US");
   ASSERT_OK_AND_ASSIGN(auto client, std::move(connected));
   constexpr size_t kPiece = 64, kCopies = 1000;
-  ASSERT_OK_AND_ASSIGN(HostBuffer src, client->AllocateHost(kPiece * 2));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(kPiece * 2));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
-  auto* device = static_cast<std::byte*>(dev.data());
+  ASSERT_OK_AND_ASSIGN(CopyTarget target, MakeCopyTarget(*client, kPiece * 2));
+  auto& [src, dev, region] = target;
+  std::byte* device = target.device();
   ASSERT_OK_AND_ASSIGN(Transfer done, client->Copy(Direction::kHostToDevice, src, kPiece, region, kPiece, kPiece));
   ASSERT_OK(done.Wait(10s));
   // The waiter and the reapers share a CPU, so that one is often preempted between its look at

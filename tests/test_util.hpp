@@ -30,6 +30,21 @@ using bench::FillRandom;  // the benchmarks' generator: one definition of "rando
 
 inline void Poison(std::byte* p, size_t n) { std::memset(p, 0xA5, n); }
 
+// What a host-backend copy test copies between: a pool buffer and a simulated device allocation of
+// `bytes` each, the allocation registered.
+struct CopyTarget {
+  HostBuffer host;
+  DeviceAllocation dev;
+  DeviceRegion region;
+  std::byte* device() const { return static_cast<std::byte*>(dev.data()); }
+};
+inline Result<CopyTarget> MakeCopyTarget(Client& client, size_t bytes) {
+  FERRY_ASSIGN_OR_RETURN(HostBuffer host, client.AllocateHost(bytes));
+  FERRY_ASSIGN_OR_RETURN(DeviceAllocation dev, client.AllocateDevice(bytes));
+  FERRY_ASSIGN_OR_RETURN(DeviceRegion region, client.RegisterDevice(dev.data(), dev.size()));
+  return CopyTarget{std::move(host), std::move(dev), std::move(region)};
+}
+
 // Index of the first differing byte, or -1.
 inline long long FirstDifference(const std::byte* a, const std::byte* b, size_t n) {
   if (std::memcmp(a, b, n) == 0) return -1;
