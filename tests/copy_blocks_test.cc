@@ -19,9 +19,11 @@ namespace ferry {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::CopyTarget;
 using testing::DaemonHarness;
 using testing::FillRandom;
 using testing::FirstDifference;
+using testing::MakeCopyTarget;
 using testing::Poison;
 
 // `count` distinct block indices of a region of `region_blocks`, in random order.
@@ -170,9 +172,8 @@ TEST(BlockList, BadListsAreRefusedNamingTheFirstBadBlockAndMoveNothing) {
   DaemonHarness d;
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
   constexpr size_t kBlock = 4096, kBlocks = 64;
-  ASSERT_OK_AND_ASSIGN(HostBuffer host, client->AllocateHost(kBlocks * kBlock));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(kBlocks * kBlock));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  ASSERT_OK_AND_ASSIGN(CopyTarget target, MakeCopyTarget(*client, kBlocks * kBlock));
+  auto& [host, dev, region] = target;
   FillRandom(host.data(), host.size(), testing::RandomSeed());
   Poison(static_cast<std::byte*>(dev.data()), dev.size());
   std::vector<uint32_t> src(32), dst(32), lengths(32, kBlock);

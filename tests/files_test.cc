@@ -369,9 +369,8 @@ TEST(PolicyLoader, AnotherClientsCopyCompletesWhileAPolicyIsBeingParsed) {
   o.socket_path = config.SocketPath();
   o.name = "copier";
   ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(o));
-  ASSERT_OK_AND_ASSIGN(HostBuffer host, client->AllocateHost(1 << 20));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(1 << 20));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  ASSERT_OK_AND_ASSIGN(testing::CopyTarget target, testing::MakeCopyTarget(*client, 1 << 20));
+  auto& [host, dev, region] = target;
 
   apply = std::thread([&] {
     ctl::Control c;

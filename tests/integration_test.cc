@@ -95,9 +95,8 @@ TEST(Daemon, ManySmallCopiesInFlightAllComplete) {
   DaemonHarness d;
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
   constexpr size_t kPiece = 4096, kCount = 300;  // more than the ring holds: back-pressure
-  ASSERT_OK_AND_ASSIGN(HostBuffer src, client->AllocateHost(kPiece * kCount));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(kPiece * kCount));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  ASSERT_OK_AND_ASSIGN(CopyTarget target, MakeCopyTarget(*client, kPiece * kCount));
+  auto& [src, dev, region] = target;
   FillRandom(src.data(), src.size(), testing::RandomSeed());
   Poison(static_cast<std::byte*>(dev.data()), dev.size());
   std::vector<Transfer> ts;
@@ -167,9 +166,8 @@ TEST(Daemon, AStreamWaitOnABatchWaitsForEveryCopyOfIt) {
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
   ASSERT_OK_AND_ASSIGN(auto other, d.Connect("other"));
   constexpr size_t kPiece = (1 << 20) + 3, kCount = 6;
-  ASSERT_OK_AND_ASSIGN(HostBuffer src, client->AllocateHost(kPiece * kCount));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(kPiece * kCount));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  ASSERT_OK_AND_ASSIGN(CopyTarget target, MakeCopyTarget(*client, kPiece * kCount));
+  auto& [src, dev, region] = target;
   FillRandom(src.data(), src.size(), testing::RandomSeed());
   Poison(static_cast<std::byte*>(dev.data()), dev.size());
   std::vector<Transfer> ts;
@@ -380,9 +378,8 @@ TEST(Client, AWaiterSeesItsCopyDoneWhenAnotherThreadReapedItsCompletion) {
 TEST(Daemon, ClientSideChecksRejectCopiesOutsideTheirBuffers) {
   DaemonHarness d;
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
-  ASSERT_OK_AND_ASSIGN(HostBuffer host, client->AllocateHost(4096));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(4096));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  ASSERT_OK_AND_ASSIGN(CopyTarget target, MakeCopyTarget(*client, 4096));
+  auto& [host, dev, region] = target;
   EXPECT_EQ(client->Copy(Direction::kHostToDevice, host, 1, region, 0, 4096).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(client->Copy(Direction::kHostToDevice, host, 0, region, 4095, 2).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(client->Copy(Direction::kHostToDevice, host, 0, region, 0, 0).status().code(), Code::kInvalidArgument);
@@ -446,9 +443,8 @@ TEST(Daemon, RegisterDeviceAllocationRegistersEachAllocationOnceAndCopiesAtThePo
 TEST(Daemon, ACopyAfterAnEventRecordedAfterAForeignEventRuns) {
   DaemonHarness d;
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
-  ASSERT_OK_AND_ASSIGN(HostBuffer host, client->AllocateHost(8192));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(8192));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  ASSERT_OK_AND_ASSIGN(CopyTarget target, MakeCopyTarget(*client, 8192));
+  auto& [host, dev, region] = target;
   ASSERT_OK_AND_ASSIGN(SharedEvent ev, client->CreateEvent());
   EXPECT_EQ(ev.RecordAfter(nullptr).code(), Code::kInvalidArgument);
   int foreign = 0;  // stands in for a framework's cudaEvent_t
@@ -519,9 +515,8 @@ TEST(Daemon, DeviceFailureFailsThatCopyAndTheDaemonKeepsServing) {
   auto* fault = faulty.get();
   DaemonHarness d(config, std::move(faulty));
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
-  ASSERT_OK_AND_ASSIGN(HostBuffer host, client->AllocateHost(1 << 20));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(1 << 20));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  ASSERT_OK_AND_ASSIGN(CopyTarget target, MakeCopyTarget(*client, 1 << 20));
+  auto& [host, dev, region] = target;
   FillRandom(host.data(), host.size(), testing::RandomSeed());
 
   fault->FailNextSubmits(1);
@@ -738,9 +733,8 @@ TEST(Daemon, AHostStreamWaitIsReportedOnceForTheWholeBatchAndTheWholeCall) {
   DaemonHarness d(DaemonHarness::SmallConfig(), std::move(backend), DaemonHarness::SmallChunks(), &seen);
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
   constexpr size_t kPiece = 64 << 10, kCount = 3;
-  ASSERT_OK_AND_ASSIGN(HostBuffer src, client->AllocateHost(kPiece * kCount));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(kPiece * kCount));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  ASSERT_OK_AND_ASSIGN(CopyTarget target, MakeCopyTarget(*client, kPiece * kCount));
+  auto& [src, dev, region] = target;
   FillRandom(src.data(), src.size(), testing::RandomSeed());
   Poison(static_cast<std::byte*>(dev.data()), dev.size());
   be->Pause(true);  // the engines hold every completion until released below
@@ -1041,9 +1035,8 @@ TEST(Handoff, WhileOneClientsCopyWaitsOnItsFlagAnotherClientsCopiesGo) {
   // The other client's own "after" copies go too, on its own lane.
   ASSERT_OK_AND_ASSIGN(SharedEvent ev, other->CreateEvent());
   ASSERT_OK(ev.Record(nullptr));
-  ASSERT_OK_AND_ASSIGN(HostBuffer src, other->AllocateHost(65537));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, other->AllocateDevice(65537));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, other->RegisterDevice(dev.data(), dev.size()));
+  ASSERT_OK_AND_ASSIGN(CopyTarget target, MakeCopyTarget(*other, 65537));
+  auto& [src, dev, region] = target;
   FillRandom(src.data(), src.size(), seed);
   Poison(static_cast<std::byte*>(dev.data()), dev.size());
   ASSERT_OK_AND_ASSIGN(Transfer t, other->Copy(Direction::kHostToDevice, src, 0, region, 0, 65537, {.after = &ev}));

@@ -32,9 +32,11 @@ namespace ferry {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::CopyTarget;
 using testing::DaemonHarness;
 using testing::FillRandom;
 using testing::FirstDifference;
+using testing::MakeCopyTarget;
 using testing::Poison;
 
 double Seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -540,9 +542,8 @@ TEST(HostBackend, ACopyThreadThatCannotStartFailsThatCopyAndFerrydServesOthers) 
   ASSERT_OK(backend.status());
   DaemonHarness d(DaemonHarness::SmallConfig(), std::move(*backend));
   ASSERT_OK_AND_ASSIGN(auto c, d.Connect());
-  ASSERT_OK_AND_ASSIGN(HostBuffer src, c->AllocateHost(1 << 20));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, c->AllocateDevice(1 << 20));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, c->RegisterDevice(dev.data(), dev.size()));
+  ASSERT_OK_AND_ASSIGN(CopyTarget target, MakeCopyTarget(*c, 1 << 20));
+  auto& [src, dev, region] = target;
   ASSERT_OK_AND_ASSIGN(Transfer refused, c->Copy(Direction::kHostToDevice, src, 0, region, 0, 1 << 20));
   const Status st = refused.Wait(10s);
   EXPECT_EQ(st.code(), Code::kResourceExhausted) << st.ToString();

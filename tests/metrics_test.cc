@@ -89,9 +89,8 @@ TEST(Metrics, CountsWhatTheDaemonDid) {
                            m->get());
   (*m)->Attach(&d.server());
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect("metrics"));
-  ASSERT_OK_AND_ASSIGN(HostBuffer host, client->AllocateHost(1 << 20));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(1 << 20));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  ASSERT_OK_AND_ASSIGN(testing::CopyTarget target, testing::MakeCopyTarget(*client, 1 << 20));
+  auto& [host, dev, region] = target;
   testing::FillRandom(host.data(), host.size(), 7);
   for (int i = 0; i < 5; ++i) {
     ASSERT_OK_AND_ASSIGN(Transfer t, client->Copy(Direction::kHostToDevice, host, 0, region, 0, 1 << 20));

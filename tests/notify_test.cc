@@ -108,9 +108,8 @@ TEST(Systemd, ReadyThenWatchdogOnlyWhileCopiesProgress) {
   EXPECT_LT(idle_ms, 100) << "idle: fed every 50 ms, within systemd's 100 ms";
 
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
-  ASSERT_OK_AND_ASSIGN(HostBuffer host, client->AllocateHost(1 << 20));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client->AllocateDevice(1 << 20));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client->RegisterDevice(dev.data(), dev.size()));
+  ASSERT_OK_AND_ASSIGN(testing::CopyTarget target, testing::MakeCopyTarget(*client, 1 << 20));
+  auto& [host, dev, region] = target;
   be->Pause(true);
   ASSERT_OK_AND_ASSIGN(Transfer t, client->Copy(Direction::kHostToDevice, host, 0, region, 0, 1 << 20));
   systemd.Collect(120);  // the ping in flight when the stall began
