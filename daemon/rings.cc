@@ -72,6 +72,7 @@ void Rings::SetSleeping(bool sleeping) {
 bool Rings::AnySubmissionPending() const {
   for (const auto& [id, s] : sessions_) {
     if (s->hdr == nullptr || s->dead) continue;
+    if (s->submissions_blocked) continue;
     if (s->hdr->sq_tail.value.load(std::memory_order_acquire) != s->sq_head) return true;
   }
   return false;
@@ -92,15 +93,24 @@ Result<bool> Rings::ReadSubmissions(Session& s, Scheduler& scheduler) {
   // Back-pressure: at most half the completion ring in flight, so completions always fit.
   const uint32_t room = s.cq_entries / 2 > s.in_flight ? s.cq_entries / 2 - s.in_flight : 0;
   // The budget counts requests: a block list's group of slots is one, read whole in one turn.
-  const uint32_t take = std::min(room, kSubmissionsPerTurn);
   uint32_t taken = 0, requests = 0;
-  for (; taken < take && s.sq_head != tail && !s.dead; ++taken) {
+  uint64_t blocks = 0;
+  for (; taken < kSubmissionsPerTurn && s.sq_head != tail && !s.dead && blocks < kBlocksPerTurn; ++taken) {
+    if (taken >= room) {
+      s.submissions_blocked = true;
+      break;
+    }
     wire::SubmissionEntry e;
     // Read the entry once, into our memory; the client may rewrite the slot at any time.
     std::memcpy(&e, &s.sq[wire::RingSlot(s.sq_head, s.sq_entries)], sizeof e);
     const auto op = static_cast<wire::Opcode>(e.opcode);
     if (op == wire::Opcode::kBlocksHostToDevice || op == wire::Opcode::kBlocksDeviceToHost) {
-      FERRY_RETURN_IF_ERROR(ReadBlockList(s, e, tail, scheduler));
+      FERRY_ASSIGN_OR_RETURN(const std::optional<uint32_t> list_blocks, ReadBlockList(s, e, tail, scheduler));
+      if (!list_blocks) {
+        s.submissions_blocked = true;
+        break;
+      }
+      blocks += *list_blocks;
       ++requests;
       continue;
     }
@@ -123,7 +133,8 @@ Result<bool> Rings::ReadSubmissions(Session& s, Scheduler& scheduler) {
 // A block list's group: its SubmissionEntry (at sq_head), a BlockListEntry, and with
 // kBlockListInline the list's slots, published together. Read whole into our memory before any
 // of it is judged; a group not wholly published, or whose end cannot be known, breaks the ring.
-Status Rings::ReadBlockList(Session& s, const wire::SubmissionEntry& e, uint32_t tail, Scheduler& scheduler) {
+Result<std::optional<uint32_t>> Rings::ReadBlockList(Session& s, const wire::SubmissionEntry& e, uint32_t tail,
+                                                     Scheduler& scheduler) {
   const uint32_t published = wire::RingCount(s.sq_head, tail);
   auto breach = [&](const std::string& why) {
     rejections_.Count(RejectReason::kProtocol);
@@ -132,6 +143,10 @@ Status Rings::ReadBlockList(Session& s, const wire::SubmissionEntry& e, uint32_t
   if (published < 2) return breach("its BlockListEntry was not published with it");
   wire::BlockListEntry b;
   std::memcpy(&b, &s.sq[wire::RingSlot(s.sq_head + 1, s.sq_entries)], sizeof b);
+  // Judged by the count it names (a wrong one is refused below, once it is read).
+  const uint32_t named = std::min(b.block_count, wire::kMaxBlocksPerList + 1);
+  if (s.blocks_in_flight != 0 && s.blocks_in_flight + named > kBlocksInFlightPerSession)
+    return std::optional<uint32_t>();
   const uint32_t slots = (e.flags & wire::kBlockListInline) ? b.inline_slots : 0;
   if (slots > wire::kMaxInlineListSlots) {
     return breach("inline_slots " + std::to_string(slots) + " (at most " + std::to_string(wire::kMaxInlineListSlots) +
@@ -148,7 +163,7 @@ Status Rings::ReadBlockList(Session& s, const wire::SubmissionEntry& e, uint32_t
   }
   s.sq_head += 2 + slots;
   HandleBlockList(s, e, b, inline_list, scheduler);
-  return Status::Ok();
+  return std::optional<uint32_t>(named);
 }
 
 void Rings::Complete(Session& s, uint64_t tag, const Status& st, wire::CompletionKind kind, uint64_t bytes,
@@ -350,6 +365,7 @@ void Rings::Accept(Session& s, CopyTarget& t, Scheduler& scheduler) {
   t.buffer->in_flight++;
   t.region->in_flight++;
   s.in_flight++;
+  s.blocks_in_flight += r.blocks;
   scheduler.Submit(std::move(r));
 }
 
@@ -365,6 +381,8 @@ void Rings::OnCopyFinished(const FinishedCopy& c) {
   if (sit == sessions_.end()) return;
   Session& s = *sit->second;
   s.in_flight--;
+  s.blocks_in_flight -= c.blocks;
+  s.submissions_blocked = false;  // room again: its ring is read on the next turn
   s.lane_waits.erase(c.id);
   s.arena->CopyDone(c.buffer_offset);
   auto rit = s.regions.find(c.region_id);

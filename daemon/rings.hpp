@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -21,8 +22,13 @@ namespace ferry::daemon {
 
 class Rings : public Scheduler::Listener {
  public:
-  // Per session per loop turn: fairness between clients.
+  // Per session per loop turn: fairness between clients. A turn also reads block lists of at
+  // most kBlocksPerTurn blocks in all (at least one list): ferryd checks every block on its loop.
   static constexpr uint32_t kSubmissionsPerTurn = 64;
+  static constexpr uint64_t kBlocksPerTurn = wire::kMaxBlocksPerList;
+  // What one session's block lists may have in flight (a list alone always may): ferryd keeps a
+  // plan of every block until its list is done, and lists count as one copy each.
+  static constexpr uint64_t kBlocksInFlightPerSession = wire::kMaxBlocksPerList;
 
   // All must outlive the rings.
   // `pool`: where block lists that travel in a buffer are read from.
@@ -40,8 +46,10 @@ class Rings : public Scheduler::Listener {
   Status Attach(Session& s, uint32_t ring_entries);
 
   // Reads what `s` submitted since the last turn (at most kSubmissionsPerTurn requests, a block
-  // list's slots counting as one, and no more than fit in its completion ring when done) and
-  // hands its copies to `scheduler`. True if it read any request but wait reports. An error: the
+  // list's slots counting as one, kBlocksPerTurn blocks, and no more than fit in its completion
+  // ring when done, nor lists past kBlocksInFlightPerSession) and hands its copies to
+  // `scheduler`. Entries left for want of room mark the session blocked until a copy of it
+  // finishes (Session::submissions_blocked). True if it read any request but wait reports. An error: the
   // session broke the ring's protocol and must be evicted, for that reason.
   Result<bool> ReadSubmissions(Session& s, Scheduler& scheduler);
   // Posts the session's waiting results as its completion ring has room, and rings its doorbell
@@ -59,6 +67,8 @@ class Rings : public Scheduler::Listener {
 
   // Tells every client's ring whether the loop sleeps (then a submission needs the doorbell).
   void SetSleeping(bool sleeping);
+  // Whether a ring holds entries the loop can read now (not those of a blocked session: the
+  // loop may sleep over them until one of its copies finishes).
   bool AnySubmissionPending() const;
 
   // Scheduler::Listener: a copy's results go to its session's completion ring.
@@ -76,7 +86,10 @@ class Rings : public Scheduler::Listener {
   };
 
   void HandleSubmission(Session& s, const wire::SubmissionEntry& e, Scheduler& scheduler);
-  Status ReadBlockList(Session& s, const wire::SubmissionEntry& e, uint32_t tail, Scheduler& scheduler);
+  // The blocks the list's group names (nullopt: it was left on the ring, over the session's blocks
+  // in flight), or the group broke the ring's protocol.
+  Result<std::optional<uint32_t>> ReadBlockList(Session& s, const wire::SubmissionEntry& e, uint32_t tail,
+                                                Scheduler& scheduler);
   void HandleBlockList(Session& s, const wire::SubmissionEntry& e, const wire::BlockListEntry& b,
                        std::span<const std::byte> inline_list, Scheduler& scheduler);
   Status CheckCopy(Session& s, const wire::SubmissionEntry& e, uint64_t device_bytes, CopyTarget& t);

@@ -41,8 +41,10 @@ namespace ferry::daemon {
 namespace {
 
 constexpr uint64_t kReclaimIntervalNs = 250'000'000;  // quarantined slabs are probed again this often
+constexpr uint64_t kLaneReleaseIntervalNs = 10'000'000;  // an ended session's lane waits are let go again
 constexpr uint64_t kListenPauseNs = 100'000'000;      // out of fds: stop accepting this long, then try again
 constexpr uint32_t kTurnsPerEpoll = 32;               // while spinning, sockets are looked at every 32nd turn
+constexpr uint64_t kEpollIntervalNs = 1'000'000;      // ... or once 1 ms went by, however long the turns
 constexpr uint64_t kStartStepTimeoutUs = 10'000'000;  // systemd's start timeout, extended past each pool report
 
 // "12.3": one decimal, for the log.
@@ -483,6 +485,11 @@ class Server::Impl {
           if (pool_->quarantined_bytes() != 0 && (timeout < 0 || timeout > int{kReclaimIntervalNs / 1'000'000})) {
             timeout = kReclaimIntervalNs / 1'000'000;  // wake to probe the quarantine again
           }
+          // An ended session's flags are written again on each reap pass: a client still running
+          // may write them back, and then only a later pass lets its lanes drain.
+          if (AnyEndedSessionWaitsOnLanes() && (timeout < 0 || timeout > int{kLaneReleaseIntervalNs / 1'000'000})) {
+            timeout = kLaneReleaseIntervalNs / 1'000'000;
+          }
           const int timer = MillisToNextTimer();
           if (timer >= 0 && (timeout < 0 || timer < timeout)) timeout = timer;
           slept = true;
@@ -490,10 +497,13 @@ class Server::Impl {
         }
       }
       // While spinning, look at the sockets only now and then: an epoll_wait per turn would
-      // add its cost to every copy's latency. Sockets carry only the slow path.
+      // add its cost to every copy's latency. Sockets carry only the slow path, but it must not
+      // wait 32 turns that each read a client's largest block list (a millisecond or more each).
       int n = 0;
-      if (timeout != 0 || ++turns_since_epoll_ >= kTurnsPerEpoll) {
+      if (const uint64_t now = MonotonicNanos();
+          timeout != 0 || ++turns_since_epoll_ >= kTurnsPerEpoll || now - last_epoll_ns_ >= kEpollIntervalNs) {
         turns_since_epoll_ = 0;
+        last_epoll_ns_ = now;
         n = poller_.Wait(evs, 64, timeout);
       }
       if (slept) rings_->SetSleeping(false);
@@ -666,6 +676,11 @@ class Server::Impl {
 
   // ---- ended sessions and their slabs ----
 
+  bool AnyEndedSessionWaitsOnLanes() const {
+    return std::any_of(session_map_.begin(), session_map_.end(),
+                       [](const auto& entry) { return entry.second->dead && !entry.second->lane_waits.empty(); });
+  }
+
   void ReapDead() {
     for (auto it = session_map_.begin(); it != session_map_.end();) {
       Session& s = *it->second;
@@ -795,6 +810,7 @@ class Server::Impl {
   uint64_t next_timer_ns_ = UINT64_MAX;  // the earliest hello deadline or listen resumption
   bool stopping_ = false;
   uint32_t turns_since_epoll_ = 0;
+  uint64_t last_epoll_ns_ = 0;
   struct PeerExitWatch {
     UniqueFd pidfd;
     std::set<uint32_t> slabs;  // of its ended sessions, still quarantined

@@ -75,6 +75,10 @@ struct Session {
   uint32_t* done_words = nullptr;  // in `ring`; null unless the engines write them (flags_registered)
   uint32_t staging_generation = 0;  // ours: the client can write the ring's copy
   uint32_t in_flight = 0;
+  uint64_t blocks_in_flight = 0;  // of its block lists in flight
+  // Its ring holds entries left for want of room (in_flight or blocks_in_flight at their caps):
+  // nothing to read until one of its copies finishes, which clears it.
+  bool submissions_blocked = false;
   std::deque<wire::CompletionEntry> backlog;
   // When ferryd last saw the submission ring with nothing unread: every entry read later was
   // written after this, so it bounds how long a client can have waited for that copy.

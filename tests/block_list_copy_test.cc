@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <numeric>
 #include <optional>
 #include <random>
+#include <stop_token>
 #include <thread>
 #include <vector>
 
@@ -18,6 +20,7 @@
 #include "common/fd.hpp"
 #include "common/status_macros.hpp"
 #include "common/wire.hpp"
+#include "daemon/rings.hpp"
 #include "test_util.hpp"
 
 namespace ferry {
@@ -321,6 +324,174 @@ TEST_F(BlockListCopy, AnInlineListOfMoreThan16SlotsEvictsTheSession) {
   Poison(poison.data(), bytes);
   EXPECT_EQ(FirstDifference(dev.data(), poison.data(), bytes), -1);
   EXPECT_EQ(d_.counters().evictions.load(), 1u);
+}
+
+// The largest list, kMaxBlocksPerList one-byte blocks that never coalesce (block i of each region
+// at byte 2i), in a pool buffer: the most blocks ferryd plans and checks for one request.
+struct LargestList {
+  static constexpr uint32_t kBlocks = wire::kMaxBlocksPerList;
+  static constexpr uint64_t kSpan = 2ull * kBlocks;  // bytes of each region
+  RawClient::Buffer host, list;
+  RawClient::Region dev;
+  Status Open(RawClient& raw, bool repeat_a_destination) {
+    FERRY_ASSIGN_OR_RETURN(host, raw.AllocBuffer(kSpan));
+    FERRY_ASSIGN_OR_RETURN(dev, raw.RegisterRegion(kSpan));
+    FERRY_ASSIGN_OR_RETURN(list, raw.AllocBuffer(wire::BlockListBytes(kBlocks, 0)));
+    std::vector<uint32_t> words(2 * size_t{kBlocks});
+    for (uint32_t i = 0; i < kBlocks; ++i) words[i] = words[kBlocks + i] = 2 * i;
+    if (repeat_a_destination) words.back() = 0;  // the last block lands where the first does
+    std::memcpy(list.data, words.data(), words.size() * sizeof(uint32_t));
+    return Status::Ok();
+  }
+  std::vector<wire::SubmissionEntry> Group(uint64_t tag, uint32_t wait_event = wire::kNoEvent,
+                                           uint32_t wait_value = 0) const {
+    wire::SubmissionEntry e{};
+    e.user_tag = tag;
+    e.opcode = static_cast<uint16_t>(wire::Opcode::kBlocksHostToDevice);
+    e.pool_offset = host.pool_offset;
+    e.length = kSpan;
+    e.region_id = dev.id;
+    e.wait_event_id = wait_event;
+    e.wait_value = wait_value;
+    wire::BlockListEntry b{};
+    b.device_bytes = kSpan;
+    b.block_bytes = 1;
+    b.block_count = kBlocks;
+    b.list_bytes = wire::BlockListBytes(kBlocks, 0);
+    b.list_pool_offset = list.pool_offset;
+    std::vector<wire::SubmissionEntry> slots(2);
+    slots[0] = e;
+    std::memcpy(&slots[1], &b, sizeof b);
+    return slots;
+  }
+};
+
+// Each list is one copy against a session's cap on copies in flight, but ferryd keeps a plan of
+// every block until the list is done: lists parked on a flag never written once made ferryd
+// hold 1.3 GiB for one client's 64-entry ring (about 20 GiB at the default ring). A session's
+// lists past kBlocksInFlightPerSession wait on its ring, and ferryd sleeps over them.
+TEST(BlockListRing, ListsPastTheSessionsBlocksInFlightWaitOnTheRingUntilOneIsDone) {
+  DaemonHarness d;
+  RawClient raw;
+  ASSERT_OK(raw.Open(d.socket_path()));
+  LargestList big;
+  ASSERT_OK(big.Open(raw, false));
+  ASSERT_OK_AND_ASSIGN(const wire::RegisterEventReply ev, raw.RegisterEvent(wire::kEventWantsFlag));
+  ASSERT_NE(ev.flag_index, wire::kNoFlag);
+  FillRandom(big.host.data, big.kSpan, testing::RandomSeed());
+  Poison(big.dev.data(), big.kSpan);
+  static_assert(daemon::Rings::kBlocksInFlightPerSession < 2ull * LargestList::kBlocks);
+  constexpr int kLists = 3;
+  std::vector<wire::SubmissionEntry> slots;
+  for (int i = 0; i < kLists; ++i) {
+    const auto g = big.Group(i + 1, ev.event_id, 1);
+    slots.insert(slots.end(), g.begin(), g.end());
+  }
+  raw.Push(slots);
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().in_flight.load() == 1; }, 30'000));
+  EXPECT_TRUE(raw.DaemonSleepsFor(100ms)) << "ferryd polls over lists it cannot take";
+  EXPECT_EQ(d.counters().in_flight.load(), 1u);
+  EXPECT_EQ(raw.header()->sq_head.value.load(), 2u) << "only the first list's group was read";
+  raw.Record(ev.flag_index, 1);
+  for (int i = 0; i < kLists; ++i) {
+    auto c = raw.Next();
+    ASSERT_TRUE(c.has_value()) << "list " << i << " never completed";
+    EXPECT_EQ(c->status, 0) << "list " << c->user_tag;
+    EXPECT_EQ(c->bytes, uint64_t{LargestList::kBlocks});
+  }
+  std::vector<std::byte> want(big.kSpan);
+  Poison(want.data(), want.size());
+  for (uint64_t i = 0; i < big.kSpan; i += 2) want[i] = big.host.data[i];
+  EXPECT_EQ(FirstDifference(big.dev.data(), want.data(), big.kSpan), -1);
+  EXPECT_EQ(d.counters().evictions.load(), 0u);
+}
+
+// ferryd checks every block of a list on its loop before it refuses or accepts it. A client
+// flooding its ring with the largest lists, each refused at its last block, once had 64 of them
+// checked in one turn while another client's 4 KiB copy waited for the turn's end; and sockets,
+// looked at every 32nd turn, waited 32 lists' checks (a stop, ~6 s under TSan). A turn reads
+// lists of at most kBlocksPerTurn blocks a session, and sockets are looked at after 1 ms of
+// turns: each waits for about one list's check.
+TEST(BlockListRing, RefusedLargestListsHoldUpAnotherClientsCopyForAboutOneListsCheck) {
+  daemon::DaemonConfig config = DaemonHarness::SmallConfig();
+  config.ring_entries = 256;  // room for more lists than a turn reads
+  DaemonHarness d(config);
+  RawClient raw;
+  ASSERT_OK(raw.Open(d.socket_path(), "flood"));
+  LargestList big;
+  ASSERT_OK(big.Open(raw, true));
+  // How long one refused list takes, from its publishing to its completion.
+  auto completions_after = [&](uint32_t tail) {
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (raw.header()->cq_tail.value.load(std::memory_order_acquire) == tail) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+    }
+    return true;
+  };
+  std::vector<uint64_t> one;
+  for (int i = 0; i < 3; ++i) {
+    const uint32_t cq_tail = raw.header()->cq_tail.value.load();
+    const uint64_t t0 = MonotonicNanos();
+    raw.Push(big.Group(100 + i));
+    ASSERT_TRUE(completions_after(cq_tail));
+    one.push_back(MonotonicNanos() - t0);
+    auto c = raw.Next();
+    ASSERT_TRUE(c.has_value());
+    ASSERT_EQ(c->status, static_cast<int32_t>(Code::kInvalidArgument)) << "the list must be refused";
+  }
+  std::sort(one.begin(), one.end());
+  const uint64_t list_ns = one[one.size() / 2];
+
+  std::jthread flood([&](std::stop_token stop) {  // stopped and joined however the test ends
+    for (uint64_t tag = 1000; !stop.stop_requested(); ++tag) {
+      while (!stop.stop_requested() &&
+             raw.header()->sq_tail.value.load() - raw.header()->sq_head.value.load() + 2 > config.ring_entries) {
+        raw.header()->cq_head.value.store(raw.header()->cq_tail.value.load());  // reaps every refusal
+      }
+      if (stop.stop_requested()) break;
+      raw.Push(big.Group(tag));
+      raw.header()->cq_head.value.store(raw.header()->cq_tail.value.load());
+    }
+  });
+  // The flood is on: its ring holds lists waiting to be read.
+  ASSERT_TRUE(DaemonHarness::Eventually(
+      [&] { return raw.header()->sq_tail.value.load() - raw.header()->sq_head.value.load() >= 64; }));
+  // Control messages (a hello, a buffer, device memory and its region) are read between turns.
+  const uint64_t control_start = MonotonicNanos();
+  auto victim = d.Connect("victim");
+  ASSERT_TRUE(victim.ok()) << victim.status().ToString();
+  auto made = testing::MakeCopyTarget(**victim, 4096);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  const uint64_t control_ns = MonotonicNanos() - control_start;
+  testing::CopyTarget& target = *made;
+  auto& [src, dev, region] = target;
+  uint64_t worst = 0;
+  for (int i = 0; i < 8; ++i) {
+    FillRandom(src.data(), 4096, testing::RandomSeed() + i);
+    Poison(target.device(), 4096);
+    const uint64_t t0 = MonotonicNanos();
+    auto t = (*victim)->Copy(Direction::kHostToDevice, src, 0, region, 0, 4096);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    ASSERT_OK(t->Wait(20s));
+    worst = std::max(worst, MonotonicNanos() - t0);
+    EXPECT_EQ(FirstDifference(target.device(), src.data(), 4096), -1) << "copy " << i;
+  }
+  EXPECT_EQ(d.counters().evictions.load(), 0u);
+  // Stopping is an event on the loop's epoll too: seen within a turn or two, flood or not.
+  const uint64_t stop_start = MonotonicNanos();
+  d.Stop();
+  const uint64_t stop_ns = MonotonicNanos() - stop_start;
+  flood.request_stop();
+  flood.join();
+  EXPECT_LT(control_ns, 16 * list_ns + 50'000'000)
+      << "connecting and setting up took " << control_ns / 1000 << " us beside refused lists, one of which takes "
+      << list_ns / 1000 << " us";
+  EXPECT_LT(worst, 6 * list_ns + 20'000'000)
+      << "a 4 KiB copy waited " << worst / 1000 << " us behind refused lists, one of which takes " << list_ns / 1000
+      << " us";
+  EXPECT_LT(stop_ns, 4 * list_ns + 50'000'000)
+      << "stopping took " << stop_ns / 1000 << " us beside refused lists, one of which takes " << list_ns / 1000
+      << " us";
 }
 
 }  // namespace

@@ -582,24 +582,6 @@ class RawSession : public testing::RawConnection {
     FERRY_RETURN_IF_ERROR(FromWire(m.As<wire::RegisterDeviceReply>().status));
     return std::pair<uint32_t, Mapping>{m.As<wire::RegisterDeviceReply>().region_id, std::move(bytes)};
   }
-  Result<wire::RegisterEventReply> RegisterEvent(uint32_t flags) {
-    wire::RegisterEventRequest req{};
-    req.kind = static_cast<uint32_t>(wire::EventHandleKind::kHost);
-    req.flags = flags;
-    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kRegisterEvent, req));
-    const auto r = m.As<wire::RegisterEventReply>();
-    FERRY_RETURN_IF_ERROR(FromWire(r.status));
-    return r;
-  }
-  std::atomic_ref<uint32_t> Flag(uint32_t index) {
-    return std::atomic_ref<uint32_t>(wire::EventFlags(ring_.data(), reply_.sq_entries, reply_.cq_entries)[index]);
-  }
-  // As libferry's host device records: the value, then a wake for a lane asleep on the word.
-  void Record(uint32_t index, uint32_t value) {
-    Flag(index).store(value, std::memory_order_release);
-    ::syscall(SYS_futex, &wire::EventFlags(ring_.data(), reply_.sq_entries, reply_.cq_entries)[index], FUTEX_WAKE,
-              INT_MAX, nullptr, nullptr, 0);
-  }
 
  private:
   std::vector<Mapping> mapped_;  // slabs of AllocMappedBuffer
@@ -1137,6 +1119,66 @@ TEST(Handoff, AClientEndingWithWaitsSpreadAroundTheCounterIsReclaimed) {
       return s.ok() && s->pool_free_bytes == s->pool_bytes;
     }, 10'000)) << "the ended session's slabs never came back";
   }
+}
+
+// An ended session's lane waits are let go by writing its flags, again on every reap pass, as a
+// client still running may write them back. A quiet ferryd once slept with no timer at all: a
+// client that wrote its flag back until after the last pass left its session (slabs, region,
+// lane) unreclaimed for good.
+TEST(Handoff, AnEndedSessionThatWritesItsFlagBackIsReclaimedByAQuietFerryd) {
+  auto config = DaemonHarness::SmallConfig();
+  config.limits.hello_timeout_ms = 200;  // no hello deadline left to wake ferryd later
+  DaemonHarness d(config);
+  FlagWaitSetup dying;
+  ASSERT_OK(dying.Open(d.socket_path()));
+  dying.SubmitAfter(1, 5);
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().in_flight.load() == 1; }));
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {  // evicted but still running, it keeps its flag at 0
+    while (!stop) dying.raw.Flag(dying.event.flag_index).store(0, std::memory_order_relaxed);
+  });
+  dying.raw.header()->sq_tail.value.store(0x7fffffff);
+  dying.raw.Kick();
+  EXPECT_TRUE(dying.raw.DaemonHungUp());
+  std::this_thread::sleep_for(300ms);  // past ferryd's passes while it had work
+  stop = true;
+  writer.join();
+  EXPECT_TRUE(DaemonHarness::Eventually([&] { return d.counters().sessions.load() == 0; }, 10'000))
+      << "never reclaimed: in flight " << d.counters().in_flight.load() << ", flag "
+      << dying.raw.Flag(dying.event.flag_index).load();
+  EXPECT_EQ(d.counters().in_flight.load(), 0u);
+}
+
+// A session at its cap on copies in flight (half its completion ring), all parked on a flag,
+// with one more entry on its ring: ferryd cannot take the entry until a copy finishes. It once
+// saw the ring not empty and polled a core for as long as the copies waited.
+TEST(Handoff, ASessionAtItsCapWithMoreOnItsRingLetsFerrydSleep) {
+  DaemonHarness d;
+  FlagWaitSetup c;
+  ASSERT_OK(c.Open(d.socket_path()));
+  const uint32_t cap = DaemonHarness::SmallConfig().ring_entries;  // half of twice the ring
+  for (uint32_t i = 0; i < cap; ++i) c.SubmitAfter(i + 1, 1);
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().in_flight.load() == cap; }));
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return c.raw.header()->sq_head.value.load() == cap; }));
+  wire::SubmissionEntry nop{};
+  nop.user_tag = 999;
+  const uint64_t sleeps = d.counters().sleeps.load();
+  c.raw.Push(nop);  // its doorbell wakes ferryd
+  EXPECT_TRUE(DaemonHarness::Eventually([&] { return d.counters().sleeps.load() > sleeps; }, 5000) &&
+              c.raw.DaemonSleepsFor(100ms))
+      << "ferryd polls over an entry it cannot take";
+  EXPECT_EQ(c.raw.header()->sq_head.value.load(), cap) << "read past the cap";
+  c.raw.Record(c.event.flag_index, 1);
+  std::vector<bool> seen(cap + 1, false);
+  for (uint32_t i = 0; i <= cap; ++i) {
+    auto done = c.raw.Next(20s);
+    ASSERT_TRUE(done.has_value()) << "completion " << i;
+    EXPECT_EQ(done->status, 0) << "request " << done->user_tag;
+    const uint64_t index = done->user_tag == 999 ? cap : done->user_tag - 1;
+    ASSERT_LT(index, seen.size());
+    seen[index] = true;
+  }
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), true), cap + 1);
 }
 
 // ferryd stopping lets its sessions' lane waits go too, each of them, and waits for those copies

@@ -2,7 +2,13 @@
 // do what libferry never would. The tests' raw clients build on it.
 #pragma once
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
+#include <climits>
 #include <optional>
 #include <string>
 #include <thread>
@@ -63,8 +69,42 @@ class RawConnection {
     auto m = RecvMessage(sock_.get(), timeout_ms);
     return !m.ok() && m.status().code() == Code::kUnavailable;
   }
+  // Whether ferryd goes to sleep within 5 s (its sleeping bit in this ring) and sleeps on for
+  // `span`, the bit set whenever looked at.
+  bool DaemonSleepsFor(std::chrono::milliseconds span) {
+    auto asleep = [&] { return header()->daemon_state.value.load() & wire::kDaemonSleeping; };
+    for (const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5); !asleep();) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    for (const auto end = std::chrono::steady_clock::now() + span; std::chrono::steady_clock::now() < end;) {
+      if (!asleep()) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    return true;
+  }
   int sock() const { return sock_.get(); }
   int complete_doorbell() const { return complete_.get(); }
+
+  // A host event (`flags`: wire::kEventWantsFlag for a flag ferryd's lanes wait on).
+  Result<wire::RegisterEventReply> RegisterEvent(uint32_t flags) {
+    wire::RegisterEventRequest req{};
+    req.kind = static_cast<uint32_t>(wire::EventHandleKind::kHost);
+    req.flags = flags;
+    FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kRegisterEvent, req));
+    const auto r = m.As<wire::RegisterEventReply>();
+    FERRY_RETURN_IF_ERROR(FromWire(r.status));
+    return r;
+  }
+  std::atomic_ref<uint32_t> Flag(uint32_t index) {
+    return std::atomic_ref<uint32_t>(wire::EventFlags(ring_.data(), reply_.sq_entries, reply_.cq_entries)[index]);
+  }
+  // As libferry's host device records: the value, then a wake for a lane asleep on the word.
+  void Record(uint32_t index, uint32_t value) {
+    Flag(index).store(value, std::memory_order_release);
+    ::syscall(SYS_futex, &wire::EventFlags(ring_.data(), reply_.sq_entries, reply_.cq_entries)[index], FUTEX_WAKE,
+              INT_MAX, nullptr, nullptr, 0);
+  }
 
  protected:
   // One control request (with one fd, or none) and its reply.
