@@ -95,9 +95,12 @@ Result<bool> Rings::ReadSubmissions(Session& s, Scheduler& scheduler) {
   // The budget counts requests: a block list's group of slots is one, read whole in one turn.
   uint32_t taken = 0, requests = 0;
   uint64_t blocks = 0;
-  for (; taken < kSubmissionsPerTurn && s.sq_head != tail && !s.dead && blocks < kBlocksPerTurn; ++taken) {
+  s.submissions_blocked = false;  // judged again each turn
+  for (; taken < kSubmissionsPerTurn && s.sq_head != tail && !s.dead; ++taken) {
     if (taken >= room) {
-      s.submissions_blocked = true;
+      // Blocked only at the cap: wait reports and refused requests take room this turn but
+      // leave nothing in flight, and the entries after them can be read next turn.
+      s.submissions_blocked = s.in_flight >= s.cq_entries / 2;
       break;
     }
     wire::SubmissionEntry e;
@@ -105,12 +108,12 @@ Result<bool> Rings::ReadSubmissions(Session& s, Scheduler& scheduler) {
     std::memcpy(&e, &s.sq[wire::RingSlot(s.sq_head, s.sq_entries)], sizeof e);
     const auto op = static_cast<wire::Opcode>(e.opcode);
     if (op == wire::Opcode::kBlocksHostToDevice || op == wire::Opcode::kBlocksDeviceToHost) {
-      FERRY_ASSIGN_OR_RETURN(const std::optional<uint32_t> list_blocks, ReadBlockList(s, e, tail, scheduler));
-      if (!list_blocks) {
-        s.submissions_blocked = true;
+      FERRY_ASSIGN_OR_RETURN(const ListRead read, ReadBlockList(s, e, tail, blocks, scheduler));
+      if (read.outcome != ListRead::Outcome::kRead) {
+        s.submissions_blocked = read.outcome == ListRead::Outcome::kBlocked;
         break;
       }
-      blocks += *list_blocks;
+      blocks += read.blocks;
       ++requests;
       continue;
     }
@@ -133,8 +136,8 @@ Result<bool> Rings::ReadSubmissions(Session& s, Scheduler& scheduler) {
 // A block list's group: its SubmissionEntry (at sq_head), a BlockListEntry, and with
 // kBlockListInline the list's slots, published together. Read whole into our memory before any
 // of it is judged; a group not wholly published, or whose end cannot be known, breaks the ring.
-Result<std::optional<uint32_t>> Rings::ReadBlockList(Session& s, const wire::SubmissionEntry& e, uint32_t tail,
-                                                     Scheduler& scheduler) {
+Result<Rings::ListRead> Rings::ReadBlockList(Session& s, const wire::SubmissionEntry& e, uint32_t tail,
+                                             uint64_t turn_blocks, Scheduler& scheduler) {
   const uint32_t published = wire::RingCount(s.sq_head, tail);
   auto breach = [&](const std::string& why) {
     rejections_.Count(RejectReason::kProtocol);
@@ -143,10 +146,13 @@ Result<std::optional<uint32_t>> Rings::ReadBlockList(Session& s, const wire::Sub
   if (published < 2) return breach("its BlockListEntry was not published with it");
   wire::BlockListEntry b;
   std::memcpy(&b, &s.sq[wire::RingSlot(s.sq_head + 1, s.sq_entries)], sizeof b);
-  // Judged by the count it names (a wrong one is refused below, once it is read).
+  // Judged by the count it names (a wrong one is refused below, once it is read); a list alone
+  // always goes.
   const uint32_t named = std::min(b.block_count, wire::kMaxBlocksPerList + 1);
-  if (s.blocks_in_flight != 0 && s.blocks_in_flight + named > kBlocksInFlightPerSession)
-    return std::optional<uint32_t>();
+  if (s.blocks_in_flight != 0 && s.blocks_in_flight + named > kBlocksInFlightPerSession) {
+    return ListRead{ListRead::Outcome::kBlocked};
+  }
+  if (turn_blocks != 0 && turn_blocks + named > kBlocksPerTurn) return ListRead{ListRead::Outcome::kNextTurn};
   const uint32_t slots = (e.flags & wire::kBlockListInline) ? b.inline_slots : 0;
   if (slots > wire::kMaxInlineListSlots) {
     return breach("inline_slots " + std::to_string(slots) + " (at most " + std::to_string(wire::kMaxInlineListSlots) +
@@ -163,7 +169,7 @@ Result<std::optional<uint32_t>> Rings::ReadBlockList(Session& s, const wire::Sub
   }
   s.sq_head += 2 + slots;
   HandleBlockList(s, e, b, inline_list, scheduler);
-  return std::optional<uint32_t>(named);
+  return ListRead{ListRead::Outcome::kRead, named};
 }
 
 void Rings::Complete(Session& s, uint64_t tag, const Status& st, wire::CompletionKind kind, uint64_t bytes,

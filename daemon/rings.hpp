@@ -7,7 +7,6 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <string>
 
@@ -86,10 +85,17 @@ class Rings : public Scheduler::Listener {
   };
 
   void HandleSubmission(Session& s, const wire::SubmissionEntry& e, Scheduler& scheduler);
-  // The blocks the list's group names (nullopt: it was left on the ring, over the session's blocks
-  // in flight), or the group broke the ring's protocol.
-  Result<std::optional<uint32_t>> ReadBlockList(Session& s, const wire::SubmissionEntry& e, uint32_t tail,
-                                                Scheduler& scheduler);
+  // What became of a block list's group at sq_head: read (its blocks, as the count it names),
+  // or left on the ring for a later turn (over this turn's kBlocksPerTurn, `turn_blocks` read
+  // so far) or until a copy of the session finishes (over kBlocksInFlightPerSession).
+  struct ListRead {
+    enum class Outcome { kRead, kNextTurn, kBlocked };
+    Outcome outcome;
+    uint32_t blocks = 0;
+  };
+  // An error: the group broke the ring's protocol.
+  Result<ListRead> ReadBlockList(Session& s, const wire::SubmissionEntry& e, uint32_t tail, uint64_t turn_blocks,
+                                 Scheduler& scheduler);
   void HandleBlockList(Session& s, const wire::SubmissionEntry& e, const wire::BlockListEntry& b,
                        std::span<const std::byte> inline_list, Scheduler& scheduler);
   Status CheckCopy(Session& s, const wire::SubmissionEntry& e, uint64_t device_bytes, CopyTarget& t);

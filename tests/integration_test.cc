@@ -1181,6 +1181,42 @@ TEST(Handoff, ASessionAtItsCapWithMoreOnItsRingLetsFerrydSleep) {
   EXPECT_EQ(std::count(seen.begin(), seen.end(), true), cap + 1);
 }
 
+// Room on a turn is counted in entries, but wait reports (and refused requests) leave nothing in
+// flight: a session whose room this turn went to wait reports is not at its cap, and the entry
+// behind them is read on the next turn. It was once taken for a session at its cap, and a quiet
+// ferryd slept over the entry until an unrelated copy finished.
+TEST(Handoff, WaitReportsTakingATurnsRoomLeaveTheEntryBehindThemReadable) {
+  DaemonHarness d;
+  FlagWaitSetup c;
+  ASSERT_OK(c.Open(d.socket_path()));
+  c.SubmitAfter(1, 5);  // parked on its flag: 1 in flight, room for 63 entries a turn
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().in_flight.load() == 1; }));
+  ASSERT_TRUE(c.raw.DaemonSleepsFor(20ms));
+  const uint32_t entries = DaemonHarness::SmallConfig().ring_entries;
+  uint32_t tail = c.raw.header()->sq_tail.value.load();
+  for (uint32_t i = 0; i + 1 < entries; ++i) {
+    wire::SubmissionEntry report{};
+    report.opcode = static_cast<uint16_t>(wire::Opcode::kReportWait);
+    report.user_tag = 12345;  // no copy of this session: refused, nothing posted
+    report.length = 1;
+    c.raw.sq()[tail++ & (entries - 1)] = report;
+  }
+  wire::SubmissionEntry nop{};
+  nop.user_tag = 999;
+  c.raw.sq()[tail++ & (entries - 1)] = nop;
+  c.raw.header()->sq_tail.value.store(tail);
+  c.raw.Kick();
+  auto done = c.raw.Next(2s);  // a stalled one waited for a timer of ferryd's (5 s)
+  ASSERT_TRUE(done.has_value()) << "the entry behind the reports was not read: sq_head "
+                                << c.raw.header()->sq_head.value.load() << ", tail " << tail;
+  EXPECT_EQ(done->user_tag, 999u);
+  c.raw.Record(c.event.flag_index, 5);
+  auto copied = c.raw.Next(5s);
+  ASSERT_TRUE(copied.has_value());
+  EXPECT_EQ(copied->user_tag, 1u);
+  EXPECT_EQ(copied->status, 0);
+}
+
 // ferryd stopping lets its sessions' lane waits go too, each of them, and waits for those copies
 // (they use the sessions' memory) before it lets go of the sessions.
 TEST(Handoff, AStoppingFerrydLetsEveryLaneWaitGoBeforeItEndsTheSessions) {
