@@ -78,7 +78,7 @@ bool Rings::AnySubmissionPending() const {
   return false;
 }
 
-Result<bool> Rings::ReadSubmissions(Session& s, Scheduler& scheduler) {
+Result<bool> Rings::ReadSubmissions(Session& s, Scheduler& scheduler, TurnBudget& turn) {
   const uint64_t scan_ns = MonotonicNanos();
   const uint32_t tail = s.hdr->sq_tail.value.load(std::memory_order_acquire);
   const uint32_t avail = wire::RingCount(s.sq_head, tail);
@@ -94,7 +94,6 @@ Result<bool> Rings::ReadSubmissions(Session& s, Scheduler& scheduler) {
   const uint32_t room = s.cq_entries / 2 > s.in_flight ? s.cq_entries / 2 - s.in_flight : 0;
   // The budget counts requests: a block list's group of slots is one, read whole in one turn.
   uint32_t taken = 0, requests = 0;
-  uint64_t blocks = 0;
   s.submissions_blocked = false;  // judged again each turn
   for (; taken < kSubmissionsPerTurn && s.sq_head != tail && !s.dead; ++taken) {
     if (taken >= room) {
@@ -108,12 +107,13 @@ Result<bool> Rings::ReadSubmissions(Session& s, Scheduler& scheduler) {
     std::memcpy(&e, &s.sq[wire::RingSlot(s.sq_head, s.sq_entries)], sizeof e);
     const auto op = static_cast<wire::Opcode>(e.opcode);
     if (op == wire::Opcode::kBlocksHostToDevice || op == wire::Opcode::kBlocksDeviceToHost) {
-      FERRY_ASSIGN_OR_RETURN(const ListRead read, ReadBlockList(s, e, tail, blocks, scheduler));
+      FERRY_ASSIGN_OR_RETURN(const ListRead read, ReadBlockList(s, e, tail, turn.blocks, scheduler));
       if (read.outcome != ListRead::Outcome::kRead) {
         s.submissions_blocked = read.outcome == ListRead::Outcome::kBlocked;
+        turn.spent = turn.spent || read.outcome == ListRead::Outcome::kNextTurn;
         break;
       }
-      blocks += read.blocks;
+      turn.blocks += read.blocks;
       ++requests;
       continue;
     }

@@ -22,7 +22,8 @@ namespace ferry::daemon {
 class Rings : public Scheduler::Listener {
  public:
   // Per session per loop turn: fairness between clients. A turn also reads block lists of at
-  // most kBlocksPerTurn blocks in all (at least one list): ferryd checks every block on its loop.
+  // most kBlocksPerTurn blocks in all, every session's together (at least one list): ferryd
+  // checks every block on its loop, and the turn is what other clients' copies wait behind.
   static constexpr uint32_t kSubmissionsPerTurn = 64;
   static constexpr uint64_t kBlocksPerTurn = wire::kMaxBlocksPerList;
   // What one session's block lists may have in flight (a list alone always may): ferryd keeps a
@@ -44,13 +45,19 @@ class Rings : public Scheduler::Listener {
   // and its two doorbells.
   Status Attach(Session& s, uint32_t ring_entries);
 
+  // What a loop turn has read of block lists so far, every session's.
+  struct TurnBudget {
+    uint64_t blocks = 0;
+    bool spent = false;  // a list was left on its ring for the next turn for want of it
+  };
+
   // Reads what `s` submitted since the last turn (at most kSubmissionsPerTurn requests, a block
-  // list's slots counting as one, kBlocksPerTurn blocks, and no more than fit in its completion
+  // list's slots counting as one, lists while `turn` has room, and no more than fit in its completion
   // ring when done, nor lists past kBlocksInFlightPerSession) and hands its copies to
   // `scheduler`. Entries left for want of room mark the session blocked until a copy of it
   // finishes (Session::submissions_blocked). True if it read any request but wait reports. An error: the
   // session broke the ring's protocol and must be evicted, for that reason.
-  Result<bool> ReadSubmissions(Session& s, Scheduler& scheduler);
+  Result<bool> ReadSubmissions(Session& s, Scheduler& scheduler, TurnBudget& turn);
   // Posts the session's waiting results as its completion ring has room, and rings its doorbell
   // if it waits for them. An error: evict it, for that reason.
   Status PostCompletions(Session& s);

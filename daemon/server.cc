@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <system_error>
 #include <thread>
@@ -26,8 +27,8 @@
 #include "daemon/device_set.hpp"
 #include "daemon/fd_usage.hpp"
 #include "daemon/pinned_pool.hpp"
-#include "daemon/poll_window.hpp"
 #include "daemon/policy_loader.hpp"
+#include "daemon/poll_window.hpp"
 #include "daemon/poller.hpp"
 #include "daemon/rejections.hpp"
 #include "daemon/rings.hpp"
@@ -651,18 +652,28 @@ class Server::Impl {
     return next_timer_ns_ <= now ? 0 : static_cast<int>((next_timer_ns_ - now + 999'999) / 1'000'000);
   }
 
+  // Sessions are read in turn from first_session_: the first one whose block list the turn's
+  // budget left on its ring goes first next turn, so many clients' lists cannot make a turn
+  // longer than kBlocksPerTurn blocks' checks, and none of them waits more than a turn per list.
   bool PollSubmissions() {
     bool work = false;
-    for (auto& [id, sp] : session_map_) {
-      Session& s = *sp;
-      if (!s.hello_done || s.dead) continue;
-      auto read = rings_->ReadSubmissions(s, *scheduler_);
+    Rings::TurnBudget turn;
+    std::optional<uint64_t> left_waiting;
+    auto read_one = [&](Session& s) {
+      if (!s.hello_done || s.dead) return;
+      const bool spent_before = turn.spent;
+      auto read = rings_->ReadSubmissions(s, *scheduler_, turn);
       if (!read.ok()) {
         sessions_->Evict(s, read.status().message());
-        continue;
+        return;
       }
       work |= *read;
-    }
+      if (turn.spent && !spent_before) left_waiting = s.id;
+    };
+    const auto first = session_map_.lower_bound(first_session_);
+    for (auto it = first; it != session_map_.end(); ++it) read_one(*it->second);
+    for (auto it = session_map_.begin(); it != first; ++it) read_one(*it->second);
+    first_session_ = left_waiting.value_or(0);
     return work;
   }
 
@@ -811,6 +822,7 @@ class Server::Impl {
   bool stopping_ = false;
   uint32_t turns_since_epoll_ = 0;
   uint64_t last_epoll_ns_ = 0;
+  uint64_t first_session_ = 0;  // the session PollSubmissions reads first (see there)
   struct PeerExitWatch {
     UniqueFd pidfd;
     std::set<uint32_t> slabs;  // of its ended sessions, still quarantined

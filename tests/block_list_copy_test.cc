@@ -494,5 +494,81 @@ TEST(BlockListRing, RefusedLargestListsHoldUpAnotherClientsCopyForAboutOneListsC
       << " us";
 }
 
+// Each turn once read one list from every client that had one: six clients flooding ferryd
+// with the largest lists made a turn six lists' checks long, and another client's 4 KiB copy
+// waited behind them. A turn now reads kBlocksPerTurn blocks of lists over all clients, starting
+// with the client its budget left waiting last.
+TEST(BlockListRing, ManyClientsRefusedLargestListsHoldUpAnotherClientsCopyForAboutOneListsCheck) {
+  constexpr int kFlooders = 6;
+  daemon::DaemonConfig config = DaemonHarness::SmallConfig();
+  config.ring_entries = 64;
+  DaemonHarness d(config);
+  std::vector<std::unique_ptr<RawClient>> raws;
+  std::vector<LargestList> lists(kFlooders);
+  for (int i = 0; i < kFlooders; ++i) {
+    raws.push_back(std::make_unique<RawClient>());
+    ASSERT_OK(raws[i]->Open(d.socket_path(), "flood" + std::to_string(i)));
+    ASSERT_OK(lists[i].Open(*raws[i], true));
+  }
+  // Each flooder keeps its ring full of lists; it sleeps while there is no room, leaving the
+  // CPUs to ferryd.
+  std::vector<std::jthread> floods;
+  for (int i = 0; i < kFlooders; ++i) {
+    floods.emplace_back([&, i](std::stop_token stop) {
+      RawClient& raw = *raws[i];
+      for (uint64_t tag = 1000; !stop.stop_requested(); ++tag) {
+        raw.header()->cq_head.value.store(raw.header()->cq_tail.value.load());  // reaps every refusal
+        if (raw.header()->sq_tail.value.load() - raw.header()->sq_head.value.load() + 2 > config.ring_entries) {
+          std::this_thread::sleep_for(100us);
+          continue;
+        }
+        raw.Push(lists[i].Group(tag));
+      }
+    });
+  }
+  for (auto& raw : raws) {
+    ASSERT_TRUE(DaemonHarness::Eventually(
+        [&] { return raw->header()->sq_tail.value.load() - raw->header()->sq_head.value.load() >= 32; }));
+  }
+  auto victim = d.Connect("victim");
+  ASSERT_TRUE(victim.ok()) << victim.status().ToString();
+  auto made = testing::MakeCopyTarget(**victim, 4096);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  testing::CopyTarget& target = *made;
+  auto& [src, dev, region] = target;
+  // How long a list takes under the flood, whatever else the CPUs are doing: the lists ferryd
+  // finished (refused) while the copies below ran, over that time.
+  auto lists_done = [&] {
+    uint64_t n = 0;
+    for (auto& raw : raws) n += raw->header()->cq_tail.value.load();
+    return n;
+  };
+  const uint64_t lists_before = lists_done(), window_start = MonotonicNanos();
+  std::vector<uint64_t> waits;
+  for (int i = 0; i < 9; ++i) {
+    FillRandom(src.data(), 4096, testing::RandomSeed() + i);
+    Poison(target.device(), 4096);
+    const uint64_t t0 = MonotonicNanos();
+    auto t = (*victim)->Copy(Direction::kHostToDevice, src, 0, region, 0, 4096);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    ASSERT_OK(t->Wait(20s));
+    waits.push_back(MonotonicNanos() - t0);
+    EXPECT_EQ(FirstDifference(target.device(), src.data(), 4096), -1) << "copy " << i;
+  }
+  const uint64_t lists_finished = lists_done() - lists_before, window_ns = MonotonicNanos() - window_start;
+  floods.clear();  // stops and joins them
+  ASSERT_GT(lists_finished, 0u);
+  const uint64_t list_ns = window_ns / lists_finished;
+  EXPECT_EQ(d.counters().evictions.load(), 0u);
+  std::sort(waits.begin(), waits.end());
+  const uint64_t median = waits[waits.size() / 2];
+  std::printf("4 KiB copy beside %d flooding clients: median %.0f us, worst %.0f us; a list each %.0f us\n", kFlooders,
+              median / 1e3, waits.back() / 1e3, list_ns / 1e3);
+  // Read in the turn after the one it came during and done a turn or two later: about two
+  // lists' checks. Six lists a turn made it seven or more.
+  EXPECT_LT(median, 4 * list_ns) << "a 4 KiB copy waited a median " << median / 1000 << " us behind " << kFlooders
+                                 << " clients' refused lists, one every " << list_ns / 1000 << " us";
+}
+
 }  // namespace
 }  // namespace ferry

@@ -1,13 +1,17 @@
 // What the copy engines make of a list of small blocks, without ferry: is a list's rate bound by
 // one engine (spreading it over streams helps) or by the link (nothing does)? 4096 x 16 KiB,
 // 1024 x 64 KiB and 256 x 256 KiB (64 MiB a list), both directions, the host side in order
-// (pinned, cudaHostAlloc) and the device side shuffled, timed on the GPU from one event to the
-// last stream's end:
+// (pinned, cudaHostAlloc) and the device side shuffled (--host-shuffled: the host side shuffled
+// too, as ferry-bench's lists are; --huge: the host side anonymous memory on transparent huge
+// pages, registered with cudaHostRegister), timed on the GPU from one event to the last
+// stream's end:
 //  - one stream: a loop of cudaMemcpyAsync; one cudaMemcpyBatchAsync asking for the copy
 //    engines (cudaMemcpyFlagPreferOverlapWithCompute, as ferryd and ferry-bench ask); one with
 //    no flags (the driver's choice);
 //  - the list cut in N contiguous parts on N streams (2, 3, 4), each part a loop or a batch.
 // Prints the median GB/s of 9 timed runs (after 2 untimed) with min and max.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
@@ -18,11 +22,66 @@
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: probe-blocks
+constexpr const char* kUsage = R"(usage: probe-blocks [--host-shuffled] [--huge] [--block KIB]
 
 Times lists of small blocks (4096 x 16 KiB, 1024 x 64 KiB, 256 x 256 KiB; the device side
 shuffled) both ways through the copy engines: one stream's loop and batch, and the list cut
-over 2 to 4 streams. No options.)";
+over 2 to 4 streams.
+
+options:
+  --host-shuffled  shuffle the host side too (default: the host side in order)
+  --huge           the host side on transparent huge pages (anonymous memory, madvise, then
+                   cudaHostRegister; default: cudaHostAlloc)
+  --block KIB      this block size alone (16, 64 or 256)
+  -h, --help       this help)";
+
+struct Options {
+  bool host_shuffled = false, huge = false;
+  size_t only_block = 0;  // bytes; 0: every size
+};
+
+// False (after saying why) for an option it does not know.
+bool ParseOptions(int argc, char** argv, Options& o) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--host-shuffled") == 0) {
+      o.host_shuffled = true;
+    } else if (std::strcmp(argv[i], "--huge") == 0) {
+      o.huge = true;
+    } else if (std::strcmp(argv[i], "--block") == 0 && i + 1 < argc) {
+      o.only_block = std::strtoull(argv[++i], nullptr, 10) << 10;
+    } else {
+      std::fprintf(stderr, "probe-blocks: unknown option %s (see --help)\n", argv[i]);
+      return false;
+    }
+  }
+  return true;
+}
+
+// 64 MiB of host memory the engines can reach: cudaHostAlloc's, or anonymous memory on huge
+// pages (2 MiB aligned, madvise'd, touched, then registered). How many of its pages are huge is
+// printed from /proc/self/smaps_rollup's AnonHugePages.
+void* PinnedHost(size_t bytes, bool huge) {
+  void* host = nullptr;
+  if (!huge) {
+    CK(cudaHostAlloc(&host, bytes, cudaHostAllocDefault));
+    return host;
+  }
+  if (posix_memalign(&host, 2u << 20, bytes) != 0) {
+    std::fprintf(stderr, "probe-blocks: posix_memalign failed\n");
+    std::_Exit(1);
+  }
+  if (madvise(host, bytes, MADV_HUGEPAGE) != 0) std::perror("probe-blocks: madvise(MADV_HUGEPAGE)");
+  std::memset(host, 0, bytes);
+  CK(cudaHostRegister(host, bytes, cudaHostRegisterDefault));
+  if (FILE* f = std::fopen("/proc/self/smaps_rollup", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f)) {
+      if (std::strncmp(line, "AnonHugePages:", 14) == 0) std::printf("host memory: %s", line);
+    }
+    std::fclose(f);
+  }
+  return host;
+}
 
 struct List {
   std::vector<void*> dst, src;
@@ -48,10 +107,11 @@ void IssuePart(const List& l, size_t begin, size_t end, How how, cudaStream_t s,
 
 int main(int argc, char** argv) {
   if (AskedForHelp(argc, argv, kUsage)) return 0;
+  Options o;
+  if (!ParseOptions(argc, argv, o)) return 2;
   constexpr size_t kBytes = 64ull << 20;
-  void* host = nullptr;
+  void* host = PinnedHost(kBytes, o.huge);
   void* dev = nullptr;
-  CK(cudaHostAlloc(&host, kBytes, cudaHostAllocDefault));
   CK(cudaMalloc(&dev, kBytes));
   CK(cudaMemset(dev, 1, kBytes));
   std::memset(host, 2, kBytes);
@@ -61,16 +121,23 @@ int main(int argc, char** argv) {
   CK(cudaEventCreate(&start));
   for (auto& e : ends) CK(cudaEventCreate(&e));
   std::mt19937_64 rng(7);
-  std::printf("probe-blocks: shuffled block lists, 64 MiB a list, pinned host memory; GB/s median [min, max] of 9\n");
+  std::printf(
+      "probe-blocks: block lists, 64 MiB a list, the device side shuffled, the host side %s, %s; GB/s median "
+      "[min, max] of 9\n",
+      o.host_shuffled ? "shuffled" : "in order",
+      o.huge ? "anonymous memory on huge pages, registered" : "cudaHostAlloc memory");
   for (const size_t block : {size_t{16} << 10, size_t{64} << 10, size_t{256} << 10}) {
+    if (o.only_block != 0 && block != o.only_block) continue;
     const size_t n = kBytes / block;
     for (const bool h2d : {true, false}) {
-      std::vector<size_t> order(n);
+      std::vector<size_t> order(n), host_order(n);
       std::iota(order.begin(), order.end(), 0);
       std::shuffle(order.begin(), order.end(), rng);
+      std::iota(host_order.begin(), host_order.end(), 0);
+      if (o.host_shuffled) std::shuffle(host_order.begin(), host_order.end(), rng);
       List l;
       for (size_t i = 0; i < n; ++i) {
-        char* h = static_cast<char*>(host) + i * block;
+        char* h = static_cast<char*>(host) + host_order[i] * block;
         char* d = static_cast<char*>(dev) + order[i] * block;
         l.dst.push_back(h2d ? static_cast<void*>(d) : static_cast<void*>(h));
         l.src.push_back(h2d ? static_cast<void*>(h) : static_cast<void*>(d));

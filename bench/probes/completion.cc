@@ -98,8 +98,7 @@ int main(int argc, char** argv) {
   void* dev = nullptr;
   CK(cudaHostAlloc(&pinned, kBytes, cudaHostAllocDefault));
   CK(cudaMalloc(&dev, kBytes));
-  void* own_page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  std::memset(own_page, 0, 4096);  // [0]: the done word, [1]: a flag the host writes
+  void* own_page = MapPrivateWordPage();  // [0]: the done word, [1]: a flag the host writes
   MappedWords mine = Map(own_page);
   MappedWords theirs = Map(shared + 4096);
   void* dflag = nullptr;

@@ -20,7 +20,6 @@
 // (1 against 2-3, 5 against 4, 7 against 6) and where a word lives (2 against 3, 4 against 6).
 // Prints medians with p99 and min in microseconds, and each hand-off's median beyond 0.
 #include <cuda.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -108,10 +107,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   constexpr int kReps = 2000;
-  // Before any CUDA call: a child forked after CUDA starts cannot use it.
-  auto* sh = static_cast<Shared*>(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  if (sh == MAP_FAILED) return 1;
-  std::memset(static_cast<void*>(sh), 0, 4096);
+  auto* sh = MapSharedPageBeforeFork<Shared>();
+  if (sh == nullptr) return 1;
   const pid_t other = fork();
   if (other == 0) Other(sh);
 
@@ -126,8 +123,7 @@ int main(int argc, char** argv) {
   void* dev = nullptr;
   CK(cudaHostAlloc(&pinned, kBytes, cudaHostAllocDefault));
   CK(cudaMalloc(&dev, kBytes));
-  auto* own = static_cast<uint32_t*>(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  std::memset(own, 0, 4096);
+  uint32_t* own = MapPrivateWordPage();
   const CUdeviceptr go = MapPage(own);  // [0]: the host's go word; [1], [2]: variant 2's words
   const CUdeviceptr words = MapPage(sh);
   const CUdeviceptr to_other = words + OffsetIn(sh, &sh->to_other), to_this = words + OffsetIn(sh, &sh->to_this);

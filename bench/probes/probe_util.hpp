@@ -2,11 +2,15 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <sys/mman.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
+#include <type_traits>
 
 #define CK(x)                                                                                 \
   do {                                                                                        \
@@ -26,4 +30,27 @@ inline bool AskedForHelp(int argc, char** argv, const char* usage) {
   if (argc != 2 || (std::strcmp(argv[1], "-h") != 0 && std::strcmp(argv[1], "--help") != 0)) return false;
   std::puts(usage);
   return true;
+}
+
+// A zeroed page shared with the child process forked next (MAP_SHARED), as a T; nullptr where
+// mmap fails. Call it before any CUDA call: a child forked after CUDA starts cannot use CUDA.
+template <typename T>
+T* MapSharedPageBeforeFork() {
+  static_assert(sizeof(T) <= 4096 && std::is_trivially_destructible_v<T>);
+  void* page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (page == MAP_FAILED) return nullptr;
+  std::memset(page, 0, 4096);
+  return new (page) T{};
+}
+
+// A zeroed page of this process's own (MAP_PRIVATE) as 32-bit words, for words a stream writes
+// or waits on; ends the probe where mmap fails.
+inline uint32_t* MapPrivateWordPage() {
+  void* page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (page == MAP_FAILED) {
+    std::perror("mmap");
+    std::_Exit(1);
+  }
+  std::memset(page, 0, 4096);
+  return static_cast<uint32_t*>(page);
 }

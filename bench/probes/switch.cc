@@ -17,7 +17,6 @@
 // direction and variant, the median [p99] of this process's copy and of the other's, host clock
 // from the call to the wait's return, in microseconds.
 #include <cuda.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -78,8 +77,7 @@ void Spin(cudaEvent_t ev) {
   CK(cudaHostRegister(registered, 2 << 20, cudaHostRegisterPortable));
   void* dev = nullptr;
   CK(cudaMalloc(&dev, kBytes));
-  auto* page = static_cast<uint32_t*>(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  std::memset(page, 0, 4096);
+  uint32_t* page = MapPrivateWordPage();
   const CUdeviceptr word = MapPage(page);
   cudaEvent_t plain, t0, t1;
   CK(cudaEventCreateWithFlags(&plain, cudaEventDisableTiming));
@@ -144,10 +142,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   constexpr int kReps = 400, kWarm = 40;
-  // Before any CUDA call: a child forked after CUDA starts cannot use it.
-  auto* sh = static_cast<Shared*>(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  if (sh == MAP_FAILED) return 1;
-  std::memset(static_cast<void*>(sh), 0, 4096);
+  auto* sh = MapSharedPageBeforeFork<Shared>();
+  if (sh == nullptr) return 1;
   const pid_t other = fork();
   if (other == 0) Other(sh);
 
