@@ -48,7 +48,7 @@ class Rings : public Scheduler::Listener {
   // What a loop turn has read of block lists so far, every session's.
   struct TurnBudget {
     uint64_t blocks = 0;
-    bool spent = false;  // a list was left on its ring for the next turn for want of it
+    bool spent = false;  // some list was left on its ring for the next turn for want of it
   };
 
   // Reads what `s` submitted since the last turn (at most kSubmissionsPerTurn requests, a block

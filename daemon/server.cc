@@ -652,23 +652,24 @@ class Server::Impl {
     return next_timer_ns_ <= now ? 0 : static_cast<int>((next_timer_ns_ - now + 999'999) / 1'000'000);
   }
 
-  // Sessions are read in turn from first_session_: the first one whose block list the turn's
-  // budget left on its ring goes first next turn, so many clients' lists cannot make a turn
-  // longer than kBlocksPerTurn blocks' checks, and none of them waits more than a turn per list.
+  // Sessions are read in turn from first_session_: the first one the turn's budget left with
+  // no list read at all goes first next turn (not one that read a list and had more), so many
+  // clients' lists cannot make a turn longer than kBlocksPerTurn blocks' checks, and with N
+  // clients flooding ferryd with lists each has one read every N turns or so.
   bool PollSubmissions() {
     bool work = false;
     Rings::TurnBudget turn;
     std::optional<uint64_t> left_waiting;
     auto read_one = [&](Session& s) {
       if (!s.hello_done || s.dead) return;
-      const bool spent_before = turn.spent;
+      const uint64_t blocks_before = turn.blocks;
       auto read = rings_->ReadSubmissions(s, *scheduler_, turn);
       if (!read.ok()) {
         sessions_->Evict(s, read.status().message());
         return;
       }
       work |= *read;
-      if (turn.spent && !spent_before) left_waiting = s.id;
+      if (!left_waiting && turn.spent && turn.blocks == blocks_before) left_waiting = s.id;
     };
     const auto first = session_map_.lower_bound(first_session_);
     for (auto it = first; it != session_map_.end(); ++it) read_one(*it->second);

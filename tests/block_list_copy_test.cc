@@ -543,6 +543,8 @@ TEST(BlockListRing, ManyClientsRefusedLargestListsHoldUpAnotherClientsCopyForAbo
     for (auto& raw : raws) n += raw->header()->cq_tail.value.load();
     return n;
   };
+  std::vector<uint32_t> each_before;
+  for (auto& raw : raws) each_before.push_back(raw->header()->cq_tail.value.load());
   const uint64_t lists_before = lists_done(), window_start = MonotonicNanos();
   std::vector<uint64_t> waits;
   for (int i = 0; i < 9; ++i) {
@@ -556,7 +558,14 @@ TEST(BlockListRing, ManyClientsRefusedLargestListsHoldUpAnotherClientsCopyForAbo
     EXPECT_EQ(FirstDifference(target.device(), src.data(), 4096), -1) << "copy " << i;
   }
   const uint64_t lists_finished = lists_done() - lists_before, window_ns = MonotonicNanos() - window_start;
+  std::vector<uint32_t> each;
+  for (int i = 0; i < kFlooders; ++i) each.push_back(raws[i]->header()->cq_tail.value.load() - each_before[i]);
   floods.clear();  // stops and joins them
+  // Every client's lists are read in their turn: none is left out while others go on.
+  const auto [fewest, most] = std::minmax_element(each.begin(), each.end());
+  EXPECT_GE(*fewest, 1u) << "a flooding client had no list read while the others had up to " << *most;
+  EXPECT_LE(*most, 3 * *fewest + 3) << "the flooding clients' lists were not read in turn: " << *fewest << " to "
+                                    << *most;
   ASSERT_GT(lists_finished, 0u);
   const uint64_t list_ns = window_ns / lists_finished;
   EXPECT_EQ(d.counters().evictions.load(), 0u);
