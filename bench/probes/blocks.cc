@@ -9,7 +9,8 @@
 //    engines (cudaMemcpyFlagPreferOverlapWithCompute, as ferryd and ferry-bench ask); one with
 //    no flags (the driver's choice);
 //  - the list cut in N contiguous parts on N streams (2, 3, 4), each part a loop or a batch.
-// Prints the median GB/s of 9 timed runs (after 2 untimed) with min and max.
+// Prints the median GB/s of 9 timed runs (after 2 untimed) with min and max, by the GPU's events
+// and by the host clock (the first call to the end seen), and the calls' own time a block.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -32,7 +33,7 @@ options:
   --host-shuffled  shuffle the host side too (default: the host side in order)
   --huge           the host side on transparent huge pages (anonymous memory, madvise, then
                    cudaHostRegister; default: cudaHostAlloc)
-  --block KIB      this block size alone (16, 64 or 256)
+  --block KIB      this block size alone (any number of KiB dividing 64 MiB)
   -h, --help       this help)";
 
 struct Options {
@@ -126,8 +127,12 @@ int main(int argc, char** argv) {
       "[min, max] of 9\n",
       o.host_shuffled ? "shuffled" : "in order",
       o.huge ? "anonymous memory on huge pages, registered" : "cudaHostAlloc memory");
-  for (const size_t block : {size_t{16} << 10, size_t{64} << 10, size_t{256} << 10}) {
-    if (o.only_block != 0 && block != o.only_block) continue;
+  std::printf("columns: the GPU's time (events), the host's (the first call to the end seen), and the calls' own "
+              "time a block\n");
+  const std::vector<size_t> blocks =
+      o.only_block != 0 ? std::vector<size_t>{o.only_block}
+                        : std::vector<size_t>{size_t{16} << 10, size_t{64} << 10, size_t{256} << 10};
+  for (const size_t block : blocks) {
     const size_t n = kBytes / block;
     for (const bool h2d : {true, false}) {
       std::vector<size_t> order(n), host_order(n);
@@ -161,8 +166,9 @@ int main(int argc, char** argv) {
           {"4 streams, batches", How::kBatchEngines, 4},
       };
       for (const Variant& v : variants) {
-        std::vector<double> rates;
+        std::vector<double> rates, host_rates, call_us;
         for (int rep = 0; rep < 11; ++rep) {
+          const double t0 = Now();
           CK(cudaEventRecord(start, streams[0]));
           for (size_t k = 1; k < v.streams; ++k) CK(cudaStreamWaitEvent(streams[k], start, 0));
           for (size_t k = 0; k < v.streams; ++k) {
@@ -171,14 +177,24 @@ int main(int argc, char** argv) {
           }
           for (size_t k = 1; k < v.streams; ++k) CK(cudaStreamWaitEvent(streams[0], ends[k], 0));
           CK(cudaEventRecord(ends[0], streams[0]));
+          const double t_called = Now();
           CK(cudaEventSynchronize(ends[0]));
+          const double t_end = Now();
           float ms = 0;
           CK(cudaEventElapsedTime(&ms, start, ends[0]));
-          if (rep >= 2) rates.push_back(static_cast<double>(kBytes) / (ms * 1e-3) / 1e9);
+          if (rep >= 2) {
+            rates.push_back(static_cast<double>(kBytes) / (ms * 1e-3) / 1e9);
+            host_rates.push_back(static_cast<double>(kBytes) / (t_end - t0) / 1e9);
+            call_us.push_back((t_called - t0) * 1e6 / static_cast<double>(n));
+          }
         }
         std::sort(rates.begin(), rates.end());
-        std::printf("%4zu x %3zu KiB %s  %-27s %6.2f [%6.2f, %6.2f]\n", n, block >> 10, h2d ? "h2d" : "d2h", v.name,
-                    rates[rates.size() / 2], rates.front(), rates.back());
+        std::sort(host_rates.begin(), host_rates.end());
+        std::sort(call_us.begin(), call_us.end());
+        std::printf("%4zu x %3zu KiB %s  %-27s %6.2f [%6.2f, %6.2f]  host %6.2f [%6.2f, %6.2f]  calls %5.2f us a block\n",
+                    n, block >> 10, h2d ? "h2d" : "d2h", v.name, rates[rates.size() / 2], rates.front(), rates.back(),
+                    host_rates[host_rates.size() / 2], host_rates.front(), host_rates.back(),
+                    call_us[call_us.size() / 2]);
       }
     }
   }
