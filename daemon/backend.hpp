@@ -198,6 +198,11 @@ struct HostBackendOptions {
   std::function<void()> before_worker_start = nullptr;
   // A test tool: the simulated link copies take time on (config host.copy_rate, host.slow).
   HostLink link = {};
+  // The simulated GPU's memory: the device regions registered with it, all sessions' together,
+  // may reach this many bytes (0: the machine's physical memory). ferryd maps each region
+  // whole, and a sparse memfd costs its maker nothing: without a bound, one client could take
+  // ferryd's whole address space.
+  uint64_t device_memory_bytes = 0;
 };
 Result<std::unique_ptr<Backend>> CreateHostBackend(const HostBackendOptions& options);
 // The cuBLAS library this node's clients load ("13.0.2.14"; empty when none is found, which the

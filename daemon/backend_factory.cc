@@ -28,7 +28,7 @@ Result<std::vector<GpuLocation>> LocateHostGpus(const DaemonConfig& config) {
 }
 
 Result<std::vector<std::unique_ptr<Backend>>> HostGpus(const std::vector<GpuLocation>& gpus, uint32_t streams,
-                                                       const HostLink& link) {
+                                                       const HostLink& link, uint64_t gpu_memory_bytes) {
   std::vector<std::unique_ptr<Backend>> out;
   for (const GpuLocation& g : gpus) {
     HostBackendOptions o;
@@ -36,6 +36,7 @@ Result<std::vector<std::unique_ptr<Backend>>> HostGpus(const std::vector<GpuLoca
     o.ordinal = g.ordinal;
     o.numa_node = g.numa_node;
     o.link = link;
+    o.device_memory_bytes = gpu_memory_bytes;
     auto b = CreateHostBackend(o);
     if (!b.ok()) return b.status();
     out.push_back(std::move(*b));
@@ -102,7 +103,7 @@ Result<std::vector<std::unique_ptr<Backend>>> CreateBackends(const DaemonConfig&
                                                              const std::vector<GpuLocation>& gpus) {
   // Every stream a policy may use exists from the start, so switching policies never creates any.
   const uint32_t streams = kStreamsPerDirection;
-  if (kind == wire::BackendKind::kHost) return HostGpus(gpus, streams, config.host_link);
+  if (kind == wire::BackendKind::kHost) return HostGpus(gpus, streams, config.host_link, config.host_gpu_memory_bytes);
   return CudaGpus(config, gpus, streams);
 }
 

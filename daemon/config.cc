@@ -55,9 +55,12 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
     }
   }
   if (auto h = root["host"]) {
-    FERRY_RETURN_IF_ERROR(CheckKeys(file, h, {"gpus", "numa_nodes", "copy_rate", "slow"}));
+    FERRY_RETURN_IF_ERROR(CheckKeys(file, h, {"gpus", "numa_nodes", "gpu_memory", "copy_rate", "slow"}));
     if (auto n = h["gpus"]) { FERRY_ASSIGN_OR_RETURN(c.host_gpus, GetInt(file, n, 1, 16)); }
     if (auto n = h["numa_nodes"]) { FERRY_ASSIGN_OR_RETURN(c.host_numa_nodes, GetInt(file, n, 1, 8)); }
+    if (auto n = h["gpu_memory"]) {
+      FERRY_ASSIGN_OR_RETURN(c.host_gpu_memory_bytes, GetSize(file, n, 1ull << 20, 1ull << 44));
+    }
     if (auto n = h["copy_rate"]) {
       FERRY_ASSIGN_OR_RETURN(c.host_link.bytes_per_second, GetSize(file, n, 1ull << 10, 1ull << 40));
     }

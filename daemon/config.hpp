@@ -51,6 +51,7 @@ struct DaemonConfig {
   // over this many simulated NUMA nodes (GPU i on node i % host_numa_nodes).
   uint32_t host_gpus = 1;
   uint32_t host_numa_nodes = 1;
+  uint64_t host_gpu_memory_bytes = 0;  // host.gpu_memory: each simulated GPU's; 0: the machine's memory
   // A test tool (config keys host.copy_rate, host.slow): the host backend's simulated link.
   HostLink host_link;
   uint64_t pool_bytes = 1ull << 30;

@@ -28,16 +28,12 @@ void Sessions::HandleAlloc(Session& s, uint32_t seq, const wire::AllocBufferRequ
     r.status = ToWire(waiting);
     return Reply(s, wire::MsgType::kAllocBufferReply, seq, r);
   }
-  auto a = s.arena->Allocate(req.size);
+  // One reply carries an fd per slab the buffer spans.
+  auto a = s.arena->Allocate(req.size, wire::kMaxFdsPerMessage);
+  UpdatePoolCounters(svc_.pool, svc_.counters);  // slabs may be the session's now, refused or not
   if (!a.ok()) {
     r.status = ToWire(a.status());
     svc_.rejections.Count(a.status());
-    return Reply(s, wire::MsgType::kAllocBufferReply, seq, r);
-  }
-  if (a->slab_count > wire::kMaxFdsPerMessage) {
-    s.arena->Free(a->pool_offset).ok();
-    r.status = ToWire(InvalidArgument("buffer spans more than " + std::to_string(wire::kMaxFdsPerMessage) +
-                                      " slabs; raise pool.slab"));
     return Reply(s, wire::MsgType::kAllocBufferReply, seq, r);
   }
   // Fresh descriptions, closed once sent: the client's (and whoever it passes them to) are the
@@ -54,7 +50,6 @@ void Sessions::HandleAlloc(Session& s, uint32_t seq, const wire::AllocBufferRequ
     fds.push_back(fd->get());
     grants.push_back(std::move(*fd));
   }
-  UpdatePoolCounters(svc_.pool, svc_.counters);
   svc_.counters.buffers_allocated++;
   r.status = ToWire(Status::Ok());
   r.pool_offset = a->pool_offset;

@@ -14,28 +14,44 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
 
+#include "common/gpu_uuid.hpp"
 #include "common/log.hpp"
 #include "common/status_macros.hpp"
-#include "common/gpu_uuid.hpp"
 #include "daemon/backend.hpp"
 
 namespace ferry::daemon {
 namespace {
 
+// The bytes of the simulated GPU's memory its open regions hold. Shared with each region, which
+// gives its bytes back when it closes, on whatever thread that is.
+struct DeviceMemoryInUse {
+  std::atomic<uint64_t> bytes{0};
+};
+
 class HostRegion : public DeviceRegion {
  public:
-  explicit HostRegion(Mapping m) : m_(std::move(m)) {}
+  HostRegion(Mapping m, std::shared_ptr<DeviceMemoryInUse> in_use) : m_(std::move(m)), in_use_(std::move(in_use)) {}
+  ~HostRegion() override { in_use_->bytes.fetch_sub(m_.size()); }
+  HostRegion(const HostRegion&) = delete;
+  HostRegion& operator=(const HostRegion&) = delete;
   std::byte* base() const override { return m_.data(); }
   uint64_t size() const override { return m_.size(); }
 
  private:
   Mapping m_;
+  std::shared_ptr<DeviceMemoryInUse> in_use_;
 };
+
+uint64_t PhysicalMemoryBytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : uint64_t{1} << 40;
+}
 
 class HostEvent : public SharedEvent {};
 
@@ -65,7 +81,8 @@ class HostBackend : public Backend {
         numa_node_(o.numa_node),
         link_(o.link),
         before_worker_start_(o.before_worker_start),
-        efd_(std::move(efd)) {
+        efd_(std::move(efd)),
+        device_memory_bytes_(o.device_memory_bytes != 0 ? o.device_memory_bytes : PhysicalMemoryBytes()) {
     for (uint32_t i = 0; i < 2 * streams_; ++i) workers_.emplace_back(std::make_unique<Worker>());
   }
   ~HostBackend() override {
@@ -110,8 +127,15 @@ class HostBackend : public Backend {
                              ", not on " + SimulatedGpuName(ordinal_) +
                              ", the GPU this session named: connect one session per GPU");
     }
+    const uint64_t held = device_memory_in_use_->bytes.load();
+    if (req.size > device_memory_bytes_ - std::min(held, device_memory_bytes_)) {
+      return ResourceExhausted(SimulatedGpuName(ordinal_) + " has " + std::to_string(device_memory_bytes_) +
+                               " bytes of memory, " + std::to_string(held) + " of them registered; " +
+                               std::to_string(req.size) + " more asked");
+    }
     FERRY_ASSIGN_OR_RETURN(Mapping m, MapShared(fd.get(), req.size));
-    return std::unique_ptr<DeviceRegion>(std::make_unique<HostRegion>(std::move(m)));
+    device_memory_in_use_->bytes.fetch_add(req.size);
+    return std::unique_ptr<DeviceRegion>(std::make_unique<HostRegion>(std::move(m), device_memory_in_use_));
   }
 
   Result<std::unique_ptr<SharedEvent>> OpenEvent(const wire::RegisterEventRequest& req) override {
@@ -363,6 +387,8 @@ class HostBackend : public Backend {
   HostLink link_;
   std::function<void()> before_worker_start_;
   UniqueFd efd_;
+  uint64_t device_memory_bytes_;
+  std::shared_ptr<DeviceMemoryInUse> device_memory_in_use_ = std::make_shared<DeviceMemoryInUse>();
   FenceId next_fence_ = 1;
   std::mutex fence_mu_;
   struct FenceLeft {

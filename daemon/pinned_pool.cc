@@ -699,7 +699,13 @@ bool SessionArena::TakeFirstFit(uint64_t size, uint64_t* off) {
   return false;
 }
 
-Result<Allocation> SessionArena::Allocate(uint64_t size) {
+namespace {
+std::string TooManySlabs(uint32_t max_slabs) {
+  return "buffer spans more than " + std::to_string(max_slabs) + " slabs; raise pool.slab";
+}
+}  // namespace
+
+Result<Allocation> SessionArena::Allocate(uint64_t size, uint32_t max_slabs) {
   if (size == 0) return InvalidArgument("buffer of 0 bytes");
   if (part_ >= pool_.part_count()) {
     return InvalidArgument("pool part " + std::to_string(part_) + " asked; the pool has " +
@@ -714,6 +720,9 @@ Result<Allocation> SessionArena::Allocate(uint64_t size) {
                              std::to_string(part.bytes) + ")");
   }
   const uint64_t rounded = (size + kAlignment - 1) / kAlignment * kAlignment;
+  if (max_slabs != 0 && (rounded + pool_.slab_bytes() - 1) / pool_.slab_bytes() > max_slabs) {
+    return InvalidArgument(TooManySlabs(max_slabs));
+  }
   uint64_t off = 0;
   if (!TakeFirstFit(rounded, &off)) {
     const uint64_t slab = pool_.slab_bytes();
@@ -735,10 +744,16 @@ Result<Allocation> SessionArena::Allocate(uint64_t size) {
     AddFreeRange(first * slab, need * slab);
     if (!TakeFirstFit(rounded, &off)) return Internal("fresh slabs did not fit the buffer");
   }
-  buffers_[off] = BufferInfo{rounded, 0, false};
   const uint64_t slab = pool_.slab_bytes();
   const uint32_t first_slab = static_cast<uint32_t>(off / slab);
   const uint32_t last_slab = static_cast<uint32_t>((off + rounded - 1) / slab);
+  if (max_slabs != 0 && last_slab - first_slab + 1 > max_slabs) {
+    // It fit in max_slabs slabs, but the free range it landed in straddles one more: the
+    // range stays the session's, like any freed buffer's.
+    ReturnRange(off, rounded);
+    return InvalidArgument(TooManySlabs(max_slabs));
+  }
+  buffers_[off] = BufferInfo{rounded, 0, false};
   return Allocation{off, rounded, first_slab, last_slab - first_slab + 1};
 }
 

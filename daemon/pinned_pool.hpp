@@ -294,7 +294,9 @@ class SessionArena {
   SessionArena(const SessionArena&) = delete;
   SessionArena& operator=(const SessionArena&) = delete;
 
-  Result<Allocation> Allocate(uint64_t size);
+  // `max_slabs` (0: any): the most slabs the buffer may span (what one reply can carry fds
+  // for). A buffer that could need more is refused before any slab is granted for it.
+  Result<Allocation> Allocate(uint64_t size, uint32_t max_slabs = 0);
   // Frees now, or marks for freeing once no copy uses the buffer.
   Status Free(uint64_t pool_offset);
   // The live buffer wholly containing [offset, offset + length), or null. Overflow-safe.

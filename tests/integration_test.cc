@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "block_list_client.hpp"
 #include "common/channel.hpp"
 #include "common/fd.hpp"
 #include "common/status_macros.hpp"
@@ -485,6 +486,56 @@ TEST(Daemon, QuotaAndPoolExhaustionAreClearErrorsAndEndingASessionGivesItBack) {
   Result<HostBuffer> r = Internal("not tried");
   EXPECT_TRUE(DaemonHarness::Eventually([&] { return (r = b->AllocateHost(4ull << 20)).ok(); }))
       << r.status().ToString();
+}
+
+// A buffer is one reply with an fd per slab, at most 200: one over was refused only after its
+// slabs were granted, and they stayed the session's, out of every other session's reach, while
+// the pool's free bytes said they were free.
+TEST(Daemon, ABufferOverTheSlabsOneReplyCarriesIsRefusedAndTakesNoSlab) {
+  auto config = DaemonHarness::SmallConfig();
+  config.pool_bytes = 256ull << 20;
+  config.slab_bytes = 1ull << 20;
+  DaemonHarness d(config);
+  ASSERT_OK_AND_ASSIGN(auto a, d.Connect("a"));
+  auto over = a->AllocateHost(201ull << 20);
+  EXPECT_EQ(over.status().code(), Code::kInvalidArgument) << over.status().ToString();
+  EXPECT_NE(over.status().message().find("more than 200 slabs; raise pool.slab"), std::string::npos)
+      << over.status().ToString();
+  ASSERT_OK_AND_ASSIGN(DaemonStats st, a->Stats());
+  EXPECT_EQ(st.pool_free_bytes, config.pool_bytes) << "the refused buffer took slabs";
+  ASSERT_OK_AND_ASSIGN(auto b, d.Connect("b"));
+  ASSERT_OK_AND_ASSIGN(HostBuffer other, b->AllocateHost(200ull << 20));
+  ASSERT_OK_AND_ASSIGN(st, b->Stats());
+  EXPECT_EQ(st.pool_free_bytes, 56ull << 20);
+}
+
+// On the host backend a device region is a client's memfd, mapped whole by ferryd, and a sparse
+// one costs its maker nothing: 89 registrations took ferryd's whole address space and every
+// later client was refused ("mmap: Cannot allocate memory"). The simulated GPU now has a memory
+// size (host.gpu_memory) that all clients' regions together may reach, as on a real GPU.
+TEST(Daemon, TheHostBackendsDeviceRegionsFitItsSimulatedGpusMemoryInBytes) {
+  auto config = DaemonHarness::SmallConfig();
+  config.host_gpu_memory_bytes = 8ull << 20;
+  DaemonHarness d(config);
+  testing::RawClient a, b;
+  ASSERT_OK(a.Open(d.socket_path(), "a"));
+  ASSERT_OK(b.Open(d.socket_path(), "b"));
+  ASSERT_OK_AND_ASSIGN(testing::RawClient::Region six, a.RegisterRegion(6ull << 20));
+  auto over = b.RegisterRegion(4ull << 20);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), Code::kResourceExhausted) << over.status().ToString();
+  EXPECT_NE(over.status().message().find("host-gpu-0 has 8388608 bytes of memory, 6291456 of them registered"),
+            std::string::npos)
+      << over.status().ToString();
+  ASSERT_OK_AND_ASSIGN(testing::RawClient::Region two, b.RegisterRegion(2ull << 20));  // what is left
+  auto past = b.RegisterRegion(4096);
+  EXPECT_FALSE(past.ok()) << "a region past the GPU's memory";
+  // Unregistered, a region's bytes are the GPU's again.
+  ASSERT_OK(a.Unregister(six.id));
+  Result<testing::RawClient::Region> four = Internal("not tried");
+  EXPECT_TRUE(DaemonHarness::Eventually([&] { return (four = b.RegisterRegion(4ull << 20)).ok(); }))
+      << four.status().ToString();
+  EXPECT_EQ(d.counters().evictions.load(), 0u);
 }
 
 TEST(Daemon, AFreedBufferComesBackZeroedToTheNextClient) {

@@ -136,7 +136,10 @@ class DaemonHarness {
                          std::shared_ptr<const daemon::Policy> policy = SmallChunks(),
                          daemon::ServerObserver* observer = nullptr) {
     if (!backend) {
-      auto b = daemon::CreateHostBackend({daemon::kStreamsPerDirection});
+      daemon::HostBackendOptions o;
+      o.streams_per_direction = daemon::kStreamsPerDirection;
+      o.device_memory_bytes = config.host_gpu_memory_bytes;
+      auto b = daemon::CreateHostBackend(o);
       EXPECT_TRUE(b.ok()) << b.status().ToString();
       backend = std::move(*b);
     }

@@ -368,6 +368,35 @@ TEST_F(PoolTest, LargeBuffersSpanContiguousSlabs) {
   for (uint32_t s = x->first_slab; s < x->first_slab + 3; ++s) EXPECT_EQ(pool_->owner(s), 1u);
 }
 
+TEST_F(PoolTest, ABufferOverTheSlabLimitIsRefusedBeforeAnySlabIsGranted) {
+  daemon::SessionArena a(*pool_, 1, pool_->size());
+  auto over = a.Allocate((3ull << 20) + 1, 3);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(over.status().message().find("more than 3 slabs"), std::string::npos) << over.status().ToString();
+  EXPECT_EQ(pool_->free_bytes(), pool_->size()) << "a refused buffer took slabs";
+  auto fits = a.Allocate(3ull << 20, 3);
+  ASSERT_TRUE(fits.ok()) << fits.status().ToString();
+  EXPECT_EQ(fits->slab_count, 3u);
+}
+
+// A buffer that fits the limit but lands in a free range straddling one slab more is refused
+// too; the range stays the session's for what fits.
+TEST_F(PoolTest, ABufferStraddlingOneSlabOverTheLimitIsRefusedAndItsRangeReused) {
+  daemon::SessionArena a(*pool_, 1, pool_->size());
+  auto whole = a.Allocate(4ull << 20);
+  ASSERT_TRUE(whole.ok());
+  ASSERT_TRUE(a.Free(whole->pool_offset).ok());
+  ASSERT_TRUE(a.Allocate(256).ok());  // the free range now starts 256 bytes into a slab
+  auto straddling = a.Allocate(3ull << 20, 3);
+  ASSERT_FALSE(straddling.ok());
+  EXPECT_EQ(straddling.status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(pool_->free_bytes(), pool_->size() - (4ull << 20));
+  auto fits = a.Allocate(2ull << 20, 3);
+  ASSERT_TRUE(fits.ok()) << fits.status().ToString();
+  EXPECT_EQ(fits->pool_offset, whole->pool_offset + 256);
+}
+
 TEST_F(PoolTest, QuotaAndExhaustionAreClearErrors) {
   daemon::SessionArena a(*pool_, 1, 2ull << 20);
   ASSERT_TRUE(a.Allocate(2ull << 20).ok());
