@@ -103,14 +103,17 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
   if (auto l = root["limits"]) {
     FERRY_RETURN_IF_ERROR(CheckKeys(file, l,
                                     {"sessions_per_uid", "pool_per_uid", "regions_per_session", "regions_per_uid",
-                                     "events_per_session", "pending_connections", "pending_connections_per_uid",
-                                     "hello_timeout_ms", "outbound_messages"}));
+                                     "events_per_session", "buffers_per_session", "pending_connections",
+                                     "pending_connections_per_uid", "hello_timeout_ms", "outbound_messages"}));
     Limits& lim = c.limits;
     if (auto n = l["sessions_per_uid"]) { FERRY_ASSIGN_OR_RETURN(lim.sessions_per_uid, GetInt(file, n, 1, 4096)); }
     if (auto n = l["pool_per_uid"]) { FERRY_ASSIGN_OR_RETURN(lim.pool_bytes_per_uid, GetSize(file, n, 0, 1ull << 40)); }
     if (auto n = l["regions_per_session"]) { FERRY_ASSIGN_OR_RETURN(lim.regions_per_session, GetInt(file, n, 1, 65536)); }
     if (auto n = l["regions_per_uid"]) { FERRY_ASSIGN_OR_RETURN(lim.regions_per_uid, GetInt(file, n, 1, 1 << 20)); }
     if (auto n = l["events_per_session"]) { FERRY_ASSIGN_OR_RETURN(lim.events_per_session, GetInt(file, n, 1, 65536)); }
+    if (auto n = l["buffers_per_session"]) {
+      FERRY_ASSIGN_OR_RETURN(lim.buffers_per_session, GetInt(file, n, 1, 1 << 20));
+    }
     if (auto n = l["pending_connections"]) { FERRY_ASSIGN_OR_RETURN(lim.pending_connections, GetInt(file, n, 1, 4096)); }
     if (auto n = l["pending_connections_per_uid"]) {
       FERRY_ASSIGN_OR_RETURN(lim.pending_connections_per_uid, GetInt(file, n, 1, 4096));

@@ -34,6 +34,7 @@ struct Limits {
   uint32_t regions_per_session = 4096;      // device regions registered by one session
   uint32_t regions_per_uid = 16384;         // ... by all sessions of one uid
   uint32_t events_per_session = 4096;       // interprocess events registered by one session
+  uint32_t buffers_per_session = 65536;     // pool buffers one session holds at once (ferryd keeps an entry for each)
   uint32_t pending_connections = 64;        // connections that have not said hello yet, all users
   uint32_t pending_connections_per_uid = 8; // ... of one uid
   uint32_t hello_timeout_ms = 5000;         // a connection that has not said hello by then is closed

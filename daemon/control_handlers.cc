@@ -28,6 +28,13 @@ void Sessions::HandleAlloc(Session& s, uint32_t seq, const wire::AllocBufferRequ
     r.status = ToWire(waiting);
     return Reply(s, wire::MsgType::kAllocBufferReply, seq, r);
   }
+  if (s.arena->buffer_count() >= config_.limits.buffers_per_session) {
+    const Status st = ResourceExhausted("this session already holds " + std::to_string(s.arena->buffer_count()) +
+                                        " buffers (limits.buffers_per_session): free some first");
+    r.status = ToWire(st);
+    svc_.rejections.Count(st);
+    return Reply(s, wire::MsgType::kAllocBufferReply, seq, r);
+  }
   // One reply carries an fd per slab the buffer spans.
   auto a = s.arena->Allocate(req.size, wire::kMaxFdsPerMessage);
   UpdatePoolCounters(svc_.pool, svc_.counters);  // slabs may be the session's now, refused or not

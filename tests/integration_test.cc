@@ -538,6 +538,30 @@ TEST(Daemon, TheHostBackendsDeviceRegionsFitItsSimulatedGpusMemoryInBytes) {
   EXPECT_EQ(d.counters().evictions.load(), 0u);
 }
 
+// ferryd keeps an entry for each buffer: 262,144 buffers of 256 bytes once made it hold 16 MiB
+// for 64 MiB of pool, and the pool's size was the only bound.
+TEST(Daemon, ASessionsBuffersAreBoundedInNumber) {
+  auto config = DaemonHarness::SmallConfig();
+  config.limits.buffers_per_session = 4;
+  DaemonHarness d(config);
+  ASSERT_OK_AND_ASSIGN(auto a, d.Connect("a"));
+  std::vector<HostBuffer> held;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_OK_AND_ASSIGN(HostBuffer b, a->AllocateHost(256));
+    held.push_back(std::move(b));
+  }
+  auto fifth = a->AllocateHost(256);
+  EXPECT_EQ(fifth.status().code(), Code::kResourceExhausted) << fifth.status().ToString();
+  EXPECT_NE(fifth.status().message().find("limits.buffers_per_session"), std::string::npos)
+      << fifth.status().ToString();
+  ASSERT_OK_AND_ASSIGN(auto b, d.Connect("b"));  // another session's count is its own
+  EXPECT_TRUE(b->AllocateHost(256).ok());
+  held.pop_back();  // freed
+  Result<HostBuffer> again = Internal("not tried");
+  EXPECT_TRUE(DaemonHarness::Eventually([&] { return (again = a->AllocateHost(256)).ok(); }))
+      << again.status().ToString();
+}
+
 TEST(Daemon, AFreedBufferComesBackZeroedToTheNextClient) {
   auto config = DaemonHarness::SmallConfig();
   config.pool_bytes = 2ull << 20;
