@@ -94,6 +94,7 @@ Result<bool> Rings::ReadSubmissions(Session& s, Scheduler& scheduler, TurnBudget
   const uint32_t room = s.cq_entries / 2 > s.in_flight ? s.cq_entries / 2 - s.in_flight : 0;
   // The budget counts requests: a block list's group of slots is one, read whole in one turn.
   uint32_t taken = 0, requests = 0;
+  bool read_a_list = false;
   s.submissions_blocked = false;  // judged again each turn
   for (; taken < kSubmissionsPerTurn && s.sq_head != tail && !s.dead; ++taken) {
     if (taken >= room) {
@@ -110,10 +111,13 @@ Result<bool> Rings::ReadSubmissions(Session& s, Scheduler& scheduler, TurnBudget
       FERRY_ASSIGN_OR_RETURN(const ListRead read, ReadBlockList(s, e, tail, turn.blocks, scheduler));
       if (read.outcome != ListRead::Outcome::kRead) {
         s.submissions_blocked = read.outcome == ListRead::Outcome::kBlocked;
-        turn.spent = turn.spent || read.outcome == ListRead::Outcome::kNextTurn;
+        if (read.outcome == ListRead::Outcome::kNextTurn && !read_a_list && !turn.left_waiting) {
+          turn.left_waiting = s.id;
+        }
         break;
       }
       turn.blocks += read.blocks;
+      read_a_list = true;
       ++requests;
       continue;
     }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -48,7 +49,9 @@ class Rings : public Scheduler::Listener {
   // What a loop turn has read of block lists so far, every session's.
   struct TurnBudget {
     uint64_t blocks = 0;
-    bool spent = false;  // some list was left on its ring for the next turn for want of it
+    // The first session the budget left with a list on its ring and none read this turn: the
+    // one to read first next turn.
+    std::optional<uint64_t> left_waiting;
   };
 
   // Reads what `s` submitted since the last turn (at most kSubmissionsPerTurn requests, a block

@@ -659,22 +659,19 @@ class Server::Impl {
   bool PollSubmissions() {
     bool work = false;
     Rings::TurnBudget turn;
-    std::optional<uint64_t> left_waiting;
     auto read_one = [&](Session& s) {
       if (!s.hello_done || s.dead) return;
-      const uint64_t blocks_before = turn.blocks;
       auto read = rings_->ReadSubmissions(s, *scheduler_, turn);
       if (!read.ok()) {
         sessions_->Evict(s, read.status().message());
         return;
       }
       work |= *read;
-      if (!left_waiting && turn.spent && turn.blocks == blocks_before) left_waiting = s.id;
     };
     const auto first = session_map_.lower_bound(first_session_);
     for (auto it = first; it != session_map_.end(); ++it) read_one(*it->second);
     for (auto it = session_map_.begin(); it != first; ++it) read_one(*it->second);
-    first_session_ = left_waiting.value_or(0);
+    first_session_ = turn.left_waiting.value_or(0);
     return work;
   }
 

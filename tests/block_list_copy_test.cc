@@ -406,6 +406,23 @@ TEST(BlockListRing, ListsPastTheSessionsBlocksInFlightWaitOnTheRingUntilOneIsDon
   EXPECT_EQ(d.counters().evictions.load(), 0u);
 }
 
+// `count` 4 KiB host-to-device copies by `client` into `target`, each of fresh random bytes into a
+// poisoned destination, every byte checked; appends each one's time from its submission to its
+// wait's return to `waits`.
+void TimeCopiesOf4KiB(Client& client, testing::CopyTarget& target, int count, std::vector<uint64_t>& waits) {
+  auto& [src, dev, region] = target;
+  for (int i = 0; i < count; ++i) {
+    FillRandom(src.data(), 4096, testing::RandomSeed() + i);
+    Poison(target.device(), 4096);
+    const uint64_t t0 = MonotonicNanos();
+    auto t = client.Copy(Direction::kHostToDevice, src, 0, region, 0, 4096);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    ASSERT_OK(t->Wait(20s));
+    waits.push_back(MonotonicNanos() - t0);
+    EXPECT_EQ(FirstDifference(target.device(), src.data(), 4096), -1) << "copy " << i;
+  }
+}
+
 // ferryd checks every block of a list on its loop before it refuses or accepts it. A client
 // flooding its ring with the largest lists, each refused at its last block, once had 64 of them
 // checked in one turn while another client's 4 KiB copy waited for the turn's end; and sockets,
@@ -463,19 +480,9 @@ TEST(BlockListRing, RefusedLargestListsHoldUpAnotherClientsCopyForAboutOneListsC
   auto made = testing::MakeCopyTarget(**victim, 4096);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   const uint64_t control_ns = MonotonicNanos() - control_start;
-  testing::CopyTarget& target = *made;
-  auto& [src, dev, region] = target;
-  uint64_t worst = 0;
-  for (int i = 0; i < 8; ++i) {
-    FillRandom(src.data(), 4096, testing::RandomSeed() + i);
-    Poison(target.device(), 4096);
-    const uint64_t t0 = MonotonicNanos();
-    auto t = (*victim)->Copy(Direction::kHostToDevice, src, 0, region, 0, 4096);
-    ASSERT_TRUE(t.ok()) << t.status().ToString();
-    ASSERT_OK(t->Wait(20s));
-    worst = std::max(worst, MonotonicNanos() - t0);
-    EXPECT_EQ(FirstDifference(target.device(), src.data(), 4096), -1) << "copy " << i;
-  }
+  std::vector<uint64_t> waits;
+  ASSERT_NO_FATAL_FAILURE(TimeCopiesOf4KiB(**victim, *made, 8, waits));
+  const uint64_t worst = *std::max_element(waits.begin(), waits.end());
   EXPECT_EQ(d.counters().evictions.load(), 0u);
   // Stopping is an event on the loop's epoll too: seen within a turn or two, flood or not.
   const uint64_t stop_start = MonotonicNanos();
@@ -534,8 +541,6 @@ TEST(BlockListRing, ManyClientsRefusedLargestListsHoldUpAnotherClientsCopyForAbo
   ASSERT_TRUE(victim.ok()) << victim.status().ToString();
   auto made = testing::MakeCopyTarget(**victim, 4096);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
-  testing::CopyTarget& target = *made;
-  auto& [src, dev, region] = target;
   // How long a list takes under the flood, whatever else the CPUs are doing: the lists ferryd
   // finished (refused) while the copies below ran, over that time.
   auto lists_done = [&] {
@@ -547,16 +552,7 @@ TEST(BlockListRing, ManyClientsRefusedLargestListsHoldUpAnotherClientsCopyForAbo
   for (auto& raw : raws) each_before.push_back(raw->header()->cq_tail.value.load());
   const uint64_t lists_before = lists_done(), window_start = MonotonicNanos();
   std::vector<uint64_t> waits;
-  for (int i = 0; i < 9; ++i) {
-    FillRandom(src.data(), 4096, testing::RandomSeed() + i);
-    Poison(target.device(), 4096);
-    const uint64_t t0 = MonotonicNanos();
-    auto t = (*victim)->Copy(Direction::kHostToDevice, src, 0, region, 0, 4096);
-    ASSERT_TRUE(t.ok()) << t.status().ToString();
-    ASSERT_OK(t->Wait(20s));
-    waits.push_back(MonotonicNanos() - t0);
-    EXPECT_EQ(FirstDifference(target.device(), src.data(), 4096), -1) << "copy " << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(TimeCopiesOf4KiB(**victim, *made, 9, waits));
   const uint64_t lists_finished = lists_done() - lists_before, window_ns = MonotonicNanos() - window_start;
   std::vector<uint32_t> each;
   for (int i = 0; i < kFlooders; ++i) each.push_back(raws[i]->header()->cq_tail.value.load() - each_before[i]);
