@@ -220,8 +220,11 @@ struct GpuLocation {
 // trace_engine: log each copy group's timeline on the engines (a diagnostic; costs two timing
 // events a stream and a log line per group).
 // `gpu`: from LocateCudaGpus (its PCI bus id and NUMA node are not read again).
+// issue_threads: the threads (the loop's among them) that issue a batch of small host-to-device
+// copies in parts at once (config key issue_threads; 1 to kMaxIssueThreads).
+inline constexpr uint32_t kMaxIssueThreads = 16;
 Result<std::unique_ptr<Backend>> CreateCudaBackend(const GpuLocation& gpu, uint32_t streams_per_direction,
-                                                   bool trace_engine = false);
+                                                   bool trace_engine = false, uint32_t issue_threads = 4);
 // The CUDA ordinals that `devices` names (empty: every GPU), each once; ordinals that are not
 // there and UUIDs no GPU has are errors naming what is. Unavailable when no GPU answers.
 Result<std::vector<int>> ResolveCudaDevices(const std::vector<std::string>& devices);

@@ -55,7 +55,7 @@ Result<std::vector<std::unique_ptr<Backend>>> CudaGpus(const DaemonConfig& confi
   for (size_t i = 0; i < gpus.size(); ++i) made.emplace_back(Internal("not made"));
   std::vector<std::thread> threads;
   for (size_t i = 0; i < gpus.size(); ++i) {
-    auto make = [&, i] { made[i] = CreateCudaBackend(gpus[i], streams, config.trace_engine); };
+    auto make = [&, i] { made[i] = CreateCudaBackend(gpus[i], streams, config.trace_engine, config.issue_threads); };
     try {
       threads.emplace_back(make);
     } catch (const std::system_error&) {

@@ -5,6 +5,7 @@
 #include "common/backend_name.hpp"
 #include "common/status_macros.hpp"
 #include "common/yaml_util.hpp"
+#include "daemon/backend.hpp"
 
 namespace ferry::daemon {
 namespace {
@@ -13,9 +14,9 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
   DaemonConfig c;
   if (root.IsNull()) return c;
   FERRY_RETURN_IF_ERROR(yamlutil::CheckKeys(
-      file, root,
-      {"runtime_dir", "socket", "allowed_group", "backend", "device", "devices", "host", "pool", "session_quota", "max_sessions",
-       "ring_entries", "spin_us", "spin_max_us", "cpu", "policy", "metrics", "snapshots", "limits", "handoff"}));
+      file, root, {"runtime_dir", "socket",        "allowed_group", "backend",      "device",  "devices",      "host",
+                   "pool",        "session_quota", "max_sessions",  "ring_entries", "spin_us", "spin_max_us",  "cpu",
+                   "policy",      "metrics",       "snapshots",     "limits",       "handoff", "issue_threads"}));
   using namespace yamlutil;
   if (auto n = root["runtime_dir"]) { FERRY_ASSIGN_OR_RETURN(c.runtime_dir, GetString(file, n)); }
   if (auto n = root["socket"]) { FERRY_ASSIGN_OR_RETURN(c.socket_name, GetString(file, n)); }
@@ -127,6 +128,9 @@ Result<DaemonConfig> FromYaml(const YAML::Node& root, const std::string& file) {
     FERRY_ASSIGN_OR_RETURN(c.spin_max_us, GetInt(file, n, 0, 1000000));
   }
   if (auto n = root["cpu"]) { FERRY_ASSIGN_OR_RETURN(c.cpu, GetInt(file, n, -1, 4095)); }
+  if (auto n = root["issue_threads"]) {
+    FERRY_ASSIGN_OR_RETURN(c.issue_threads, GetInt(file, n, 1, static_cast<int64_t>(kMaxIssueThreads)));
+  }
   if (auto n = root["handoff"]) {
     FERRY_ASSIGN_OR_RETURN(std::string h, GetString(file, n));
     if (h != "gpu" && h != "host") {

@@ -76,6 +76,9 @@ struct DaemonConfig {
   uint64_t snapshot_interval_ms = 60000;
   std::string snapshot_host_id;   // the host id the records name; empty: a hash of /etc/machine-id
   bool trace_engine = false;  // log each copy group's timeline on the copy engines (cuda)
+  // Threads (the event loop's among them) that issue a batch of small host-to-device copies in
+  // parts at once, a GPU (cuda): the driver copies such a copy's bytes on the issuing thread.
+  uint32_t issue_threads = 4;
   // Copies ordered after a client's event: false hands them off on the host (ferryd polls the
   // event), as before the GPU-side hand-off, for comparing the two.
   bool handoff_on_gpu = true;

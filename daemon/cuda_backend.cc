@@ -38,6 +38,7 @@
 #include "common/log.hpp"
 #include "common/status_macros.hpp"
 #include "daemon/backend.hpp"
+#include "daemon/issue_crew.hpp"
 #include "daemon/numa.hpp"
 #include "daemon/staged_copies.hpp"
 
@@ -81,8 +82,12 @@ class CudaEvent : public SharedEvent {
 
 class CudaBackend : public Backend {
  public:
-  CudaBackend(GpuLocation where, uint32_t streams, bool trace)
-      : device_(where.ordinal), where_(std::move(where)), streams_per_dir_(streams), trace_(trace) {}
+  CudaBackend(GpuLocation where, uint32_t streams, bool trace, uint32_t issue_threads)
+      : device_(where.ordinal),
+        where_(std::move(where)),
+        streams_per_dir_(streams),
+        trace_(trace),
+        crew_(issue_threads) {}
 
   // ferryd drives all its GPUs from the same threads: every call that enqueues, opens or
   // registers something makes this backend's device current first. Remembered per thread, so a
@@ -134,6 +139,9 @@ class CudaBackend : public Backend {
       }
     }
     describe_ += fence_page_ ? "; copies seen done by fence words" : "; copies seen done by events";
+    describe_ += crew_.threads() > 1 ? "; lists of small host-to-device copies issued by " +
+                                           std::to_string(crew_.threads()) + " threads at once"
+                                     : "; copies issued by the event loop alone";
     return Status::Ok();
   }
 
@@ -232,6 +240,8 @@ class CudaBackend : public Backend {
     }
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     for (auto& d : streams_) for (cudaStream_t s : d) cudaStreamDestroy(s);
+    for (cudaStream_t s : part_streams_) cudaStreamDestroy(s);
+    for (cudaEvent_t e : part_events_) cudaEventDestroy(e);
     for (auto& [key, lane] : lanes_) cudaStreamDestroy(lane);
     for (auto& [host, dev] : flag_pages_) cudaHostUnregister(host);
     {
@@ -449,7 +459,9 @@ class CudaBackend : public Backend {
              h2d ? static_cast<const void*>(p.host) : static_cast<const void*>(p.device), p.length, true, false);
       g.bytes += p.length;
     }
-    if (g.status.ok()) g.status = Issue(st, h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s);
+    // Never in parts: the crew's streams are shared, and a part waiting behind this lane's wait
+    // for the client's event would hold up every other session's parts.
+    if (g.status.ok()) g.status = Issue(st, h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s, false);
     st.ClearCopies();
     // The client's stream waits on the signal: it goes right behind the copies, ahead of the
     // fence that only ferryd waits for.
@@ -581,7 +593,7 @@ class CudaBackend : public Backend {
           StagedCopies& st = staged_[d][s];
           Status issued;
           if (trace_) issued = TraceStart(g, d, s, st);
-          if (issued.ok()) issued = Issue(st, kind, streams_[d][s]);
+          if (issued.ok()) issued = Issue(st, kind, streams_[d][s], true);
           st.ClearCopies();
           if (issued.ok()) issued_streams.emplace_back(d, s);
           if (!issued.ok()) failed_streams.push_back(streams_[d][s]);
@@ -774,9 +786,12 @@ class CudaBackend : public Backend {
     cudaGetLastError();
   }
 
-  // Large pieces go one call each; the small ones of a stream go as one batch.
-  static Status Issue(StagedCopies& st, cudaMemcpyKind kind, cudaStream_t stream) {
+  // Large pieces go one call each; the small ones of a stream go as one batch, or, where
+  // `in_parts` allows, as one batch a thread of the crew when they are many small host-to-device
+  // copies (see IssueInParts).
+  Status Issue(StagedCopies& st, cudaMemcpyKind kind, cudaStream_t stream, bool in_parts) {
     size_t kept = 0;
+    uint64_t kept_bytes = 0;
     for (size_t i = 0; i < st.dsts.size(); ++i) {
       if (!st.batchable[i] || st.dsts.size() == 1) {
         FERRY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(st.dsts[i], st.srcs[i], st.sizes[i], kind, stream));
@@ -785,16 +800,88 @@ class CudaBackend : public Backend {
       st.dsts[kept] = st.dsts[i];
       st.srcs[kept] = st.srcs[i];
       st.sizes[kept] = st.sizes[i];
+      kept_bytes += st.sizes[i];
       ++kept;
     }
     if (kept == 0) return Status::Ok();
     if (kept == 1) return CudaStatus(cudaMemcpyAsync(st.dsts[0], st.srcs[0], st.sizes[0], kind, stream), "copy");
+    const uint32_t parts = in_parts && kind == cudaMemcpyHostToDevice && kept_bytes < kept * kHostWrittenCopyBytes
+                               ? static_cast<uint32_t>(std::min<size_t>(crew_.threads(), kept / kMinPartCopies))
+                               : 1;
+    if (parts > 1 && MakePartStreams()) return IssueInParts(st, kept, stream, parts);
+    return IssueBatch(st, 0, kept, kind, stream);
+  }
+
+  static Status IssueBatch(StagedCopies& st, size_t begin, size_t end, cudaMemcpyKind kind, cudaStream_t stream) {
+    if (end - begin == 1) {
+      return CudaStatus(cudaMemcpyAsync(st.dsts[begin], st.srcs[begin], st.sizes[begin], kind, stream), "copy");
+    }
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
     size_t idx = 0;
-    return CudaStatus(cudaMemcpyBatchAsync(st.dsts.data(), st.srcs.data(), st.sizes.data(), kept, &attr, &idx, 1, stream),
+    return CudaStatus(cudaMemcpyBatchAsync(st.dsts.data() + begin, st.srcs.data() + begin, st.sizes.data() + begin,
+                                           end - begin, &attr, &idx, 1, stream),
                       "batched copy");
+  }
+
+  // The driver writes a small host-to-device copy's bytes into its command buffer on the calling
+  // thread, so a batch of them is bound by that thread, not by the engines: 4096 x 16 KiB went
+  // at 4.5 to 5.3 GB/s as one thread's batch, 11.3 to 11.7 as four threads' (a stream each) and
+  // 11.5 as eight's on an H100 host; through ferryd 4.6 to 5.0 GB/s issued by the loop alone,
+  // 10.8 to 11.2 by four threads, 10.0 by eight (docs/measurements/h100-issue-2026-12-06.txt). The first `kept` copies
+  // of `st` go as `parts` batches issued at once by the crew, part 0 on `stream`, part p on part stream p - 1, forked
+  // from and joined back into `stream` by events: what follows on `stream` (done words, the fence) follows every part.
+  // Parts that were issued are joined even when another failed.
+  Status IssueInParts(StagedCopies& st, size_t kept, cudaStream_t stream, uint32_t parts) {
+    cudaEvent_t fork = part_events_[0];
+    FERRY_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork, stream));
+    for (uint32_t p = 1; p < parts; ++p) FERRY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(part_streams_[p - 1], fork, 0));
+    std::vector<uint8_t> issued(parts, 0);  // each part's own byte: written by its thread
+    Status status = crew_.Run(parts, [&](uint32_t p) -> Status {
+      FERRY_CUDA_RETURN_IF_ERROR(MakeCurrent());
+      FERRY_RETURN_IF_ERROR(IssueBatch(st, kept * p / parts, kept * (p + 1) / parts, cudaMemcpyHostToDevice,
+                                       p == 0 ? stream : part_streams_[p - 1]));
+      issued[p] = 1;
+      return Status::Ok();
+    });
+    for (uint32_t p = 1; p < parts; ++p) {
+      if (issued[p] == 0) continue;
+      cudaEvent_t join = part_events_[p];
+      Status joined = CudaStatus(cudaEventRecord(join, part_streams_[p - 1]), "join of a part");
+      if (joined.ok()) joined = CudaStatus(cudaStreamWaitEvent(stream, join, 0), "join of a part");
+      if (!joined.ok() && status.ok()) status = joined;
+    }
+    return status;
+  }
+
+  // Whether the crew's streams (one a helper) and events (a fork, a join a helper) are there;
+  // made at first use. Where the driver will not make them all, they are asked for again at the
+  // next batch, and this one goes whole on its stream.
+  bool MakePartStreams() {
+    const uint32_t n = crew_.threads();
+    int lo = 0, hi = 0;
+    if (part_streams_.size() + 1 < n && cudaDeviceGetStreamPriorityRange(&lo, &hi) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    while (part_events_.size() < n) {
+      cudaEvent_t e;
+      if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+      }
+      part_events_.push_back(e);
+    }
+    while (part_streams_.size() + 1 < n) {
+      cudaStream_t s;
+      if (cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, lo) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+      }
+      part_streams_.push_back(s);
+    }
+    return true;
   }
 
   Result<cudaEvent_t> TakeEvent() {
@@ -830,6 +917,9 @@ class CudaBackend : public Backend {
   std::string describe_;
   DeviceInfo info_;
   std::vector<cudaStream_t> streams_[2];
+  IssueCrew crew_;                          // issues parts of small host-to-device batches
+  std::vector<cudaStream_t> part_streams_;  // part p's stream is [p - 1]
+  std::vector<cudaEvent_t> part_events_;    // [0] the fork, [p] part p's join
   std::mutex registered_mu_;    // the zeroer thread re-pins slabs while the loop runs
   std::set<void*> registered_;  // pinned slabs; guarded by registered_mu_
   bool per_slab_ = false;
@@ -843,6 +933,12 @@ class CudaBackend : public Backend {
   uint32_t latency_out_ = 0;  // latency groups not yet reported done
   uint64_t pending_bulk_bytes_ = 0;  // bytes of bulk groups on the engines, not yet reported done
   static constexpr uint32_t kFullBatch = 64;
+  // Host-to-device copies under this size (on average, in a batch) are written into the driver's
+  // command buffer by the issuing thread: a batch of 16 KiB copies cost its thread 3.6 us a copy,
+  // one of 32 KiB copies 0.4 (probe-blocks --h2d-ways, H100). At least kMinPartCopies of them
+  // to a crew thread.
+  static constexpr uint64_t kHostWrittenCopyBytes = 32 << 10;
+  static constexpr size_t kMinPartCopies = 64;
   static constexpr uint64_t kBusyBytes = 2ull << 20;  // ~40 us of work at 55 GB/s
   static constexpr uint64_t kHoldNs = 30'000;
   static constexpr size_t kFencePageBytes = 4096;
@@ -932,7 +1028,7 @@ Result<std::vector<GpuLocation>> LocateCudaGpus(const std::vector<std::string>& 
 }
 
 Result<std::unique_ptr<Backend>> CreateCudaBackend(const GpuLocation& gpu, uint32_t streams_per_direction,
-                                                   bool trace_engine) {
+                                                   bool trace_engine, uint32_t issue_threads) {
   const int device = gpu.ordinal;
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
@@ -942,7 +1038,10 @@ Result<std::unique_ptr<Backend>> CreateCudaBackend(const GpuLocation& gpu, uint3
   }
   if (device >= count) return Unavailable("device " + std::to_string(device) + " asked, " + std::to_string(count) + " present");
   if (streams_per_direction == 0 || streams_per_direction > 31) return InvalidArgument("1 to 31 streams per direction");
-  auto b = std::make_unique<CudaBackend>(gpu, streams_per_direction, trace_engine);
+  if (issue_threads == 0 || issue_threads > kMaxIssueThreads) {
+    return InvalidArgument("1 to " + std::to_string(kMaxIssueThreads) + " issue threads");
+  }
+  auto b = std::make_unique<CudaBackend>(gpu, streams_per_direction, trace_engine, issue_threads);
   FERRY_RETURN_IF_ERROR(b->Init());
   return std::unique_ptr<Backend>(std::move(b));
 }

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -12,11 +13,12 @@
 #include "common/cli.hpp"
 #include "common/log.hpp"
 #include "common/yaml_util.hpp"
+#include "daemon/backend.hpp"
 #include "daemon/config.hpp"
 #include "daemon/metrics.hpp"
 #include "daemon/preflight.hpp"
-#include "daemon/snapshots.hpp"
 #include "daemon/server.hpp"
+#include "daemon/snapshots.hpp"
 #include "ferry/version.hpp"
 
 namespace {
@@ -62,6 +64,8 @@ options:
   --log-level LEVEL    debug | info | warning | error (default info)
   --handoff WHERE      override handoff: gpu (default: a copy after a client's event waits on the
                        GPU) or host (ferryd polls the event, then issues the copy)
+  --issue-threads N    override issue_threads: threads (1 to 16, the event loop's among them) that
+                       issue a list of small host-to-device copies in parts at once (cuda backend)
   --trace-engine       log when each copy was read off the ring, issued, run on the copy engine
                        and seen done (cuda backend; a diagnostic for where a copy's time goes)
   --check-config [FILE]
@@ -78,7 +82,7 @@ options:
 int main(int argc, char** argv) {
   using namespace ferry;
   std::string config_path;
-  std::string runtime_dir, backend, pool_size, slab_size, policy, pool_register, pool_pages, handoff;
+  std::string runtime_dir, backend, pool_size, slab_size, policy, pool_register, pool_pages, handoff, issue_threads;
   std::optional<std::string> devices;
   std::optional<std::string> metrics_address;
   bool check_only = false, trace_engine = false;
@@ -113,6 +117,8 @@ int main(int argc, char** argv) {
     else if (a.Is("--pool-register")) ok = value(pool_register);
     else if (a.Is("--pool-huge-pages")) ok = value(pool_pages);
     else if (a.Is("--handoff")) ok = value(handoff);
+    else if (a.Is("--issue-threads"))
+      ok = value(issue_threads);
     else if (a.Is("--metrics-address")) {
       ok = value(address);
       metrics_address = address;
@@ -167,6 +173,15 @@ int main(int argc, char** argv) {
   if (!handoff.empty()) {
     if (handoff != "gpu" && handoff != "host") return usage_error("--handoff takes gpu or host (not '" + handoff + "')");
     config.handoff_on_gpu = handoff == "gpu";
+  }
+  if (!issue_threads.empty()) {
+    char* end = nullptr;
+    const unsigned long n = std::strtoul(issue_threads.c_str(), &end, 10);
+    if (end == issue_threads.c_str() || *end != 0 || n < 1 || n > daemon::kMaxIssueThreads) {
+      return usage_error("--issue-threads takes 1 to " + std::to_string(daemon::kMaxIssueThreads) + " (not '" +
+                         issue_threads + "')");
+    }
+    config.issue_threads = static_cast<uint32_t>(n);
   }
   if (!pool_pages.empty()) {
     auto pages = daemon::ParsePoolPages(pool_pages);

@@ -5,7 +5,7 @@ namespace ferry::daemon {
 
 std::string CublasVersion() { return "none"; }
 
-Result<std::unique_ptr<Backend>> CreateCudaBackend(const GpuLocation&, uint32_t, bool) {
+Result<std::unique_ptr<Backend>> CreateCudaBackend(const GpuLocation&, uint32_t, bool, uint32_t) {
   return NotSupported("this ferryd was built without the CUDA toolkit (host backend only)");
 }
 

@@ -150,9 +150,11 @@ void Scheduler::PlanPieces(Copy& c, uint64_t pool_offset, std::byte* device) {
   }
 }
 
-// On the H200, a list of 16 KiB blocks host to device went at 15.6 GB/s as one stream's batch
-// and at 7.3 to 5.9 GB/s cut over 2 to 4 streams, where 64 KiB blocks went from 39.6 (one
-// stream) to 49.8 GB/s (four) (docs/measurements/h200-handoff-2026-12-05.txt, run C).
+// 64 KiB blocks went from 39.6 GB/s on one stream to 49.8 over four on the H200
+// (docs/measurements/h200-handoff-2026-12-05.txt, run C). Host-to-device pieces under this size
+// are bound by the thread that issues them (the driver writes their bytes into its command
+// buffer), not by an engine: such a list stays one unit, which the cuda backend cuts into parts
+// for its issue crew to issue at once (docs/measurements/h100-issue-2026-12-06.txt).
 constexpr uint64_t kSpreadMinHostToDevicePiece = 32 << 10;
 
 // A block list goes in units of what the policy would cut a copy of its bytes into (a latency
@@ -167,8 +169,7 @@ void Scheduler::PlanBlockList(Copy& c, uint64_t pool_offset, std::byte* device, 
     c.policy->Pieces(c.bytes, lengths_);
     // At least a unit per bulk stream, where the list has the blocks for it: each stream's engine
     // takes its unit's batch at once, and small blocks are bound by an engine's work per block,
-    // not by the bus. Not for host-to-device pieces under kSpreadMinHostToDevicePiece: engines
-    // reading small scattered pieces of host memory at once slow each other down.
+    // not by the bus. Not for host-to-device pieces under kSpreadMinHostToDevicePiece (above).
     const uint64_t streams = std::min(c.policy->bulk_streams, kMaxBulkStreams);
     const bool small_h2d = c.direction == Direction::kHostToDevice &&
                            c.bytes < kSpreadMinHostToDevicePiece * static_cast<uint64_t>(pieces.size());

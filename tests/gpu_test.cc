@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <regex>
 #include <vector>
 
 #include "block_list_client.hpp"
 #include "common/status_macros.hpp"
+#include "daemon/issue_crew.hpp"
 #include "ferry/client.hpp"
 #include "gpu_kernels.hpp"
 #include "process_util.hpp"
@@ -73,6 +75,7 @@ class GpuDaemon : public ::testing::Test {
   void ManySmallCopiesLandWhereTheyShould();
   void AdjacentCopiesLandWhereTheyShould();
   void ACopyAfterAnEventWaitsForTheKernelBeforeIt(size_t n);
+  void SmallBlocksHostToDeviceLand(int crew_threads);
 
   // Reads the whole device allocation back with the CUDA runtime, independent of ferry.
   std::vector<std::byte> ReadBack(const void* dev, size_t n) {
@@ -749,6 +752,75 @@ TEST_F(GpuDaemon, BlockListsMoveEveryByteBothWays) {
     ASSERT_CUDA(cudaFree(dev));
   }
 }
+
+// The threads of ferryd named as the issue crew's helpers (daemon/issue_crew.hpp).
+int CrewThreadsOf(pid_t pid) {
+  int n = 0;
+  for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    n += name == daemon::IssueCrew::kThreadName;
+  }
+  return n;
+}
+
+// 4096 shuffled blocks of 16 KiB host to device, random bytes into a poisoned region, every
+// byte checked; then how many crew threads ferryd has.
+void GpuDaemon::SmallBlocksHostToDeviceLand(int crew_threads) {
+  testing::RawClient raw;
+  ASSERT_OK(raw.Open(socket_));
+  ASSERT_OK_AND_ASSIGN(testing::RawClient::Buffer list, raw.AllocBuffer(1 << 20));
+  const uint64_t seed = testing::RandomSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  constexpr uint32_t kCount = 4096, kBlocks = 4096;
+  constexpr uint64_t kBlock = 16 << 10, kBytes = uint64_t{kBlocks} * kBlock;
+  EXPECT_EQ(CrewThreadsOf(daemon_->pid()), 0) << "before any list";
+  const testing::BlockList l = testing::Shuffled(kCount, kBlocks, kBlock, false, seed);
+  const std::vector<std::byte> list_bytes = l.Bytes();
+  std::memcpy(list.data, list_bytes.data(), list_bytes.size());
+  ASSERT_OK_AND_ASSIGN(testing::RawClient::Buffer host, raw.AllocBuffer(kBytes));
+  void* dev = nullptr;
+  ASSERT_CUDA(cudaMalloc(&dev, kBytes));
+  ASSERT_CUDA(cudaMemset(dev, 0xA5, kBytes));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  wire::RegisterDeviceRequest req{};
+  req.kind = static_cast<uint32_t>(wire::DeviceHandleKind::kCudaIpc);
+  req.size = kBytes;
+  cudaIpcMemHandle_t handle;
+  ASSERT_CUDA(cudaIpcGetMemHandle(&handle, dev));
+  std::memcpy(req.handle, &handle, sizeof handle);
+  ASSERT_OK_AND_ASSIGN(uint32_t region, raw.Register(req));
+  for (uint64_t round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    FillRandom(host.data, kBytes, seed + 1 + round);
+    raw.Push(testing::Group(1 + round, wire::Opcode::kBlocksHostToDevice, host.pool_offset, kBytes, region, kBytes,
+                            kBlock, l, testing::Where::kPool, list.pool_offset));
+    auto up = raw.Next();
+    ASSERT_TRUE(up.has_value());
+    ASSERT_EQ(up->status, 0) << daemon_->Output();
+    const std::vector<std::byte> want = testing::Expected(host.data, kBytes, l, kBlock);
+    const std::vector<std::byte> got = ReadBack(dev, kBytes);
+    EXPECT_EQ(FirstDifference(got.data(), want.data(), kBytes), -1) << "device bytes differ";
+    ASSERT_CUDA(cudaMemset(dev, 0xA5, kBytes));
+    ASSERT_CUDA(cudaDeviceSynchronize());
+  }
+  EXPECT_EQ(CrewThreadsOf(daemon_->pid()), crew_threads);
+  ASSERT_OK(raw.Unregister(region));
+  ASSERT_CUDA(cudaFree(dev));
+}
+
+// ferryd's default: four threads (the loop and three helpers) issue such a list in parts.
+TEST_F(GpuDaemon, ASmallBlockHostToDeviceListIsIssuedInPartsByTheCrewAndEveryByteLands) {
+  SmallBlocksHostToDeviceLand(3);
+}
+
+class OneIssuerGpuDaemon : public GpuDaemon {
+ protected:
+  std::vector<std::string> ExtraDaemonArgs() const override { return {"--issue-threads", "1"}; }
+};
+
+TEST_F(OneIssuerGpuDaemon, ASmallBlockHostToDeviceListIssuedByTheLoopAloneLandsToo) { SmallBlocksHostToDeviceLand(0); }
 
 class TracedGpuDaemon : public GpuDaemon {
  protected:

@@ -75,6 +75,7 @@ TEST(Config, ShippedFileIsValid) {
   EXPECT_EQ(c->pool_bytes, defaults.pool_bytes);
   EXPECT_EQ(c->ring_entries, defaults.ring_entries);
   EXPECT_EQ(c->pool_registration, defaults.pool_registration);
+  EXPECT_EQ(c->issue_threads, defaults.issue_threads);
   const daemon::Limits& l = c->limits;
   const daemon::Limits& d = defaults.limits;
   EXPECT_EQ(l.sessions_per_uid, d.sessions_per_uid);
@@ -119,6 +120,25 @@ TEST(Config, HandoffIsOnTheGpuUnlessSetToTheHost) {
   EXPECT_NE(bad.status().message().find("t.yaml:1:10: handoff 'sometimes' unknown (expected gpu or host)"),
             std::string::npos)
       << bad.status().message();
+}
+
+// issue_threads: the threads that issue a batch of small host-to-device copies in parts; 4
+// unless set, 1 to 16.
+TEST(Config, IssueThreadsAreFourUnlessSetWithinOneToSixteen) {
+  auto c = ParseConfig("spin_us: 200\n", "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->issue_threads, 4u);
+  c = ParseConfig("issue_threads: 1\n", "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->issue_threads, 1u);
+  c = ParseConfig("issue_threads: 16\n", "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->issue_threads, 16u);
+  for (const char* bad : {"issue_threads: 0\n", "issue_threads: 17\n", "issue_threads: many\n"}) {
+    auto b = ParseConfig(bad, "t.yaml");
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_NE(b.status().message().find("t.yaml:1:16"), std::string::npos) << b.status().message();
+  }
 }
 
 // host.copy_rate and host.slow, the host backend's simulated link (a test tool): the rate, the

@@ -11,19 +11,23 @@
 //  - the list cut in N contiguous parts on N streams (2, 3, 4), each part a loop or a batch.
 // Prints the median GB/s of 9 timed runs (after 2 untimed) with min and max, by the GPU's events
 // and by the host clock (the first call to the end seen), and the calls' own time a block.
+// --h2d-ways asks what bounds a small host-to-device list, by the host clock: each source access
+// order; batches issued by several threads at once; a CPU gather, one copy and a device scatter.
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "bench/probes/probe_util.hpp"
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: probe-blocks [--host-shuffled] [--huge] [--block KIB]
+constexpr const char* kUsage = R"(usage: probe-blocks [--host-shuffled] [--huge] [--block KIB] [--h2d-ways]
 
 Times lists of small blocks (4096 x 16 KiB, 1024 x 64 KiB, 256 x 256 KiB; the device side
 shuffled) both ways through the copy engines: one stream's loop and batch, and the list cut
@@ -34,10 +38,15 @@ options:
   --huge           the host side on transparent huge pages (anonymous memory, madvise, then
                    cudaHostRegister; default: cudaHostAlloc)
   --block KIB      this block size alone (any number of KiB dividing 64 MiB)
+  --h2d-ways       host-to-device only, other ways to issue a list: one batch with each source
+                   access order; batches issued by 2, 4 and 8 host threads at once, each on its own
+                   stream; the blocks gathered by the CPU into contiguous pinned memory (1 and 4
+                   threads, 4 MiB at a time), each 4 MiB copied whole, then scattered on the device
+                   by a device-to-device batch; that scatter alone
   -h, --help       this help)";
 
 struct Options {
-  bool host_shuffled = false, huge = false;
+  bool host_shuffled = false, huge = false, h2d_ways = false;
   size_t only_block = 0;  // bytes; 0: every size
 };
 
@@ -48,6 +57,8 @@ bool ParseOptions(int argc, char** argv, Options& o) {
       o.host_shuffled = true;
     } else if (std::strcmp(argv[i], "--huge") == 0) {
       o.huge = true;
+    } else if (std::strcmp(argv[i], "--h2d-ways") == 0) {
+      o.h2d_ways = true;
     } else if (std::strcmp(argv[i], "--block") == 0 && i + 1 < argc) {
       o.only_block = std::strtoull(argv[++i], nullptr, 10) << 10;
     } else {
@@ -89,7 +100,7 @@ struct List {
   std::vector<size_t> size;
 };
 
-enum class How { kLoop, kBatchEngines, kBatchAny };
+enum class How { kLoop, kBatchEngines, kBatchAny, kBatchOrderAny, kBatchOrderDuringCall };
 
 void IssuePart(const List& l, size_t begin, size_t end, How how, cudaStream_t s, cudaMemcpyKind kind) {
   if (how == How::kLoop) {
@@ -97,11 +108,130 @@ void IssuePart(const List& l, size_t begin, size_t end, How how, cudaStream_t s,
     return;
   }
   cudaMemcpyAttributes attr{};
-  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-  attr.flags = how == How::kBatchEngines ? cudaMemcpyFlagPreferOverlapWithCompute : 0;
+  attr.srcAccessOrder = how == How::kBatchOrderAny          ? cudaMemcpySrcAccessOrderAny
+                        : how == How::kBatchOrderDuringCall ? cudaMemcpySrcAccessOrderDuringApiCall
+                                                            : cudaMemcpySrcAccessOrderStream;
+  attr.flags = how == How::kBatchAny ? 0 : cudaMemcpyFlagPreferOverlapWithCompute;
   size_t idx = 0;
   CK(cudaMemcpyBatchAsync(const_cast<void**>(l.dst.data() + begin), const_cast<void**>(l.src.data() + begin),
                           const_cast<size_t*>(l.size.data() + begin), end - begin, &attr, &idx, 1, s));
+}
+
+// Host-clock timing of one way to move a list: `issue` makes the calls and returns, then the
+// streams are synchronized. Prints the median GB/s of 9 (after 2 untimed) with min and max, and
+// the calls' own time a block.
+template <typename Issue>
+void TimeByHost(const char* name, size_t n, size_t block, const std::vector<cudaStream_t>& streams, Issue issue) {
+  std::vector<double> host_rates, call_us;
+  for (int rep = 0; rep < 11; ++rep) {
+    const double t0 = Now();
+    issue();
+    const double t_called = Now();
+    for (cudaStream_t s : streams) CK(cudaStreamSynchronize(s));
+    const double t_end = Now();
+    if (rep < 2) continue;
+    host_rates.push_back(static_cast<double>(n * block) / (t_end - t0) / 1e9);
+    call_us.push_back((t_called - t0) * 1e6 / static_cast<double>(n));
+  }
+  std::sort(host_rates.begin(), host_rates.end());
+  std::sort(call_us.begin(), call_us.end());
+  std::printf("%4zu x %3zu KiB h2d  %-40s host %6.2f [%6.2f, %6.2f]  calls %5.2f us a block\n", n, block >> 10, name,
+              host_rates[host_rates.size() / 2], host_rates.front(), host_rates.back(), call_us[call_us.size() / 2]);
+  std::fflush(stdout);
+}
+
+// --h2d-ways: other ways to issue one host-to-device list `l` of n blocks (see the usage).
+void H2dWays(const List& l, size_t n, size_t block, const std::vector<cudaStream_t>& streams) {
+  const std::vector<cudaStream_t> one{streams[0]};
+  TimeByHost("1 stream, batch, source order stream", n, block, one,
+             [&] { IssuePart(l, 0, n, How::kBatchEngines, streams[0], cudaMemcpyHostToDevice); });
+  TimeByHost("1 stream, batch, source order any", n, block, one,
+             [&] { IssuePart(l, 0, n, How::kBatchOrderAny, streams[0], cudaMemcpyHostToDevice); });
+  TimeByHost("1 stream, batch, source order during call", n, block, one,
+             [&] { IssuePart(l, 0, n, How::kBatchOrderDuringCall, streams[0], cudaMemcpyHostToDevice); });
+  TimeByHost("1 stream, loop", n, block, one,
+             [&] { IssuePart(l, 0, n, How::kLoop, streams[0], cudaMemcpyHostToDevice); });
+  for (const size_t threads : {size_t{2}, size_t{4}, size_t{8}}) {
+    const std::vector<cudaStream_t> used(streams.begin(), streams.begin() + threads);
+    char name[64];
+    std::snprintf(name, sizeof name, "%zu threads, a batch each", threads);
+    TimeByHost(name, n, block, used, [&] {
+      std::vector<std::thread> ts;
+      for (size_t k = 0; k < threads; ++k)
+        ts.emplace_back([&, k] {
+          IssuePart(l, n * k / threads, n * (k + 1) / threads, How::kBatchEngines, streams[k], cudaMemcpyHostToDevice);
+        });
+      for (auto& t : ts) t.join();
+    });
+  }
+  // Gathered: contiguous pinned staging and a device staging of the list's size.
+  const size_t bytes = n * block;
+  void* stage_host = nullptr;
+  void* stage_dev = nullptr;
+  CK(cudaHostAlloc(&stage_host, bytes, cudaHostAllocDefault));
+  CK(cudaMalloc(&stage_dev, bytes));
+  std::memset(stage_host, 0, bytes);
+  const size_t per_chunk = std::max<size_t>(1, (size_t{4} << 20) / block);
+  const size_t chunks = (n + per_chunk - 1) / per_chunk;
+  std::vector<void*> scatter_src(n), scatter_dst(l.dst);
+  std::vector<size_t> scatter_size(n, block);
+  for (size_t i = 0; i < n; ++i) scatter_src[i] = static_cast<char*>(stage_dev) + i * block;
+  cudaMemcpyAttributes attr{};
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+  auto issue_chunk = [&](size_t c) {
+    const size_t b = c * per_chunk, e = std::min(n, b + per_chunk);
+    CK(cudaMemcpyAsync(static_cast<char*>(stage_dev) + b * block, static_cast<char*>(stage_host) + b * block,
+                       (e - b) * block, cudaMemcpyHostToDevice, streams[0]));
+    size_t idx = 0;
+    CK(cudaMemcpyBatchAsync(scatter_dst.data() + b, scatter_src.data() + b, scatter_size.data() + b, e - b, &attr, &idx,
+                            1, streams[0]));
+  };
+  TimeByHost("device scatter alone (d2d batches of 4 MiB)", n, block, one, [&] {
+    for (size_t c = 0; c < chunks; ++c) {
+      const size_t b = c * per_chunk, e = std::min(n, b + per_chunk);
+      size_t idx = 0;
+      CK(cudaMemcpyBatchAsync(scatter_dst.data() + b, scatter_src.data() + b, scatter_size.data() + b, e - b, &attr,
+                              &idx, 1, streams[0]));
+    }
+  });
+  for (const size_t threads : {size_t{1}, size_t{4}}) {
+    char name[64];
+    std::snprintf(name, sizeof name, "gathered by %zu thread%s, copied, scattered", threads, threads == 1 ? "" : "s");
+    TimeByHost(name, n, block, one, [&] {
+      std::vector<std::atomic<size_t>> done(chunks);
+      for (auto& d : done) d.store(0);
+      auto gather = [&](size_t k) {
+        for (size_t c = 0; c < chunks; ++c) {
+          const size_t b = c * per_chunk, e = std::min(n, b + per_chunk);
+          for (size_t i = b + k; i < e; i += threads)
+            std::memcpy(static_cast<char*>(stage_host) + i * block, l.src[i], block);
+          done[c].fetch_add(1, std::memory_order_release);
+        }
+      };
+      std::vector<std::thread> ts;
+      for (size_t k = 1; k < threads; ++k) ts.emplace_back(gather, k);
+      if (threads == 1) {
+        for (size_t c = 0; c < chunks; ++c) {
+          const size_t b = c * per_chunk, e = std::min(n, b + per_chunk);
+          for (size_t i = b; i < e; ++i) std::memcpy(static_cast<char*>(stage_host) + i * block, l.src[i], block);
+          issue_chunk(c);
+        }
+      } else {
+        for (size_t c = 0; c < chunks; ++c) {
+          const size_t b = c * per_chunk, e = std::min(n, b + per_chunk);
+          for (size_t i = b; i < e; i += threads)  // the issuing thread's own share of the chunk
+            std::memcpy(static_cast<char*>(stage_host) + i * block, l.src[i], block);
+          while (done[c].load(std::memory_order_acquire) != threads - 1) std::this_thread::yield();
+          issue_chunk(c);
+        }
+      }
+      for (auto& t : ts) t.join();
+    });
+  }
+  CK(cudaStreamSynchronize(streams[0]));
+  CK(cudaFreeHost(stage_host));
+  CK(cudaFree(stage_dev));
 }
 
 }  // namespace
@@ -116,7 +246,7 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&dev, kBytes));
   CK(cudaMemset(dev, 1, kBytes));
   std::memset(host, 2, kBytes);
-  std::vector<cudaStream_t> streams(4);
+  std::vector<cudaStream_t> streams(8);
   for (auto& s : streams) CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaEvent_t start, ends[4];
   CK(cudaEventCreate(&start));
@@ -127,8 +257,10 @@ int main(int argc, char** argv) {
       "[min, max] of 9\n",
       o.host_shuffled ? "shuffled" : "in order",
       o.huge ? "anonymous memory on huge pages, registered" : "cudaHostAlloc memory");
-  std::printf("columns: the GPU's time (events), the host's (the first call to the end seen), and the calls' own "
-              "time a block\n");
+  std::printf(o.h2d_ways
+                  ? "columns: the host's time (the first call to the end seen) and the calls' own time a block\n"
+                  : "columns: the GPU's time (events), the host's (the first call to the end seen), and the calls' "
+                    "own time a block\n");
   const std::vector<size_t> blocks =
       o.only_block != 0 ? std::vector<size_t>{o.only_block}
                         : std::vector<size_t>{size_t{16} << 10, size_t{64} << 10, size_t{256} << 10};
@@ -149,6 +281,10 @@ int main(int argc, char** argv) {
         l.size.push_back(block);
       }
       const cudaMemcpyKind kind = h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+      if (o.h2d_ways) {
+        if (h2d) H2dWays(l, n, block, streams);
+        continue;
+      }
       struct Variant {
         const char* name;
         How how;

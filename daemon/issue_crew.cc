@@ -1,0 +1,78 @@
+#include "daemon/issue_crew.hpp"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <system_error>
+
+namespace ferry::daemon {
+
+IssueCrew::IssueCrew(uint32_t threads) : threads_(std::max<uint32_t>(threads, 1)) {}
+
+IssueCrew::~IssueCrew() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (std::thread& t : helpers_) t.join();
+}
+
+void IssueCrew::StartHelpers() {
+  started_ = true;
+  for (uint32_t part = 1; part < threads_; ++part) {
+    try {
+      helpers_.emplace_back([this, part] { Work(part); });
+      pthread_setname_np(helpers_.back().native_handle(), kThreadName);  // named before it first runs
+    } catch (const std::system_error&) {
+      return;  // out of threads: the caller runs the rest
+    }
+  }
+}
+
+Status IssueCrew::Run(uint32_t parts, const std::function<Status(uint32_t)>& part) {
+  parts = std::max<uint32_t>(parts, 1);
+  if (parts > 1 && !started_) StartHelpers();
+  const uint32_t by_helpers = std::min<uint32_t>(parts - 1, static_cast<uint32_t>(helpers_.size()));
+  results_.assign(parts, Status::Ok());
+  if (by_helpers > 0) {
+    {
+      std::lock_guard lock(mu_);
+      job_ = &part;
+      parts_ = 1 + by_helpers;
+      helpers_left_ = by_helpers;
+      ++job_number_;
+    }
+    wake_.notify_all();
+  }
+  results_[0] = part(0);
+  for (uint32_t p = 1 + by_helpers; p < parts; ++p) results_[p] = part(p);
+  if (by_helpers > 0) {
+    std::unique_lock lock(mu_);
+    done_.wait(lock, [&] { return helpers_left_ == 0; });
+    job_ = nullptr;
+  }
+  for (Status& s : results_) {
+    if (!s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+void IssueCrew::Work(uint32_t part) {
+  uint64_t seen = 0;
+  std::unique_lock lock(mu_);
+  for (;;) {
+    wake_.wait(lock, [&] { return stop_ || job_number_ != seen; });
+    if (stop_) return;
+    seen = job_number_;
+    if (part >= parts_) continue;
+    const std::function<Status(uint32_t)>* job = job_;
+    lock.unlock();
+    Status result = (*job)(part);
+    lock.lock();
+    results_[part] = std::move(result);
+    if (--helpers_left_ == 0) done_.notify_one();
+  }
+}
+
+}  // namespace ferry::daemon

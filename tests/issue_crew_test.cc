@@ -1,0 +1,150 @@
+// The crew that issues a batch's parts at once (daemon/issue_crew.hpp): every part runs once,
+// the helpers' parts side by side with the caller's, the first error by part index comes back,
+// and no job is lost between runs.
+#include "daemon/issue_crew.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ferry::daemon {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(IssueCrew, EveryPartRunsOnceAndRunReturnsWhenAllHave) {
+  IssueCrew crew(4);
+  std::vector<std::atomic<int>> calls(4);
+  const Status st = crew.Run(4, [&](uint32_t part) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5 * part));  // the last part ends last
+    calls[part].fetch_add(1);
+    return Status::Ok();
+  });
+  ASSERT_TRUE(st.ok()) << st.message();
+  for (size_t p = 0; p < calls.size(); ++p) EXPECT_EQ(calls[p].load(), 1) << "part " << p;
+}
+
+// Each part waits for all four to have started: only threads running at once get past it.
+TEST(IssueCrew, TheHelpersPartsRunAtOnceWithTheCallers) {
+  IssueCrew crew(4);
+  std::atomic<int> arrived{0};
+  std::vector<std::thread::id> ran_on(4);
+  const Status st = crew.Run(4, [&](uint32_t part) {
+    ran_on[part] = std::this_thread::get_id();
+    arrived.fetch_add(1);
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (arrived.load() < 4) {
+      if (std::chrono::steady_clock::now() > deadline) return Internal("part " + std::to_string(part) + " ran alone");
+      std::this_thread::yield();
+    }
+    return Status::Ok();
+  });
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(ran_on[0], std::this_thread::get_id());
+  for (uint32_t p = 1; p < 4; ++p) {
+    EXPECT_NE(ran_on[p], std::this_thread::get_id()) << "part " << p;
+    for (uint32_t q = 1; q < p; ++q) EXPECT_NE(ran_on[p], ran_on[q]) << "parts " << q << " and " << p;
+  }
+}
+
+TEST(IssueCrew, TheFirstErrorByPartIndexComesBackAfterEveryPartRan) {
+  IssueCrew crew(4);
+  std::atomic<int> ran{0};
+  const Status st = crew.Run(4, [&](uint32_t part) -> Status {
+    ran.fetch_add(1);
+    if (part == 3) return Internal("part three failed");
+    if (part == 2) {
+      std::this_thread::sleep_for(20ms);  // fails after part 3 did
+      return DeviceError("part two failed");
+    }
+    return Status::Ok();
+  });
+  EXPECT_EQ(ran.load(), 4);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.message(), "part two failed");
+}
+
+TEST(IssueCrew, PartsPastTheHelpersRunOnTheCallersThread) {
+  IssueCrew one(1);
+  std::vector<std::thread::id> ran_on(3);
+  ASSERT_TRUE(one.Run(3,
+                      [&](uint32_t part) {
+                        ran_on[part] = std::this_thread::get_id();
+                        return Status::Ok();
+                      })
+                  .ok());
+  for (const auto& id : ran_on) EXPECT_EQ(id, std::this_thread::get_id());
+
+  IssueCrew two(2);
+  std::vector<std::thread::id> of_two(5);
+  ASSERT_TRUE(two.Run(5,
+                      [&](uint32_t part) {
+                        of_two[part] = std::this_thread::get_id();
+                        return Status::Ok();
+                      })
+                  .ok());
+  EXPECT_NE(of_two[1], std::this_thread::get_id());
+  for (uint32_t p : {0u, 2u, 3u, 4u}) EXPECT_EQ(of_two[p], std::this_thread::get_id()) << "part " << p;
+}
+
+// Jobs one after another, of changing sizes: a helper that missed a wake or ran a job twice
+// leaves a count off or Run waiting forever (the test's timeout).
+TEST(IssueCrew, ManyRunsInARowEachRunEveryPartOnce) {
+  IssueCrew crew(4);
+  std::vector<std::atomic<int>> calls(4);
+  int expected[4] = {0, 0, 0, 0};
+  for (int job = 0; job < 5000; ++job) {
+    const uint32_t parts = 1 + job % 4;
+    ASSERT_TRUE(crew.Run(parts,
+                         [&](uint32_t part) {
+                           calls[part].fetch_add(1);
+                           return Status::Ok();
+                         })
+                    .ok());
+    for (uint32_t p = 0; p < parts; ++p) ++expected[p];
+    if (job % 500 == 0) {
+      for (size_t p = 0; p < 4; ++p) ASSERT_EQ(calls[p].load(), expected[p]) << "job " << job << ", part " << p;
+    }
+  }
+  for (size_t p = 0; p < 4; ++p) EXPECT_EQ(calls[p].load(), expected[p]) << "part " << p;
+}
+
+// This process's threads named as the crew's helpers.
+int HelperThreads() {
+  int n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    n += name == IssueCrew::kThreadName;
+  }
+  return n;
+}
+
+// Helpers start at the first Run with more than one part, carry the crew's name, and are
+// joined by the destructor.
+TEST(IssueCrew, HelpersStartAtTheFirstRunThatNeedsThemAndStopWithTheCrew) {
+  ASSERT_EQ(HelperThreads(), 0);
+  {
+    IssueCrew idle(8);
+    ASSERT_TRUE(idle.Run(1, [](uint32_t) { return Status::Ok(); }).ok());
+    EXPECT_EQ(HelperThreads(), 0) << "a one-part run needs no helper";
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    IssueCrew used(8);
+    ASSERT_TRUE(used.Run(2, [](uint32_t) { return Status::Ok(); }).ok());
+    EXPECT_EQ(HelperThreads(), 7);
+  }
+  EXPECT_EQ(HelperThreads(), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+}
+
+}  // namespace
+}  // namespace ferry::daemon
