@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -28,6 +29,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "common/cuda_clock.hpp"
@@ -131,6 +133,8 @@ class CudaBackend : public Backend {
     } else {
       flag_waits_ = true;
     }
+    if (const char* delay = std::getenv("FERRY_PART_DELAY_MS"))
+      part_delay_ms_ = static_cast<uint32_t>(std::atoi(delay));
     const char* fences = std::getenv("FERRY_FENCES");
     if (flag_waits_ && !trace_ && (fences == nullptr || std::strcmp(fences, "events") != 0)) {
       if (Status st = AllocateFenceWords(); !st.ok()) {
@@ -240,7 +244,8 @@ class CudaBackend : public Backend {
     }
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     for (auto& d : streams_) for (cudaStream_t s : d) cudaStreamDestroy(s);
-    for (cudaStream_t s : part_streams_) cudaStreamDestroy(s);
+    for (auto& [stream, own] : part_streams_)
+      for (cudaStream_t s : own) cudaStreamDestroy(s);
     for (cudaEvent_t e : part_events_) cudaEventDestroy(e);
     for (auto& [key, lane] : lanes_) cudaStreamDestroy(lane);
     for (auto& [host, dev] : flag_pages_) cudaHostUnregister(host);
@@ -593,7 +598,8 @@ class CudaBackend : public Backend {
           StagedCopies& st = staged_[d][s];
           Status issued;
           if (trace_) issued = TraceStart(g, d, s, st);
-          if (issued.ok()) issued = Issue(st, kind, streams_[d][s], true);
+          // Not the latency stream's: its copies never wait behind bulk parts.
+          if (issued.ok()) issued = Issue(st, kind, streams_[d][s], &staging != &groups_[0]);
           st.ClearCopies();
           if (issued.ok()) issued_streams.emplace_back(d, s);
           if (!issued.ok()) failed_streams.push_back(streams_[d][s]);
@@ -808,7 +814,10 @@ class CudaBackend : public Backend {
     const uint32_t parts = in_parts && kind == cudaMemcpyHostToDevice && kept_bytes < kept * kHostWrittenCopyBytes
                                ? static_cast<uint32_t>(std::min<size_t>(crew_.threads(), kept / kMinPartCopies))
                                : 1;
-    if (parts > 1 && MakePartStreams()) return IssueInParts(st, kept, stream, parts);
+    if (parts > 1) {
+      if (const std::vector<cudaStream_t>* own = PartStreamsOf(stream))
+        return IssueInParts(st, kept, stream, *own, parts);
+    }
     return IssueBatch(st, 0, kept, kind, stream);
   }
 
@@ -829,59 +838,82 @@ class CudaBackend : public Backend {
   // thread, so a batch of them is bound by that thread, not by the engines: 4096 x 16 KiB went
   // at 4.5 to 5.3 GB/s as one thread's batch, 11.3 to 11.7 as four threads' (a stream each) and
   // 11.5 as eight's on an H100 host; through ferryd 4.6 to 5.0 GB/s issued by the loop alone,
-  // 10.8 to 11.2 by four threads, 10.0 by eight (docs/measurements/h100-issue-2026-12-06.txt). The first `kept` copies
-  // of `st` go as `parts` batches issued at once by the crew, part 0 on `stream`, part p on part stream p - 1, forked
-  // from and joined back into `stream` by events: what follows on `stream` (done words, the fence) follows every part.
-  // Parts that were issued are joined even when another failed.
-  Status IssueInParts(StagedCopies& st, size_t kept, cudaStream_t stream, uint32_t parts) {
+  // 10.8 to 11.2 by four threads, 10.0 by eight; 7.5 to 10.7 by four on two other H100 hosts
+  // (docs/measurements/h100-issue-2026-12-06.txt).
+  // The first `kept` copies of `st` go as `parts` batches issued at once by the crew, part 0 on
+  // `stream`, part p on `own[p - 1]` (streams of `stream`'s own, at its priority: no other
+  // stream's copies queue behind them), forked from and joined back into `stream` by events:
+  // what follows on `stream` (done words, the fence) follows every part. Every part stream that
+  // waited on the fork is joined, whether its part issued or not (a failed batch call may have
+  // put some copies out); one that cannot be joined is waited for here.
+  Status IssueInParts(StagedCopies& st, size_t kept, cudaStream_t stream, const std::vector<cudaStream_t>& own,
+                      uint32_t parts) {
     cudaEvent_t fork = part_events_[0];
     FERRY_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork, stream));
-    for (uint32_t p = 1; p < parts; ++p) FERRY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(part_streams_[p - 1], fork, 0));
-    std::vector<uint8_t> issued(parts, 0);  // each part's own byte: written by its thread
-    Status status = crew_.Run(parts, [&](uint32_t p) -> Status {
-      FERRY_CUDA_RETURN_IF_ERROR(MakeCurrent());
-      FERRY_RETURN_IF_ERROR(IssueBatch(st, kept * p / parts, kept * (p + 1) / parts, cudaMemcpyHostToDevice,
-                                       p == 0 ? stream : part_streams_[p - 1]));
-      issued[p] = 1;
-      return Status::Ok();
-    });
-    for (uint32_t p = 1; p < parts; ++p) {
-      if (issued[p] == 0) continue;
+    uint32_t forked = 1;
+    Status status;
+    for (; forked < parts; ++forked) {
+      status = CudaStatus(cudaStreamWaitEvent(own[forked - 1], fork, 0), "fork of a part");
+      if (!status.ok()) break;
+      if (part_delay_ms_ > 0) {
+        status = CudaStatus(cudaLaunchHostFunc(own[forked - 1], &SleepOnStream, &part_delay_ms_), "part delay");
+        if (!status.ok()) break;
+      }
+    }
+    if (status.ok()) {
+      status = crew_.Run(parts, [&](uint32_t p) -> Status {
+        FERRY_CUDA_RETURN_IF_ERROR(MakeCurrent());
+        return IssueBatch(st, kept * p / parts, kept * (p + 1) / parts, cudaMemcpyHostToDevice,
+                          p == 0 ? stream : own[p - 1]);
+      });
+    }
+    for (uint32_t p = 1; p < forked; ++p) {
       cudaEvent_t join = part_events_[p];
-      Status joined = CudaStatus(cudaEventRecord(join, part_streams_[p - 1]), "join of a part");
+      Status joined = CudaStatus(cudaEventRecord(join, own[p - 1]), "join of a part");
       if (joined.ok()) joined = CudaStatus(cudaStreamWaitEvent(stream, join, 0), "join of a part");
-      if (!joined.ok() && status.ok()) status = joined;
+      if (!joined.ok()) {
+        cudaStreamSynchronize(own[p - 1]);
+        if (status.ok()) status = joined;
+      }
     }
     return status;
   }
 
-  // Whether the crew's streams (one a helper) and events (a fork, a join a helper) are there;
-  // made at first use. Where the driver will not make them all, they are asked for again at the
-  // next batch, and this one goes whole on its stream.
-  bool MakePartStreams() {
+  // A test tool (FERRY_PART_DELAY_MS): each part stream but the first sleeps this long on the
+  // host before its copies, so that a fence that did not wait for every part shows.
+  static void CUDART_CB SleepOnStream(void* ms) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<uint32_t*>(ms)));
+  }
+
+  // The crew's streams for batches issued on `stream` (one a helper, at `stream`'s priority) and
+  // the events they share (a fork, a join a helper), made at first use; null where the driver
+  // will not make them all (they are asked for again at the next batch, and this one goes whole
+  // on its stream).
+  const std::vector<cudaStream_t>* PartStreamsOf(cudaStream_t stream) {
     const uint32_t n = crew_.threads();
-    int lo = 0, hi = 0;
-    if (part_streams_.size() + 1 < n && cudaDeviceGetStreamPriorityRange(&lo, &hi) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
     while (part_events_.size() < n) {
       cudaEvent_t e;
       if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
         cudaGetLastError();
-        return false;
+        return nullptr;
       }
       part_events_.push_back(e);
     }
-    while (part_streams_.size() + 1 < n) {
-      cudaStream_t s;
-      if (cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, lo) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-      }
-      part_streams_.push_back(s);
+    std::vector<cudaStream_t>& own = part_streams_[stream];
+    int priority = 0;
+    if (own.size() + 1 < n && cudaStreamGetPriority(stream, &priority) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
     }
-    return true;
+    while (own.size() + 1 < n) {
+      cudaStream_t s;
+      if (cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, priority) != cudaSuccess) {
+        cudaGetLastError();
+        return nullptr;
+      }
+      own.push_back(s);
+    }
+    return &own;
   }
 
   Result<cudaEvent_t> TakeEvent() {
@@ -918,8 +950,10 @@ class CudaBackend : public Backend {
   DeviceInfo info_;
   std::vector<cudaStream_t> streams_[2];
   IssueCrew crew_;                          // issues parts of small host-to-device batches
-  std::vector<cudaStream_t> part_streams_;  // part p's stream is [p - 1]
+  // By the stream a batch is for: part p's stream is [p - 1].
+  std::map<cudaStream_t, std::vector<cudaStream_t>> part_streams_;
   std::vector<cudaEvent_t> part_events_;    // [0] the fork, [p] part p's join
+  uint32_t part_delay_ms_ = 0;              // FERRY_PART_DELAY_MS (a test tool)
   std::mutex registered_mu_;    // the zeroer thread re-pins slabs while the loop runs
   std::set<void*> registered_;  // pinned slabs; guarded by registered_mu_
   bool per_slab_ = false;

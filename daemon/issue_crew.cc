@@ -1,13 +1,33 @@
 #include "daemon/issue_crew.hpp"
 
 #include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
+#include <exception>
+#include <new>
 #include <system_error>
 
 namespace ferry::daemon {
+namespace {
 
-IssueCrew::IssueCrew(uint32_t threads) : threads_(std::max<uint32_t>(threads, 1)) {}
+// A part that throws fails its part, not the crew (a helper's exception would end ferryd).
+Status CallPart(const std::function<Status(uint32_t)>& part, uint32_t p) {
+  try {
+    return part(p);
+  } catch (const std::exception& e) {
+    return Internal(std::string("an issue part threw: ") + e.what());
+  } catch (...) {
+    return Internal("an issue part threw");
+  }
+}
+
+}  // namespace
+
+IssueCrew::IssueCrew(uint32_t threads) : threads_(std::max<uint32_t>(threads, 1)) {
+  CPU_ZERO(&cpus_);
+  has_cpus_ = ::sched_getaffinity(0, sizeof cpus_, &cpus_) == 0;
+}
 
 IssueCrew::~IssueCrew() {
   {
@@ -20,13 +40,17 @@ IssueCrew::~IssueCrew() {
 
 void IssueCrew::StartHelpers() {
   started_ = true;
-  for (uint32_t part = 1; part < threads_; ++part) {
-    try {
+  try {
+    helpers_.reserve(threads_ - 1);
+    for (uint32_t part = 1; part < threads_; ++part) {
       helpers_.emplace_back([this, part] { Work(part); });
-      pthread_setname_np(helpers_.back().native_handle(), kThreadName);  // named before it first runs
-    } catch (const std::system_error&) {
-      return;  // out of threads: the caller runs the rest
+      pthread_setname_np(helpers_.back().native_handle(), kThreadName);
+      // Not the asking thread's CPUs: the event loop may be pinned to one.
+      if (has_cpus_) pthread_setaffinity_np(helpers_.back().native_handle(), sizeof cpus_, &cpus_);
     }
+  } catch (const std::system_error&) {
+    // out of threads: the caller runs the rest
+  } catch (const std::bad_alloc&) {
   }
 }
 
@@ -45,8 +69,8 @@ Status IssueCrew::Run(uint32_t parts, const std::function<Status(uint32_t)>& par
     }
     wake_.notify_all();
   }
-  results_[0] = part(0);
-  for (uint32_t p = 1 + by_helpers; p < parts; ++p) results_[p] = part(p);
+  results_[0] = CallPart(part, 0);
+  for (uint32_t p = 1 + by_helpers; p < parts; ++p) results_[p] = CallPart(part, p);
   if (by_helpers > 0) {
     std::unique_lock lock(mu_);
     done_.wait(lock, [&] { return helpers_left_ == 0; });
@@ -68,7 +92,7 @@ void IssueCrew::Work(uint32_t part) {
     if (part >= parts_) continue;
     const std::function<Status(uint32_t)>* job = job_;
     lock.unlock();
-    Status result = (*job)(part);
+    Status result = CallPart(*job, part);
     lock.lock();
     results_[part] = std::move(result);
     if (--helpers_left_ == 0) done_.notify_one();

@@ -4,6 +4,8 @@
 // IssueInParts in cuda_backend.cc).
 #pragma once
 
+#include <sched.h>
+
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -19,8 +21,10 @@ namespace ferry::daemon {
 // threads at once, and returns when every call has returned, with the first error by part
 // index. Helper h runs part h (1 <= h < threads()); parts past the helpers' (more parts than
 // threads, or fewer threads than asked where the system gives fewer) are called on the caller's
-// thread after part 0. Helpers start on the first Run that needs them. At most one Run at a time
-// (the event loop's thread); the destructor stops and joins the helpers.
+// thread after part 0. A part that throws fails with Internal. Helpers start on the first Run
+// that needs them, allowed the CPUs the constructing thread was (the event loop may be pinned to
+// one CPU when it asks). At most one Run at a time (the event loop's thread); the destructor
+// stops and joins the helpers.
 class IssueCrew {
  public:
   static constexpr const char* kThreadName = "ferry-issue";  // the helpers' (ps -L, top -H)
@@ -40,6 +44,8 @@ class IssueCrew {
   void Work(uint32_t part);
 
   const uint32_t threads_;
+  cpu_set_t cpus_;  // the constructing thread's, for the helpers
+  bool has_cpus_ = false;
   bool started_ = false;
   std::mutex mu_;
   std::condition_variable wake_;  // helpers: a job came, or stop

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -177,7 +178,8 @@ int main(int argc, char** argv) {
   if (!issue_threads.empty()) {
     char* end = nullptr;
     const unsigned long n = std::strtoul(issue_threads.c_str(), &end, 10);
-    if (end == issue_threads.c_str() || *end != 0 || n < 1 || n > daemon::kMaxIssueThreads) {
+    if (!std::isdigit(static_cast<unsigned char>(issue_threads[0])) || *end != 0 || n < 1 ||
+        n > daemon::kMaxIssueThreads) {
       return usage_error("--issue-threads takes 1 to " + std::to_string(daemon::kMaxIssueThreads) + " (not '" +
                          issue_threads + "')");
     }

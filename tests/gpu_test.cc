@@ -75,7 +75,7 @@ class GpuDaemon : public ::testing::Test {
   void ManySmallCopiesLandWhereTheyShould();
   void AdjacentCopiesLandWhereTheyShould();
   void ACopyAfterAnEventWaitsForTheKernelBeforeIt(size_t n);
-  void SmallBlocksHostToDeviceLand(int crew_threads);
+  void SmallBlocksHostToDeviceLand(int crew_threads, std::chrono::milliseconds at_least = 0ms);
 
   // Reads the whole device allocation back with the CUDA runtime, independent of ferry.
   std::vector<std::byte> ReadBack(const void* dev, size_t n) {
@@ -766,8 +766,9 @@ int CrewThreadsOf(pid_t pid) {
 }
 
 // 4096 shuffled blocks of 16 KiB host to device, random bytes into a poisoned region, every
-// byte checked; then how many crew threads ferryd has.
-void GpuDaemon::SmallBlocksHostToDeviceLand(int crew_threads) {
+// byte checked as soon as the list's completion comes (which takes at least `at_least`); then
+// how many crew threads ferryd has.
+void GpuDaemon::SmallBlocksHostToDeviceLand(int crew_threads, std::chrono::milliseconds at_least) {
   testing::RawClient raw;
   ASSERT_OK(raw.Open(socket_));
   ASSERT_OK_AND_ASSIGN(testing::RawClient::Buffer list, raw.AllocBuffer(1 << 20));
@@ -794,11 +795,14 @@ void GpuDaemon::SmallBlocksHostToDeviceLand(int crew_threads) {
   for (uint64_t round = 0; round < 3; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
     FillRandom(host.data, kBytes, seed + 1 + round);
+    const auto t0 = std::chrono::steady_clock::now();
     raw.Push(testing::Group(1 + round, wire::Opcode::kBlocksHostToDevice, host.pool_offset, kBytes, region, kBytes,
                             kBlock, l, testing::Where::kPool, list.pool_offset));
     auto up = raw.Next();
+    const auto took = std::chrono::steady_clock::now() - t0;
     ASSERT_TRUE(up.has_value());
     ASSERT_EQ(up->status, 0) << daemon_->Output();
+    EXPECT_GE(took, at_least) << "the list's completion came before its parts could have landed";
     const std::vector<std::byte> want = testing::Expected(host.data, kBytes, l, kBlock);
     const std::vector<std::byte> got = ReadBack(dev, kBytes);
     EXPECT_EQ(FirstDifference(got.data(), want.data(), kBytes), -1) << "device bytes differ";
@@ -814,6 +818,21 @@ void GpuDaemon::SmallBlocksHostToDeviceLand(int crew_threads) {
 TEST_F(GpuDaemon, ASmallBlockHostToDeviceListIsIssuedInPartsByTheCrewAndEveryByteLands) {
   SmallBlocksHostToDeviceLand(3);
 }
+
+// The crew's part streams held back on the GPU (FERRY_PART_DELAY_MS: each but the first sleeps
+// 300 ms before its copies): the list's completion must wait for every part, so it comes after
+// the delay with every byte in place; a fence that followed the first part alone would report
+// the list done with three quarters of it still poisoned.
+class DelayedPartsGpuDaemon : public GpuDaemon {
+ protected:
+  void SetUp() override {
+    ::setenv("FERRY_PART_DELAY_MS", "300", 1);
+    GpuDaemon::SetUp();
+    ::unsetenv("FERRY_PART_DELAY_MS");
+  }
+};
+
+TEST_F(DelayedPartsGpuDaemon, ASmallBlockListsCompletionWaitsForEveryPart) { SmallBlocksHostToDeviceLand(3, 300ms); }
 
 class OneIssuerGpuDaemon : public GpuDaemon {
  protected:

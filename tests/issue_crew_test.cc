@@ -4,11 +4,13 @@
 #include "daemon/issue_crew.hpp"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -115,6 +117,60 @@ TEST(IssueCrew, ManyRunsInARowEachRunEveryPartOnce) {
   for (size_t p = 0; p < 4; ++p) EXPECT_EQ(calls[p].load(), expected[p]) << "part " << p;
 }
 
+// A part that throws fails its part with Internal, on a helper as on the caller's thread; the
+// crew goes on.
+TEST(IssueCrew, APartThatThrowsFailsItsPartAndTheCrewGoesOn) {
+  IssueCrew crew(2);
+  for (uint32_t thrower : {0u, 1u}) {
+    const Status st = crew.Run(2, [&](uint32_t part) -> Status {
+      if (part == thrower) throw std::runtime_error("part " + std::to_string(part));
+      return Status::Ok();
+    });
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("part " + std::to_string(thrower)), std::string::npos) << st.message();
+  }
+  std::atomic<int> ran{0};
+  ASSERT_TRUE(crew.Run(2,
+                       [&](uint32_t) {
+                         ran.fetch_add(1);
+                         return Status::Ok();
+                       })
+                  .ok());
+  EXPECT_EQ(ran.load(), 2);
+}
+
+// The helpers may run on every CPU the constructing thread could, whatever the CPUs of the
+// thread that later asks (ferryd's event loop may be pinned to one).
+TEST(IssueCrew, HelpersRunOnTheConstructingThreadsCpusNotOnTheAskingThreads) {
+  cpu_set_t all;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof all, &all), 0);
+  if (CPU_COUNT(&all) < 2) GTEST_SKIP() << "one CPU: nothing to tell apart";
+  IssueCrew crew(2);
+  int helper_cpus = 0;
+  std::thread asker([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &all)) {
+        CPU_SET(c, &one);
+        break;
+      }
+    }
+    ASSERT_EQ(::sched_setaffinity(0, sizeof one, &one), 0);
+    ASSERT_TRUE(crew.Run(2,
+                         [&](uint32_t part) {
+                           if (part == 1) {
+                             cpu_set_t mine;
+                             if (::sched_getaffinity(0, sizeof mine, &mine) == 0) helper_cpus = CPU_COUNT(&mine);
+                           }
+                           return Status::Ok();
+                         })
+                    .ok());
+  });
+  asker.join();
+  EXPECT_EQ(helper_cpus, CPU_COUNT(&all));
+}
+
 // This process's threads named as the crew's helpers.
 int HelperThreads() {
   int n = 0;
@@ -142,8 +198,11 @@ TEST(IssueCrew, HelpersStartAtTheFirstRunThatNeedsThemAndStopWithTheCrew) {
     ASSERT_TRUE(used.Run(2, [](uint32_t) { return Status::Ok(); }).ok());
     EXPECT_EQ(HelperThreads(), 7);
   }
-  EXPECT_EQ(HelperThreads(), 0);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  // A joined thread leaves /proc/self/task a moment after its join returns.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (HelperThreads() != 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(HelperThreads(), 0);
 }
 
 }  // namespace

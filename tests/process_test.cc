@@ -336,9 +336,28 @@ TEST(Ferryd, HelpDescribesEveryFlag) {
   int st = c.Wait();
   ASSERT_TRUE(WIFEXITED(st));
   EXPECT_EQ(WEXITSTATUS(st), 0);
-  for (const char* flag : {"--config", "--runtime-dir", "--backend", "--pool-size", "--check-config", "--log-level"}) {
+  for (const char* flag :
+       {"--config", "--runtime-dir", "--backend", "--pool-size", "--check-config", "--log-level", "--issue-threads"}) {
     EXPECT_NE(c.Output().find(flag), std::string::npos) << flag;
   }
+  fs::remove_all(dir);
+}
+
+// --issue-threads takes a whole number of threads, 1 to 16; anything else stops ferryd with a
+// usage error (exit 2) that says what it takes.
+TEST(Ferryd, IssueThreadsOutOfRangeOrNotANumberIsAUsageError) {
+  std::string dir = testing::MakeTempDir("issue-threads");
+  for (const char* bad : {"0", "17", "4x", " 4", "-1"}) {
+    Child c({FERRY_DAEMON_PATH, "--issue-threads", bad, "--check-config", "--backend", "host"}, dir + "/bad.log");
+    const int st = c.Wait();
+    ASSERT_TRUE(WIFEXITED(st)) << bad;
+    EXPECT_EQ(WEXITSTATUS(st), 2) << bad << ": " << c.Output();
+    EXPECT_NE(c.Output().find("--issue-threads takes 1 to 16"), std::string::npos) << bad << ": " << c.Output();
+  }
+  Child good({FERRY_DAEMON_PATH, "--issue-threads", "16", "--check-config", "--backend", "host"}, dir + "/good.log");
+  const int st = good.Wait();
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << good.Output();
   fs::remove_all(dir);
 }
 
