@@ -268,7 +268,9 @@ void Sessions::HandleHello(Session& s, uint32_t seq, uint16_t version, const wir
                                        std::to_string(config_.limits.sessions_per_uid) +
                                        " (end one of them, or raise the limit in ferryd's config)"));
   }
-  if (Status ring = svc_.rings.Attach(s, config_.ring_entries); !ring.ok()) return refuse(ring);
+  // A ring or doorbell ferryd cannot make (out of fds or memory) is ferryd's want, not the
+  // client's fault: turned away, no eviction.
+  if (Status ring = svc_.rings.Attach(s, config_.ring_entries); !ring.ok()) return turn_away(ring);
   // The flag area goes to the engines now where they wait on event flags or write done words
   // (microseconds a hello); where it cannot, "after" is handed off on the host and latency copies
   // complete through the completion ring alone.
@@ -285,7 +287,9 @@ void Sessions::HandleHello(Session& s, uint32_t seq, uint16_t version, const wir
   s.arena = std::make_unique<SessionArena>(svc_.pool, s.id, quota_, s.peer.uid, config_.limits.pool_bytes_per_uid,
                                            svc_.gpu_pool_part[s.gpu]);
   s.klass = svc_.policy->ClassFor(s.name, s.peer.uid);
-  if (!svc_.poller.Watch(s.submit_efd.get(), SessionTag(s.id, kDoorbellKind)).ok()) return refuse(Internal("epoll"));
+  if (Status watched = svc_.poller.Watch(s.submit_efd.get(), SessionTag(s.id, kDoorbellKind)); !watched.ok()) {
+    return turn_away(watched);
+  }
   s.hello_done = true;
   s.sq_seen_empty_ns = MonotonicNanos();
   svc_.scheduler.AddSession(s.id, s.klass.weight);

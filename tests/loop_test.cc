@@ -434,6 +434,59 @@ TEST(EventLoop, OutOfFdsItNeitherSpinsNorHangsAndServesOnceFdsAreFree) {
   std::filesystem::remove_all(dir);
 }
 
+// A hello that ferryd cannot give a ring for want of fds is ferryd's want, not the client's
+// fault: the client hears why (ResourceExhausted, naming the call), ferryd says it turned the
+// session away and counts no eviction, and serves clients again once fds are free. Out of fds
+// first (idle connections), then one of them closed: ferryd can accept one connection and has
+// no fd left for its ring.
+TEST(EventLoop, AHelloFerrydCannotMakeARingForIsTurnedAwayNotEvicted) {
+  const std::string dir = testing::MakeTempDir("emfile-ring");
+  const std::string socket = dir + "/ferryd.sock";
+  {
+    std::ofstream cfg(dir + "/ferryd.yaml");
+    cfg << "runtime_dir: " << dir << "\nbackend: host\npool:\n  size: 8MiB\n  slab: 1MiB\nspin_us: 50\n"
+        << "metrics:\n  address: \"\"\nlimits:\n  pending_connections: 4096\n  pending_connections_per_uid: 4096\n"
+        << "  hello_timeout_ms: 600000\n";
+  }
+  testing::Child ferryd(
+      {"/bin/sh", "-c", "ulimit -n 48 && exec \"$0\" --config \"$1\"", FERRY_DAEMON_PATH, dir + "/ferryd.yaml"},
+      dir + "/ferryd.log");
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return std::filesystem::exists(socket); }, 10000)) << ferryd.Output();
+  std::vector<UniqueFd> idle;
+  for (int i = 0; i < 100; ++i) {
+    UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, socket.c_str(), sizeof a.sun_path - 1);
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) idle.push_back(std::move(fd));
+  }
+  ASSERT_TRUE(ferryd.WaitForOutput("cannot accept connections", 10s)) << ferryd.Output();
+  // The connections ferryd turned away at the door are hung up; of those it holds, one goes.
+  std::this_thread::sleep_for(300ms);
+  std::erase_if(idle, [](const UniqueFd& f) { return HungUp(f.get()); });
+  ASSERT_FALSE(idle.empty());
+  idle.pop_back();
+  std::this_thread::sleep_for(300ms);  // past the listen socket's pause
+
+  ConnectOptions o;
+  o.socket_path = socket;
+  o.timeout = 3000ms;
+  auto c = Client::Connect(o);
+  ASSERT_FALSE(c.ok()) << "a ring with no fd to make it in";
+  EXPECT_EQ(c.status().code(), Code::kResourceExhausted) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("memfd_create"), std::string::npos) << c.status().ToString();
+  ASSERT_TRUE(ferryd.WaitForOutput("turned away: hello refused", 5s)) << ferryd.Output();
+  EXPECT_EQ(ferryd.Output().find("evicted: hello refused"), std::string::npos) << ferryd.Output();
+
+  idle.clear();
+  Copier copier;
+  EXPECT_TRUE(DaemonHarness::Eventually([&] { return copier.Open(socket).ok(); }, 10000)) << ferryd.Output();
+  if (!HasFailure()) copier.OneCopy(testing::RandomSeed());
+  ferryd.Signal(SIGTERM);
+  EXPECT_NE(ferryd.Wait(), -1);
+  std::filesystem::remove_all(dir);
+}
+
 // Issue 19 item 6: connect ignored timeout_ms when ferryd's listen backlog was full.
 TEST(Connect, HonoursItsTimeoutWhenTheListenBacklogIsFull) {
   const std::string dir = testing::MakeTempDir("backlog");
