@@ -244,7 +244,7 @@ class CudaBackend : public Backend {
     }
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     for (auto& d : streams_) for (cudaStream_t s : d) cudaStreamDestroy(s);
-    for (auto& [stream, own] : part_streams_)
+    for (auto& [priority, own] : part_streams_)
       for (cudaStream_t s : own) cudaStreamDestroy(s);
     for (cudaEvent_t e : part_events_) cudaEventDestroy(e);
     for (auto& [key, lane] : lanes_) cudaStreamDestroy(lane);
@@ -838,26 +838,21 @@ class CudaBackend : public Backend {
   // thread, so a batch of them is bound by that thread, not by the engines: 4096 x 16 KiB went
   // at 4.5 to 5.3 GB/s as one thread's batch, 11.3 to 11.7 as four threads' (a stream each) and
   // 11.5 as eight's on an H100 host; through ferryd 4.6 to 5.0 GB/s issued by the loop alone,
-  // 10.8 to 11.2 by four threads, 10.0 by eight; 7.5 to 10.7 by four on two other H100 hosts
-  // (docs/measurements/h100-issue-2026-12-06.txt).
+  // 10.8 to 11.2 by four threads, 10.0 by eight; 9.7 and 10.1 by four on another H100 host
+  // (docs/measurements/h100-issue-2026-12-06.txt, runs R and X).
   // The first `kept` copies of `st` go as `parts` batches issued at once by the crew, part 0 on
-  // `stream`, part p on `own[p - 1]` (streams of `stream`'s own, at its priority: no other
-  // stream's copies queue behind them), forked from and joined back into `stream` by events:
-  // what follows on `stream` (done words, the fence) follows every part. Every part stream that
-  // waited on the fork is joined, whether its part issued or not (a failed batch call may have
-  // put some copies out); one that cannot be joined is waited for here.
+  // `stream`, part p on `own[p - 1]`, and `stream` then waits for each part (an event): what
+  // follows on `stream` (done words, the fence) follows every part. The parts do not wait for
+  // what came before on `stream`: bulk copies are not ordered among themselves (they go round
+  // robin over the streams), so a list's parts never queue behind another copy's bytes. Every
+  // part stream is joined, whether its part issued or not (a failed batch call may have put
+  // some copies out); one that cannot be joined is waited for here.
   Status IssueInParts(StagedCopies& st, size_t kept, cudaStream_t stream, const std::vector<cudaStream_t>& own,
                       uint32_t parts) {
-    cudaEvent_t fork = part_events_[0];
-    FERRY_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork, stream));
-    uint32_t forked = 1;
     Status status;
-    for (; forked < parts; ++forked) {
-      status = CudaStatus(cudaStreamWaitEvent(own[forked - 1], fork, 0), "fork of a part");
-      if (!status.ok()) break;
-      if (part_delay_ms_ > 0) {
-        status = CudaStatus(cudaLaunchHostFunc(own[forked - 1], &SleepOnStream, &part_delay_ms_), "part delay");
-        if (!status.ok()) break;
+    if (part_delay_ms_ > 0) {
+      for (uint32_t p = 1; p < parts && status.ok(); ++p) {
+        status = CudaStatus(cudaLaunchHostFunc(own[p - 1], &SleepOnStream, &part_delay_ms_), "part delay");
       }
     }
     if (status.ok()) {
@@ -867,8 +862,8 @@ class CudaBackend : public Backend {
                           p == 0 ? stream : own[p - 1]);
       });
     }
-    for (uint32_t p = 1; p < forked; ++p) {
-      cudaEvent_t join = part_events_[p];
+    for (uint32_t p = 1; p < parts; ++p) {
+      cudaEvent_t join = part_events_[p - 1];
       Status joined = CudaStatus(cudaEventRecord(join, own[p - 1]), "join of a part");
       if (joined.ok()) joined = CudaStatus(cudaStreamWaitEvent(stream, join, 0), "join of a part");
       if (!joined.ok()) {
@@ -885,13 +880,15 @@ class CudaBackend : public Backend {
     std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<uint32_t*>(ms)));
   }
 
-  // The crew's streams for batches issued on `stream` (one a helper, at `stream`'s priority) and
-  // the events they share (a fork, a join a helper), made at first use; null where the driver
-  // will not make them all (they are asked for again at the next batch, and this one goes whole
-  // on its stream).
+  // The crew's streams for batches issued on streams of `stream`'s priority (one a helper; one
+  // set a priority, made together: made a set a bulk stream, apart, some sets moved 16 KiB lists
+  // at 4.5 to 6.3 GB/s where one shared set moved them at 8.9 to 11.4, run W of
+  // docs/measurements/h100-issue-2026-12-06.txt) and the join events (one a helper), made at
+  // first use; null where the driver will not make them all (they are asked for again at the
+  // next batch, and this one goes whole on its stream).
   const std::vector<cudaStream_t>* PartStreamsOf(cudaStream_t stream) {
     const uint32_t n = crew_.threads();
-    while (part_events_.size() < n) {
+    while (part_events_.size() + 1 < n) {
       cudaEvent_t e;
       if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
         cudaGetLastError();
@@ -899,12 +896,12 @@ class CudaBackend : public Backend {
       }
       part_events_.push_back(e);
     }
-    std::vector<cudaStream_t>& own = part_streams_[stream];
     int priority = 0;
-    if (own.size() + 1 < n && cudaStreamGetPriority(stream, &priority) != cudaSuccess) {
+    if (cudaStreamGetPriority(stream, &priority) != cudaSuccess) {
       cudaGetLastError();
       return nullptr;
     }
+    std::vector<cudaStream_t>& own = part_streams_[priority];
     while (own.size() + 1 < n) {
       cudaStream_t s;
       if (cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, priority) != cudaSuccess) {
@@ -950,9 +947,9 @@ class CudaBackend : public Backend {
   DeviceInfo info_;
   std::vector<cudaStream_t> streams_[2];
   IssueCrew crew_;                          // issues parts of small host-to-device batches
-  // By the stream a batch is for: part p's stream is [p - 1].
-  std::map<cudaStream_t, std::vector<cudaStream_t>> part_streams_;
-  std::vector<cudaEvent_t> part_events_;    // [0] the fork, [p] part p's join
+  // By the priority of the stream a batch is for: part p's stream is [p - 1].
+  std::map<int, std::vector<cudaStream_t>> part_streams_;
+  std::vector<cudaEvent_t> part_events_;    // [p - 1]: part p's join
   uint32_t part_delay_ms_ = 0;              // FERRY_PART_DELAY_MS (a test tool)
   std::mutex registered_mu_;    // the zeroer thread re-pins slabs while the loop runs
   std::set<void*> registered_;  // pinned slabs; guarded by registered_mu_
