@@ -464,8 +464,8 @@ class CudaBackend : public Backend {
              h2d ? static_cast<const void*>(p.host) : static_cast<const void*>(p.device), p.length, true, false);
       g.bytes += p.length;
     }
-    // Never in parts: the crew's streams are shared, and a part waiting behind this lane's wait
-    // for the client's event would hold up every other session's parts.
+    // Never in parts: a part does not wait for what came before on its unit's stream, so a part
+    // would not wait for the lane's wait on the client's event (it would break `after`).
     if (g.status.ok()) g.status = Issue(st, h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s, false);
     st.ClearCopies();
     // The client's stream waits on the signal: it goes right behind the copies, ahead of the

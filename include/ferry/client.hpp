@@ -124,6 +124,10 @@ class FERRY_EXPORT SharedEvent {
   std::shared_ptr<detail::EventState> s_;
 };
 
+// Copies are not ordered among themselves: two copies in flight at once may run side by side
+// or in either order (on any policy, however many streams it has). To order a copy after
+// another, wait for the first one's Transfer, or record an event after it and pass it as
+// `after`.
 struct CopyOptions {
   Priority priority = Priority::kBulk;
   const SharedEvent* after = nullptr;  // start once this event's last record has happened
