@@ -695,6 +695,20 @@ TEST_F(GpuDaemon, AClientKilledMidCopyIsClosedOutAndTheDaemonStaysUp) {
 // Block lists through the copy engines, written on the ring by hand: the issue's shuffled lists
 // (16 KiB, 256 KiB and 2 MiB blocks) and an odd block size with per-block lengths, both ways;
 // each unit goes as one cudaMemcpyBatchAsync. Every byte of both regions read back.
+// Registers `bytes` of this process's cudaMalloc memory at `dev` with ferryd through `raw`, by a
+// CUDA IPC handle; the region's id.
+Result<uint32_t> RegisterByIpc(testing::RawClient& raw, void* dev, uint64_t bytes) {
+  wire::RegisterDeviceRequest req{};
+  req.kind = static_cast<uint32_t>(wire::DeviceHandleKind::kCudaIpc);
+  req.size = bytes;
+  cudaIpcMemHandle_t handle;
+  if (const cudaError_t e = cudaIpcGetMemHandle(&handle, dev); e != cudaSuccess) {
+    return Internal(std::string("cudaIpcGetMemHandle: ") + cudaGetErrorString(e));
+  }
+  std::memcpy(req.handle, &handle, sizeof handle);
+  return raw.Register(req);
+}
+
 TEST_F(GpuDaemon, BlockListsMoveEveryByteBothWays) {
   testing::RawClient raw;
   ASSERT_OK(raw.Open(socket_));
@@ -719,13 +733,7 @@ TEST_F(GpuDaemon, BlockListsMoveEveryByteBothWays) {
     ASSERT_CUDA(cudaMalloc(&dev, bytes));
     ASSERT_CUDA(cudaMemset(dev, 0xA5, bytes));
     ASSERT_CUDA(cudaDeviceSynchronize());
-    wire::RegisterDeviceRequest req{};
-    req.kind = static_cast<uint32_t>(wire::DeviceHandleKind::kCudaIpc);
-    req.size = bytes;
-    cudaIpcMemHandle_t handle;
-    ASSERT_CUDA(cudaIpcGetMemHandle(&handle, dev));
-    std::memcpy(req.handle, &handle, sizeof handle);
-    ASSERT_OK_AND_ASSIGN(uint32_t region, raw.Register(req));
+    ASSERT_OK_AND_ASSIGN(uint32_t region, RegisterByIpc(raw, dev, bytes));
 
     FillRandom(host.data, bytes, seed);
     raw.Push(testing::Group(1, wire::Opcode::kBlocksHostToDevice, host.pool_offset, bytes, region, bytes,
@@ -754,16 +762,7 @@ TEST_F(GpuDaemon, BlockListsMoveEveryByteBothWays) {
 }
 
 // The threads of ferryd named as the issue crew's helpers (daemon/issue_crew.hpp).
-int CrewThreadsOf(pid_t pid) {
-  int n = 0;
-  for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
-    std::ifstream comm(task.path() / "comm");
-    std::string name;
-    std::getline(comm, name);
-    n += name == daemon::IssueCrew::kThreadName;
-  }
-  return n;
-}
+int CrewThreadsOf(pid_t pid) { return testing::ThreadsNamed(std::to_string(pid), daemon::IssueCrew::kThreadName); }
 
 // 4096 shuffled blocks of 16 KiB host to device, random bytes into a poisoned region, every
 // byte checked as soon as the list's completion comes (which takes at least `at_least`); then
@@ -785,13 +784,7 @@ void GpuDaemon::SmallBlocksHostToDeviceLand(int crew_threads, std::chrono::milli
   ASSERT_CUDA(cudaMalloc(&dev, kBytes));
   ASSERT_CUDA(cudaMemset(dev, 0xA5, kBytes));
   ASSERT_CUDA(cudaDeviceSynchronize());
-  wire::RegisterDeviceRequest req{};
-  req.kind = static_cast<uint32_t>(wire::DeviceHandleKind::kCudaIpc);
-  req.size = kBytes;
-  cudaIpcMemHandle_t handle;
-  ASSERT_CUDA(cudaIpcGetMemHandle(&handle, dev));
-  std::memcpy(req.handle, &handle, sizeof handle);
-  ASSERT_OK_AND_ASSIGN(uint32_t region, raw.Register(req));
+  ASSERT_OK_AND_ASSIGN(uint32_t region, RegisterByIpc(raw, dev, kBytes));
   for (uint64_t round = 0; round < 3; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
     FillRandom(host.data, kBytes, seed + 1 + round);

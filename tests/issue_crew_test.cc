@@ -8,12 +8,12 @@
 
 #include <atomic>
 #include <chrono>
-#include <filesystem>
-#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "test_util.hpp"
 
 namespace ferry::daemon {
 namespace {
@@ -148,14 +148,7 @@ TEST(IssueCrew, HelpersRunOnTheConstructingThreadsCpusNotOnTheAskingThreads) {
   IssueCrew crew(2);
   int helper_cpus = 0;
   std::thread asker([&] {
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    for (int c = 0; c < CPU_SETSIZE; ++c) {
-      if (CPU_ISSET(c, &all)) {
-        CPU_SET(c, &one);
-        break;
-      }
-    }
+    const cpu_set_t one = testing::FirstCpuOf(all);
     ASSERT_EQ(::sched_setaffinity(0, sizeof one, &one), 0);
     ASSERT_TRUE(crew.Run(2,
                          [&](uint32_t part) {
@@ -172,16 +165,7 @@ TEST(IssueCrew, HelpersRunOnTheConstructingThreadsCpusNotOnTheAskingThreads) {
 }
 
 // This process's threads named as the crew's helpers.
-int HelperThreads() {
-  int n = 0;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream comm(task.path() / "comm");
-    std::string name;
-    std::getline(comm, name);
-    n += name == IssueCrew::kThreadName;
-  }
-  return n;
-}
+int HelperThreads() { return testing::ThreadsNamed("self", IssueCrew::kThreadName); }
 
 // Helpers start at the first Run with more than one part, carry the crew's name, and are
 // joined by the destructor.

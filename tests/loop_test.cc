@@ -376,30 +376,51 @@ double CpuSeconds(pid_t pid) {
   return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
+// A ferryd on the host backend under `ulimit -n 48` (what it needs to start and serve a few
+// clients, and no more), out of fds once Start() returns: 100 connections that never say hello
+// are held in `idle` (those ferryd turned away at the door are hung up). The directory goes with it.
+struct FerrydOutOfFds {
+  const std::string dir;
+  const std::string socket = dir + "/ferryd.sock";
+  std::unique_ptr<testing::Child> ferryd;
+  std::vector<UniqueFd> idle;
+
+  explicit FerrydOutOfFds(const char* tag) : dir(testing::MakeTempDir(tag)) {}
+  ~FerrydOutOfFds() {
+    idle.clear();
+    ferryd.reset();
+    std::filesystem::remove_all(dir);
+  }
+  void Start() {
+    {
+      std::ofstream cfg(dir + "/ferryd.yaml");
+      cfg << "runtime_dir: " << dir << "\nbackend: host\npool:\n  size: 8MiB\n  slab: 1MiB\nspin_us: 50\n"
+          << "metrics:\n  address: \"\"\nlimits:\n  pending_connections: 4096\n  pending_connections_per_uid: 4096\n"
+          << "  hello_timeout_ms: 600000\n";
+    }
+    ferryd = std::make_unique<testing::Child>(
+        std::vector<std::string>{"/bin/sh", "-c", "ulimit -n 48 && exec \"$0\" --config \"$1\"", FERRY_DAEMON_PATH,
+                                 dir + "/ferryd.yaml"},
+        dir + "/ferryd.log");
+    ASSERT_TRUE(DaemonHarness::Eventually([&] { return std::filesystem::exists(socket); }, 10000)) << ferryd->Output();
+    for (int i = 0; i < 100; ++i) {
+      UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+      sockaddr_un a{};
+      a.sun_family = AF_UNIX;
+      std::strncpy(a.sun_path, socket.c_str(), sizeof a.sun_path - 1);
+      if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) idle.push_back(std::move(fd));
+    }
+    ASSERT_TRUE(ferryd->WaitForOutput("cannot accept connections", 10s)) << ferryd->Output();
+  }
+};
+
 // Issue 19 item 5: out of fds, ferryd spun at 93% of a core on EMFILE and new clients hung.
 TEST(EventLoop, OutOfFdsItNeitherSpinsNorHangsAndServesOnceFdsAreFree) {
-  const std::string dir = testing::MakeTempDir("emfile");
-  const std::string socket = dir + "/ferryd.sock";
-  {
-    std::ofstream cfg(dir + "/ferryd.yaml");
-    cfg << "runtime_dir: " << dir << "\nbackend: host\npool:\n  size: 8MiB\n  slab: 1MiB\nspin_us: 50\n"
-        << "metrics:\n  address: \"\"\nlimits:\n  pending_connections: 4096\n  pending_connections_per_uid: 4096\n"
-        << "  hello_timeout_ms: 600000\n";
-  }
-  // 48 fds: what ferryd needs to start and serve a few clients, and no more.
-  testing::Child ferryd({"/bin/sh", "-c", "ulimit -n 48 && exec \"$0\" --config \"$1\"", FERRY_DAEMON_PATH,
-                         dir + "/ferryd.yaml"},
-                        dir + "/ferryd.log");
-  ASSERT_TRUE(DaemonHarness::Eventually([&] { return std::filesystem::exists(socket); }, 10000)) << ferryd.Output();
-  std::vector<UniqueFd> idle;
-  for (int i = 0; i < 100; ++i) {
-    UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::strncpy(a.sun_path, socket.c_str(), sizeof a.sun_path - 1);
-    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) idle.push_back(std::move(fd));
-  }
-  ASSERT_TRUE(ferryd.WaitForOutput("cannot accept connections", 10s)) << ferryd.Output();
+  FerrydOutOfFds f("emfile");
+  ASSERT_NO_FATAL_FAILURE(f.Start());
+  testing::Child& ferryd = *f.ferryd;
+  const std::string& socket = f.socket;
+  std::vector<UniqueFd>& idle = f.idle;
   const double cpu0 = CpuSeconds(ferryd.pid());
   std::this_thread::sleep_for(1s);
   const double cpu = CpuSeconds(ferryd.pid()) - cpu0;
@@ -431,7 +452,6 @@ TEST(EventLoop, OutOfFdsItNeitherSpinsNorHangsAndServesOnceFdsAreFree) {
   EXPECT_LE(episodes, 2u) << "logged once per episode, not per refused connection:\n" << log;
   ferryd.Signal(SIGTERM);
   EXPECT_NE(ferryd.Wait(), -1);
-  std::filesystem::remove_all(dir);
 }
 
 // A hello that ferryd cannot give a ring for want of fds is ferryd's want, not the client's
@@ -440,27 +460,11 @@ TEST(EventLoop, OutOfFdsItNeitherSpinsNorHangsAndServesOnceFdsAreFree) {
 // first (idle connections), then one of them closed: ferryd can accept one connection and has
 // no fd left for its ring.
 TEST(EventLoop, AHelloFerrydCannotMakeARingForIsTurnedAwayNotEvicted) {
-  const std::string dir = testing::MakeTempDir("emfile-ring");
-  const std::string socket = dir + "/ferryd.sock";
-  {
-    std::ofstream cfg(dir + "/ferryd.yaml");
-    cfg << "runtime_dir: " << dir << "\nbackend: host\npool:\n  size: 8MiB\n  slab: 1MiB\nspin_us: 50\n"
-        << "metrics:\n  address: \"\"\nlimits:\n  pending_connections: 4096\n  pending_connections_per_uid: 4096\n"
-        << "  hello_timeout_ms: 600000\n";
-  }
-  testing::Child ferryd(
-      {"/bin/sh", "-c", "ulimit -n 48 && exec \"$0\" --config \"$1\"", FERRY_DAEMON_PATH, dir + "/ferryd.yaml"},
-      dir + "/ferryd.log");
-  ASSERT_TRUE(DaemonHarness::Eventually([&] { return std::filesystem::exists(socket); }, 10000)) << ferryd.Output();
-  std::vector<UniqueFd> idle;
-  for (int i = 0; i < 100; ++i) {
-    UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::strncpy(a.sun_path, socket.c_str(), sizeof a.sun_path - 1);
-    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) idle.push_back(std::move(fd));
-  }
-  ASSERT_TRUE(ferryd.WaitForOutput("cannot accept connections", 10s)) << ferryd.Output();
+  FerrydOutOfFds f("emfile-ring");
+  ASSERT_NO_FATAL_FAILURE(f.Start());
+  testing::Child& ferryd = *f.ferryd;
+  const std::string& socket = f.socket;
+  std::vector<UniqueFd>& idle = f.idle;
   // The connections ferryd turned away at the door are hung up; of those it holds, one goes.
   std::this_thread::sleep_for(300ms);
   std::erase_if(idle, [](const UniqueFd& f) { return HungUp(f.get()); });
@@ -484,7 +488,6 @@ TEST(EventLoop, AHelloFerrydCannotMakeARingForIsTurnedAwayNotEvicted) {
   if (!HasFailure()) copier.OneCopy(testing::RandomSeed());
   ferryd.Signal(SIGTERM);
   EXPECT_NE(ferryd.Wait(), -1);
-  std::filesystem::remove_all(dir);
 }
 
 // Issue 19 item 6: connect ignored timeout_ms when ferryd's listen backlog was full.

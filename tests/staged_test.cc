@@ -183,16 +183,7 @@ TEST(Staged, WhenThePoolCannotHoldAStagingBufferTheCopyFailsCleanly) {
 }
 
 // The staged path's copy workers in this process now (they are named ferry-stage).
-size_t StagingWorkers() {
-  size_t n = 0;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream comm(task.path() / "comm");
-    std::string name;
-    std::getline(comm, name);
-    n += name == "ferry-stage";
-  }
-  return n;
-}
+size_t StagingWorkers() { return static_cast<size_t>(testing::ThreadsNamed("self", "ferry-stage")); }
 
 // The policy asks for 8 copy threads; a client allowed one CPU copies on its own thread alone
 // (more would only queue for it), and with its CPUs back it starts workers.
@@ -206,15 +197,9 @@ TEST(Staged, AClientUsesNoMoreCopyThreadsThanItHasCpus) {
   std::vector<std::byte> src(kBytes), back(kBytes);
   FillRandom(src.data(), kBytes, testing::RandomSeed());
 
-  cpu_set_t all, one;
+  cpu_set_t all;
   ASSERT_EQ(::sched_getaffinity(0, sizeof all, &all), 0);
-  CPU_ZERO(&one);
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &all)) {
-      CPU_SET(c, &one);
-      break;
-    }
-  }
+  const cpu_set_t one = testing::FirstCpuOf(all);
   ASSERT_EQ(::sched_setaffinity(0, sizeof one, &one), 0);
   ASSERT_EQ(StagingWorkers(), 0u);
   Poison(back.data(), kBytes);

@@ -5,24 +5,26 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
+#include <sched.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
-#include <atomic>
+#include <fstream>
 #include <memory>
 #include <mutex>
-#include <vector>
 #include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "bench/bench_util.hpp"
 #include "common/status_macros.hpp"
 #include "daemon/server.hpp"
 #include "ferry/client.hpp"
-#include "bench/bench_util.hpp"
 
 namespace ferry::testing {
 
@@ -52,6 +54,31 @@ inline long long FirstDifference(const std::byte* a, const std::byte* b, size_t 
     if (a[i] != b[i]) return static_cast<long long>(i);
   }
   return -1;
+}
+
+// Threads of process `pid` ("self": this one) named `name` (their /proc comm).
+inline int ThreadsNamed(const std::string& pid, const std::string& name) {
+  int n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + pid + "/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string got;
+    std::getline(comm, got);
+    n += got == name;
+  }
+  return n;
+}
+
+// The first CPU of `of`, alone.
+inline cpu_set_t FirstCpuOf(const cpu_set_t& of) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &of)) {
+      CPU_SET(c, &one);
+      break;
+    }
+  }
+  return one;
 }
 
 inline std::string MakeTempDir(const char* tag) {
