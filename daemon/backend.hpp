@@ -223,6 +223,12 @@ struct GpuLocation {
 // issue_threads: the threads (the loop's among them) that issue a batch of small host-to-device
 // copies in parts at once (config key issue_threads; 1 to kMaxIssueThreads).
 inline constexpr uint32_t kMaxIssueThreads = 16;
+// Host-to-device copies under this size (on average, in a batch) are written into the driver's
+// command buffer by the thread that issues them, so such a batch is bound by that thread, not
+// by an engine: a batch of 16 KiB copies cost its thread 3.6 us a copy, one of 32 KiB copies
+// 0.4 (probe-blocks --h2d-ways, H100; docs/measurements/h100-issue-2026-12-06.txt). The
+// scheduler keeps such a list one unit; the cuda backend issues it in parts (its issue crew).
+inline constexpr uint64_t kHostWrittenCopyBytes = 32 << 10;
 Result<std::unique_ptr<Backend>> CreateCudaBackend(const GpuLocation& gpu, uint32_t streams_per_direction,
                                                    bool trace_engine = false, uint32_t issue_threads = 4);
 // The CUDA ordinals that `devices` names (empty: every GPU), each once; ordinals that are not

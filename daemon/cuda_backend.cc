@@ -810,7 +810,6 @@ class CudaBackend : public Backend {
       ++kept;
     }
     if (kept == 0) return Status::Ok();
-    if (kept == 1) return CudaStatus(cudaMemcpyAsync(st.dsts[0], st.srcs[0], st.sizes[0], kind, stream), "copy");
     const uint32_t parts = in_parts && kind == cudaMemcpyHostToDevice && kept_bytes < kept * kHostWrittenCopyBytes
                                ? static_cast<uint32_t>(std::min<size_t>(crew_.threads(), kept / kMinPartCopies))
                                : 1;
@@ -843,10 +842,9 @@ class CudaBackend : public Backend {
   // The first `kept` copies of `st` go as `parts` batches issued at once by the crew, part 0 on
   // `stream`, part p on `own[p - 1]`, and `stream` then waits for each part (an event): what
   // follows on `stream` (done words, the fence) follows every part. The parts do not wait for
-  // what came before on `stream`: bulk copies are not ordered among themselves (they go round
-  // robin over the streams), so a list's parts never queue behind another copy's bytes. Every
-  // part stream is joined, whether its part issued or not (a failed batch call may have put
-  // some copies out); one that cannot be joined is waited for here.
+  // what came before on `stream`: copies are not ordered among themselves (CopyOptions), so a list's parts never queue
+  // behind another copy's bytes. Every part stream is joined, whether its part issued or not (a failed batch call may
+  // have put some copies out); one that cannot be joined is waited for here.
   Status IssueInParts(StagedCopies& st, size_t kept, cudaStream_t stream, const std::vector<cudaStream_t>& own,
                       uint32_t parts) {
     Status status;
@@ -964,12 +962,7 @@ class CudaBackend : public Backend {
   uint32_t latency_out_ = 0;  // latency groups not yet reported done
   uint64_t pending_bulk_bytes_ = 0;  // bytes of bulk groups on the engines, not yet reported done
   static constexpr uint32_t kFullBatch = 64;
-  // Host-to-device copies under this size (on average, in a batch) are written into the driver's
-  // command buffer by the issuing thread: a batch of 16 KiB copies cost its thread 3.6 us a copy,
-  // one of 32 KiB copies 0.4 (probe-blocks --h2d-ways, H100). At least kMinPartCopies of them
-  // to a crew thread.
-  static constexpr uint64_t kHostWrittenCopyBytes = 32 << 10;
-  static constexpr size_t kMinPartCopies = 64;
+  static constexpr size_t kMinPartCopies = 64;        // of a batch's copies to a crew thread, at least
   static constexpr uint64_t kBusyBytes = 2ull << 20;  // ~40 us of work at 55 GB/s
   static constexpr uint64_t kHoldNs = 30'000;
   static constexpr size_t kFencePageBytes = 4096;

@@ -150,13 +150,6 @@ void Scheduler::PlanPieces(Copy& c, uint64_t pool_offset, std::byte* device) {
   }
 }
 
-// 64 KiB blocks went from 39.6 GB/s on one stream to 49.8 over four on the H200
-// (docs/measurements/h200-handoff-2026-12-05.txt, run C). Host-to-device pieces under this size
-// are bound by the thread that issues them (the driver writes their bytes into its command
-// buffer), not by an engine: such a list stays one unit, which the cuda backend cuts into parts
-// for its issue crew to issue at once (docs/measurements/h100-issue-2026-12-06.txt).
-constexpr uint64_t kSpreadMinHostToDevicePiece = 32 << 10;
-
 // A block list goes in units of what the policy would cut a copy of its bytes into (a latency
 // list: one, on the latency stream). A unit of several pieces is one batch on one stream, so its
 // pieces are all batchable; a unit of one piece is like a single copy's piece.
@@ -169,10 +162,13 @@ void Scheduler::PlanBlockList(Copy& c, uint64_t pool_offset, std::byte* device, 
     c.policy->Pieces(c.bytes, lengths_);
     // At least a unit per bulk stream, where the list has the blocks for it: each stream's engine
     // takes its unit's batch at once, and small blocks are bound by an engine's work per block,
-    // not by the bus. Not for host-to-device pieces under kSpreadMinHostToDevicePiece (above).
+    // not by the bus (64 KiB blocks went from 39.6 GB/s on one stream to 49.8 over four on the
+    // H200, docs/measurements/h200-handoff-2026-12-05.txt, run C). Not for host-to-device pieces
+    // under kHostWrittenCopyBytes: bound by the issuing thread, they stay one unit, which the
+    // cuda backend issues in parts.
     const uint64_t streams = std::min(c.policy->bulk_streams, kMaxBulkStreams);
     const bool small_h2d = c.direction == Direction::kHostToDevice &&
-                           c.bytes < kSpreadMinHostToDevicePiece * static_cast<uint64_t>(pieces.size());
+                           c.bytes < kHostWrittenCopyBytes * static_cast<uint64_t>(pieces.size());
     if (lengths_.size() < streams && pieces.size() >= 2 * streams && !small_h2d) {
       lengths_.assign(streams, (c.bytes + streams - 1) / streams);
     }
