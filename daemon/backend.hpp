@@ -221,7 +221,8 @@ struct GpuLocation {
 // events a stream and a log line per group).
 // `gpu`: from LocateCudaGpus (its PCI bus id and NUMA node are not read again).
 // issue_threads: the threads (the loop's among them) that issue a batch of small host-to-device
-// copies in parts at once (config key issue_threads; 1 to kMaxIssueThreads).
+// copies in parts at once (config key issue_threads; 1 to kMaxIssueThreads); no more than the CPUs
+// of the GPU's NUMA node ferryd may use, where the helpers run (PlaceCrew).
 inline constexpr uint32_t kMaxIssueThreads = 16;
 // Host-to-device copies under this size (on average, in a batch) are written into the driver's
 // command buffer by the thread that issues them, so such a batch is bound by that thread, not

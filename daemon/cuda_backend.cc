@@ -84,12 +84,14 @@ class CudaEvent : public SharedEvent {
 
 class CudaBackend : public Backend {
  public:
-  CudaBackend(GpuLocation where, uint32_t streams, bool trace, uint32_t issue_threads)
+  CudaBackend(GpuLocation where, uint32_t streams, bool trace, CrewPlacement crew, uint32_t issue_threads_asked)
       : device_(where.ordinal),
         where_(std::move(where)),
         streams_per_dir_(streams),
         trace_(trace),
-        crew_(issue_threads) {}
+        crew_(crew.threads, crew.cpus),
+        crew_cpus_(crew.cpus.size()),
+        issue_threads_asked_(issue_threads_asked) {}
 
   // ferryd drives all its GPUs from the same threads: every call that enqueues, opens or
   // registers something makes this backend's device current first. Remembered per thread, so a
@@ -133,8 +135,9 @@ class CudaBackend : public Backend {
     } else {
       flag_waits_ = true;
     }
-    if (const char* delay = std::getenv("FERRY_PART_DELAY_MS"))
-      part_delay_ms_ = static_cast<uint32_t>(std::atoi(delay));
+    if (const char* delay = std::getenv("FERRY_PART_DELAY_MS")) {
+      part_delay_ms_ = static_cast<uint32_t>(std::clamp(std::atoi(delay), 0, 10'000));
+    }
     const char* fences = std::getenv("FERRY_FENCES");
     if (flag_waits_ && !trace_ && (fences == nullptr || std::strcmp(fences, "events") != 0)) {
       if (Status st = AllocateFenceWords(); !st.ok()) {
@@ -146,6 +149,10 @@ class CudaBackend : public Backend {
     describe_ += crew_.threads() > 1 ? "; lists of small host-to-device copies issued by " +
                                            std::to_string(crew_.threads()) + " threads at once"
                                      : "; copies issued by the event loop alone";
+    if (crew_.threads() < issue_threads_asked_) {
+      describe_ += " (issue_threads is " + std::to_string(issue_threads_asked_) + "; the helpers may run on " +
+                   std::to_string(crew_cpus_) + " CPUs)";
+    }
     return Status::Ok();
   }
 
@@ -945,6 +952,8 @@ class CudaBackend : public Backend {
   DeviceInfo info_;
   std::vector<cudaStream_t> streams_[2];
   IssueCrew crew_;                          // issues parts of small host-to-device batches
+  size_t crew_cpus_;                        // the CPUs its helpers may run on
+  uint32_t issue_threads_asked_;            // the config's issue_threads
   // By the priority of the stream a batch is for: part p's stream is [p - 1].
   std::map<int, std::vector<cudaStream_t>> part_streams_;
   std::vector<cudaEvent_t> part_events_;    // [p - 1]: part p's join
@@ -1065,7 +1074,10 @@ Result<std::unique_ptr<Backend>> CreateCudaBackend(const GpuLocation& gpu, uint3
   if (issue_threads == 0 || issue_threads > kMaxIssueThreads) {
     return InvalidArgument("1 to " + std::to_string(kMaxIssueThreads) + " issue threads");
   }
-  auto b = std::make_unique<CudaBackend>(gpu, streams_per_direction, trace_engine, issue_threads);
+  // The crew's helpers read the pool's pages, which are on the GPU's node.
+  const CrewPlacement crew =
+      PlaceCrew(issue_threads, gpu.numa_node >= 0 ? CpusOfNumaNode(gpu.numa_node) : std::vector<int>{}, AffinityCpus());
+  auto b = std::make_unique<CudaBackend>(gpu, streams_per_direction, trace_engine, crew, issue_threads);
   FERRY_RETURN_IF_ERROR(b->Init());
   return std::unique_ptr<Backend>(std::move(b));
 }

@@ -6,27 +6,39 @@
 #include <algorithm>
 #include <exception>
 #include <new>
+#include <string>
 #include <system_error>
+
+#include "common/log.hpp"
+#include "daemon/numa.hpp"
 
 namespace ferry::daemon {
 namespace {
 
-// A part that throws fails its part, not the crew (a helper's exception would end ferryd).
+// A part that throws fails its part, not the crew (a helper's exception would end ferryd). The
+// last resort's message is short enough not to allocate: the exception may be bad_alloc.
 Status CallPart(const std::function<Status(uint32_t)>& part, uint32_t p) {
   try {
     return part(p);
   } catch (const std::exception& e) {
-    return Internal(std::string("an issue part threw: ") + e.what());
+    try {
+      return Internal(std::string("an issue part threw: ") + e.what());
+    } catch (...) {
+    }
   } catch (...) {
-    return Internal("an issue part threw");
   }
+  return {Code::kInternal, "part threw"};
 }
 
 }  // namespace
 
-IssueCrew::IssueCrew(uint32_t threads) : threads_(std::max<uint32_t>(threads, 1)) {
+IssueCrew::IssueCrew(uint32_t threads, const std::vector<int>& helper_cpus) : threads_(std::max<uint32_t>(threads, 1)) {
   CPU_ZERO(&cpus_);
-  has_cpus_ = ::sched_getaffinity(0, sizeof cpus_, &cpus_) == 0;
+  for (int c : helper_cpus) {
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &cpus_);
+  }
+  has_cpus_ = CPU_COUNT(&cpus_) > 0 || ::sched_getaffinity(0, sizeof cpus_, &cpus_) == 0;
+  results_.reserve(threads_);  // Run assigns it without allocating
 }
 
 IssueCrew::~IssueCrew() {
@@ -40,17 +52,26 @@ IssueCrew::~IssueCrew() {
 
 void IssueCrew::StartHelpers() {
   started_ = true;
+  int unpinned = 0;
   try {
     helpers_.reserve(threads_ - 1);
     for (uint32_t part = 1; part < threads_; ++part) {
       helpers_.emplace_back([this, part] { Work(part); });
       pthread_setname_np(helpers_.back().native_handle(), kThreadName);
       // Not the asking thread's CPUs: the event loop may be pinned to one.
-      if (has_cpus_) pthread_setaffinity_np(helpers_.back().native_handle(), sizeof cpus_, &cpus_);
+      if (has_cpus_ && pthread_setaffinity_np(helpers_.back().native_handle(), sizeof cpus_, &cpus_) != 0) ++unpinned;
     }
   } catch (const std::system_error&) {
     // out of threads: the caller runs the rest
   } catch (const std::bad_alloc&) {
+  }
+  if (helpers_.size() + 1 < threads_) {
+    FERRY_LOG(kWarning) << "issue crew: " << helpers_.size() << " of " << threads_ - 1
+                        << " helper threads started; the event loop issues the other parts itself";
+  }
+  if (unpinned > 0) {
+    FERRY_LOG(kWarning) << "issue crew: " << unpinned
+                        << " helper threads could not be given their CPUs and run where they started";
   }
 }
 
@@ -80,6 +101,15 @@ Status IssueCrew::Run(uint32_t parts, const std::function<Status(uint32_t)>& par
     if (!s.ok()) return s;
   }
   return Status::Ok();
+}
+
+CrewPlacement PlaceCrew(uint32_t asked, const std::vector<int>& node_cpus, const std::vector<int>& allowed) {
+  CrewPlacement out;
+  out.cpus = IntersectCpus(node_cpus, allowed);
+  if (out.cpus.empty()) out.cpus = allowed;
+  out.threads = std::max<uint32_t>(asked, 1);
+  if (!out.cpus.empty()) out.threads = std::min(out.threads, static_cast<uint32_t>(out.cpus.size()));
+  return out;
 }
 
 void IssueCrew::Work(uint32_t part) {

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
 #include <regex>
 #include <vector>
 
@@ -690,11 +689,6 @@ TEST_F(GpuDaemon, AClientKilledMidCopyIsClosedOutAndTheDaemonStaysUp) {
   EXPECT_EQ(WEXITSTATUS(st), 0) << worker->Output();
 }
 
-// ferryd --trace-engine: the copies still land, and each stream's share of a copy is logged
-// with a timeline that holds together (accepted, then issued before the engine ran it, seen done after).
-// Block lists through the copy engines, written on the ring by hand: the issue's shuffled lists
-// (16 KiB, 256 KiB and 2 MiB blocks) and an odd block size with per-block lengths, both ways;
-// each unit goes as one cudaMemcpyBatchAsync. Every byte of both regions read back.
 // Registers `bytes` of this process's cudaMalloc memory at `dev` with ferryd through `raw`, by a
 // CUDA IPC handle; the region's id.
 Result<uint32_t> RegisterByIpc(testing::RawClient& raw, void* dev, uint64_t bytes) {
@@ -709,6 +703,9 @@ Result<uint32_t> RegisterByIpc(testing::RawClient& raw, void* dev, uint64_t byte
   return raw.Register(req);
 }
 
+// Block lists through the copy engines, written on the ring by hand: the issue's shuffled lists
+// (16 KiB, 256 KiB and 2 MiB blocks) and an odd block size with per-block lengths, both ways;
+// each unit goes as one cudaMemcpyBatchAsync. Every byte of both regions read back.
 TEST_F(GpuDaemon, BlockListsMoveEveryByteBothWays) {
   testing::RawClient raw;
   ASSERT_OK(raw.Open(socket_));
@@ -780,8 +777,10 @@ void GpuDaemon::SmallBlocksHostToDeviceLand(int crew_threads, std::chrono::milli
   const std::vector<std::byte> list_bytes = l.Bytes();
   std::memcpy(list.data, list_bytes.data(), list_bytes.size());
   ASSERT_OK_AND_ASSIGN(testing::RawClient::Buffer host, raw.AllocBuffer(kBytes));
-  void* dev = nullptr;
-  ASSERT_CUDA(cudaMalloc(&dev, kBytes));
+  void* dev_memory = nullptr;
+  ASSERT_CUDA(cudaMalloc(&dev_memory, kBytes));
+  const std::unique_ptr<void, decltype(&cudaFree)> owned(dev_memory, &cudaFree);  // freed on any ASSERT
+  void* const dev = owned.get();
   ASSERT_CUDA(cudaMemset(dev, 0xA5, kBytes));
   ASSERT_CUDA(cudaDeviceSynchronize());
   ASSERT_OK_AND_ASSIGN(uint32_t region, RegisterByIpc(raw, dev, kBytes));
@@ -804,7 +803,6 @@ void GpuDaemon::SmallBlocksHostToDeviceLand(int crew_threads, std::chrono::milli
   }
   EXPECT_EQ(CrewThreadsOf(daemon_->pid()), crew_threads);
   ASSERT_OK(raw.Unregister(region));
-  ASSERT_CUDA(cudaFree(dev));
 }
 
 // ferryd's default: four threads (the loop and three helpers) issue such a list in parts.
@@ -834,6 +832,8 @@ class OneIssuerGpuDaemon : public GpuDaemon {
 
 TEST_F(OneIssuerGpuDaemon, ASmallBlockHostToDeviceListIssuedByTheLoopAloneLandsToo) { SmallBlocksHostToDeviceLand(0); }
 
+// ferryd --trace-engine: the copies still land, and each stream's share of a copy is logged
+// with a timeline that holds together (accepted, then issued before the engine ran it, seen done after).
 class TracedGpuDaemon : public GpuDaemon {
  protected:
   std::vector<std::string> ExtraDaemonArgs() const override { return {"--trace-engine"}; }

@@ -127,8 +127,14 @@ TEST(IssueCrew, APartThatThrowsFailsItsPartAndTheCrewGoesOn) {
       return Status::Ok();
     });
     ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.code(), Code::kInternal);
     EXPECT_NE(st.message().find("part " + std::to_string(thrower)), std::string::npos) << st.message();
   }
+  const Status not_an_exception = crew.Run(2, [&](uint32_t part) -> Status {
+    if (part == 1) throw 7;
+    return Status::Ok();
+  });
+  EXPECT_EQ(not_an_exception.code(), Code::kInternal) << not_an_exception.ToString();
   std::atomic<int> ran{0};
   ASSERT_TRUE(crew.Run(2,
                        [&](uint32_t) {
@@ -164,13 +170,76 @@ TEST(IssueCrew, HelpersRunOnTheConstructingThreadsCpusNotOnTheAskingThreads) {
   EXPECT_EQ(helper_cpus, CPU_COUNT(&all));
 }
 
+// Given CPUs (the GPU's node's), the helpers run there and nowhere else, wherever the
+// constructing and the asking threads may run.
+TEST(IssueCrew, HelpersRunOnTheCpusTheCrewIsGiven) {
+  cpu_set_t all;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof all, &all), 0);
+  const cpu_set_t one = testing::FirstCpuOf(all);
+  int given = -1;
+  for (int c = 0; c < CPU_SETSIZE && given < 0; ++c) {
+    if (CPU_ISSET(c, &one)) given = c;
+  }
+  ASSERT_GE(given, 0);
+  IssueCrew crew(3, {given});
+  std::vector<cpu_set_t> helper_cpus(3);
+  std::vector<int> got(3, -1);
+  ASSERT_TRUE(crew.Run(3,
+                       [&](uint32_t part) {
+                         got[part] = ::sched_getaffinity(0, sizeof helper_cpus[part], &helper_cpus[part]);
+                         return Status::Ok();
+                       })
+                  .ok());
+  for (uint32_t p = 1; p < 3; ++p) {
+    ASSERT_EQ(got[p], 0) << "part " << p;
+    EXPECT_EQ(CPU_COUNT(&helper_cpus[p]), 1) << "part " << p;
+    EXPECT_TRUE(CPU_ISSET(given, &helper_cpus[p])) << "part " << p;
+  }
+}
+
+// The helpers go on the GPU's node's CPUs that ferryd may use, else on all it may use, and the
+// crew is no larger than where they go.
+TEST(PlaceCrew, HelpersGoOnTheNodesAllowedCpusAndTheCrewIsNoLargerThanThem) {
+  const std::vector<int> allowed = {0, 1, 2, 3, 8, 9, 10, 11};
+  CrewPlacement on_node = PlaceCrew(4, {8, 9, 10, 11, 12, 13}, allowed);
+  EXPECT_EQ(on_node.cpus, (std::vector<int>{8, 9, 10, 11}));
+  EXPECT_EQ(on_node.threads, 4u);
+
+  CrewPlacement few = PlaceCrew(8, {2, 3, 4, 5}, allowed);
+  EXPECT_EQ(few.cpus, (std::vector<int>{2, 3}));
+  EXPECT_EQ(few.threads, 2u) << "more threads than CPUs only take turns";
+
+  CrewPlacement none_allowed_there = PlaceCrew(4, {16, 17}, allowed);
+  EXPECT_EQ(none_allowed_there.cpus, allowed);
+  EXPECT_EQ(none_allowed_there.threads, 4u);
+
+  CrewPlacement node_unknown = PlaceCrew(16, {}, allowed);
+  EXPECT_EQ(node_unknown.cpus, allowed);
+  EXPECT_EQ(node_unknown.threads, 8u);
+
+  CrewPlacement affinity_unknown = PlaceCrew(4, {0, 1}, {});
+  EXPECT_TRUE(affinity_unknown.cpus.empty());
+  EXPECT_EQ(affinity_unknown.threads, 4u);
+
+  EXPECT_EQ(PlaceCrew(0, {0}, allowed).threads, 1u) << "the caller's thread is always one";
+  EXPECT_EQ(PlaceCrew(1, {}, allowed).threads, 1u);
+}
+
 // This process's threads named as the crew's helpers.
 int HelperThreads() { return testing::ThreadsNamed("self", IssueCrew::kThreadName); }
+
+// A joined thread leaves /proc/self/task a moment after its join returns: waits (up to 10 s)
+// for the helpers of crews already destroyed to be gone.
+int HelperThreadsOnceJoinedOnesLeft() {
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (HelperThreads() != 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  return HelperThreads();
+}
 
 // Helpers start at the first Run with more than one part, carry the crew's name, and are
 // joined by the destructor.
 TEST(IssueCrew, HelpersStartAtTheFirstRunThatNeedsThemAndStopWithTheCrew) {
-  ASSERT_EQ(HelperThreads(), 0);
+  ASSERT_EQ(HelperThreadsOnceJoinedOnesLeft(), 0);  // earlier tests' crews, in one process
   {
     IssueCrew idle(8);
     ASSERT_TRUE(idle.Run(1, [](uint32_t) { return Status::Ok(); }).ok());
@@ -183,10 +252,7 @@ TEST(IssueCrew, HelpersStartAtTheFirstRunThatNeedsThemAndStopWithTheCrew) {
     EXPECT_EQ(HelperThreads(), 7);
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
-  // A joined thread leaves /proc/self/task a moment after its join returns.
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (HelperThreads() != 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
-  EXPECT_EQ(HelperThreads(), 0);
+  EXPECT_EQ(HelperThreadsOnceJoinedOnesLeft(), 0);
 }
 
 }  // namespace

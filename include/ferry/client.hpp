@@ -126,8 +126,10 @@ class FERRY_EXPORT SharedEvent {
 
 // Copies are not ordered among themselves: two copies in flight at once may run side by side
 // or in either order (on any policy, however many streams it has). To order a copy after
-// another, wait for the first one's Transfer, or record an event after it and pass it as
-// `after`.
+// another, wait for the first one's Transfer (Wait) before submitting the second, or, without
+// blocking, make the first `stream_waitable`, have a CUDA stream wait for it
+// (Transfer::StreamWait), record a SharedEvent on that stream (Record) and pass it as the
+// second's `after`.
 struct CopyOptions {
   Priority priority = Priority::kBulk;
   const SharedEvent* after = nullptr;  // start once this event's last record has happened
