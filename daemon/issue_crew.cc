@@ -32,11 +32,8 @@ Status CallPart(const std::function<Status(uint32_t)>& part, uint32_t p) {
 
 }  // namespace
 
-IssueCrew::IssueCrew(uint32_t threads, const std::vector<int>& helper_cpus) : threads_(std::max<uint32_t>(threads, 1)) {
-  CPU_ZERO(&cpus_);
-  for (int c : helper_cpus) {
-    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &cpus_);
-  }
+IssueCrew::IssueCrew(uint32_t threads, const std::vector<int>& helper_cpus)
+    : threads_(std::max<uint32_t>(threads, 1)), cpus_(CpuSetOf(helper_cpus)) {
   has_cpus_ = CPU_COUNT(&cpus_) > 0 || ::sched_getaffinity(0, sizeof cpus_, &cpus_) == 0;
   results_.reserve(threads_);  // Run assigns it without allocating
 }

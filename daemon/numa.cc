@@ -151,6 +151,15 @@ std::vector<int> IntersectCpus(const std::vector<int>& cpus, const std::vector<i
   return out;
 }
 
+cpu_set_t CpuSetOf(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) {
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
+  }
+  return set;
+}
+
 Status BindToNumaNode(std::byte* p, uint64_t n, int node) {
   const std::string what = "mbind to node " + std::to_string(node);
   if (node < 0 || node > kMaxNode) return InvalidArgument(what + ": not a node number");

@@ -10,6 +10,8 @@
 // can hand it a fake tree. None of them keeps state; all are safe to call from any thread.
 #pragma once
 
+#include <sched.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -49,6 +51,8 @@ uint64_t NumaNodeMemTotal(int node, const std::string& sysfs = "/sys");
 std::vector<int> AffinityCpus();
 // Those of `cpus` also in `allowed`; both ascending.
 std::vector<int> IntersectCpus(const std::vector<int>& cpus, const std::vector<int>& allowed);
+// `cpus` as a set for sched_setaffinity; numbers outside 0..CPU_SETSIZE-1 are left out.
+cpu_set_t CpuSetOf(const std::vector<int>& cpus);
 
 // Binds [p, p + n) (page-aligned, not yet faulted in) to `node` (mbind, MPOL_BIND): its pages
 // are allocated on that node whichever CPU faults them. On a shared-memory mapping (ferryd's

@@ -60,11 +60,7 @@ namespace {
 // offline, a cpuset changed since): the thread then runs where it is let, which is only slower.
 void PinThisThread(const std::vector<int>& cpus) {
   if (cpus.empty()) return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int c : cpus) {
-    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
-  }
+  const cpu_set_t set = CpuSetOf(cpus);
   ::sched_setaffinity(0, sizeof set, &set);
 }
 

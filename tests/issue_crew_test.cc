@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/numa.hpp"
 #include "test_util.hpp"
 
 namespace ferry::daemon {
@@ -173,14 +174,9 @@ TEST(IssueCrew, HelpersRunOnTheConstructingThreadsCpusNotOnTheAskingThreads) {
 // Given CPUs (the GPU's node's), the helpers run there and nowhere else, wherever the
 // constructing and the asking threads may run.
 TEST(IssueCrew, HelpersRunOnTheCpusTheCrewIsGiven) {
-  cpu_set_t all;
-  ASSERT_EQ(::sched_getaffinity(0, sizeof all, &all), 0);
-  const cpu_set_t one = testing::FirstCpuOf(all);
-  int given = -1;
-  for (int c = 0; c < CPU_SETSIZE && given < 0; ++c) {
-    if (CPU_ISSET(c, &one)) given = c;
-  }
-  ASSERT_GE(given, 0);
+  const std::vector<int> allowed = AffinityCpus();
+  ASSERT_FALSE(allowed.empty());
+  const int given = allowed.front();
   IssueCrew crew(3, {given});
   std::vector<cpu_set_t> helper_cpus(3);
   std::vector<int> got(3, -1);
