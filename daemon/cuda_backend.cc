@@ -138,6 +138,9 @@ class CudaBackend : public Backend {
     if (const char* delay = std::getenv("FERRY_PART_DELAY_MS")) {
       part_delay_ms_ = static_cast<uint32_t>(std::clamp(std::atoi(delay), 0, 10'000));
     }
+    if (const char* fail = std::getenv("FERRY_PART_FAIL")) {
+      part_to_fail_ = std::clamp(std::atoi(fail), -1, static_cast<int>(kMaxIssueThreads));
+    }
     const char* fences = std::getenv("FERRY_FENCES");
     if (flag_waits_ && !trace_ && (fences == nullptr || std::strcmp(fences, "events") != 0)) {
       if (Status st = AllocateFenceWords(); !st.ok()) {
@@ -247,7 +250,10 @@ class CudaBackend : public Backend {
     cudaDeviceSynchronize();
     for (auto& g : pending_) {
       for (cudaEvent_t e : g.events) free_events_.push_back(e);
-      for (const CopySpan& sp : g.spans) free_events_.push_back(sp.start);
+      for (const CopySpan& sp : g.spans) {
+        free_events_.push_back(sp.start);
+        free_events_.insert(free_events_.end(), sp.part_starts.begin(), sp.part_starts.end());
+      }
     }
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     for (auto& d : streams_) for (cudaStream_t s : d) cudaStreamDestroy(s);
@@ -255,6 +261,9 @@ class CudaBackend : public Backend {
       for (cudaStream_t s : own) cudaStreamDestroy(s);
     for (cudaEvent_t e : part_events_) cudaEventDestroy(e);
     for (auto& [key, lane] : lanes_) cudaStreamDestroy(lane);
+    for (auto& [key, own] : lane_parts_)
+      for (cudaStream_t s : own) cudaStreamDestroy(s);
+    if (lane_fork_ != nullptr) cudaEventDestroy(lane_fork_);
     for (auto& [host, dev] : flag_pages_) cudaHostUnregister(host);
     {
       std::lock_guard<std::mutex> l(registered_mu_);
@@ -417,7 +426,12 @@ class CudaBackend : public Backend {
   void CloseLanes(uint64_t session_id) override {
     MakeCurrent();
     for (int d = 0; d < 2; ++d) {
-      auto it = lanes_.find(LaneKey(session_id, static_cast<Direction>(d)));
+      const uint64_t key = LaneKey(session_id, static_cast<Direction>(d));
+      if (auto own = lane_parts_.find(key); own != lane_parts_.end()) {
+        for (cudaStream_t s : own->second) cudaStreamDestroy(s);
+        lane_parts_.erase(own);
+      }
+      auto it = lanes_.find(key);
       if (it == lanes_.end()) continue;
       cudaStreamDestroy(it->second);
       lanes_.erase(it);
@@ -471,9 +485,14 @@ class CudaBackend : public Backend {
              h2d ? static_cast<const void*>(p.host) : static_cast<const void*>(p.device), p.length, true, false);
       g.bytes += p.length;
     }
-    // Never in parts: a part does not wait for what came before on its unit's stream, so a part
-    // would not wait for the lane's wait on the client's event (it would break `after`).
-    if (g.status.ok()) g.status = Issue(st, h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s, false);
+    // In parts on the lane's own part streams, which first wait for the lane's wait; a latency
+    // lane's never, as the latency stream's. Its span (with the trace on) starts at the end of
+    // the wait, before any part.
+    std::vector<cudaStream_t> unjoined;
+    if (g.status.ok()) {
+      g.status = Issue(st, h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s,
+                       {.where = plan.wait.latency ? Parts::kNone : Parts::kLane, .lane = key, .unjoined = &unjoined});
+    }
     st.ClearCopies();
     // The client's stream waits on the signal: it goes right behind the copies, ahead of the
     // fence that only ferryd waits for.
@@ -490,6 +509,10 @@ class CudaBackend : public Backend {
       g.spans.push_back(CopySpan{static_cast<int>(plan.direction), kLaneSpan, g.bytes, issued_ns, trace_start, fence});
     }
     if (g.events.empty()) g.by_stream_query = true;  // failed before its fence: reported at the next poll
+    if (!unjoined.empty()) {
+      g.streams.insert(g.streams.end(), unjoined.begin(), unjoined.end());
+      g.by_stream_query = true;
+    }
     const FenceId id = g.fences[0];
     pending_.push_back(std::move(g));
     return id;
@@ -606,7 +629,11 @@ class CudaBackend : public Backend {
           Status issued;
           if (trace_) issued = TraceStart(g, d, s, st);
           // Not the latency stream's: its copies never wait behind bulk parts.
-          if (issued.ok()) issued = Issue(st, kind, streams_[d][s], &staging != &groups_[0]);
+          if (issued.ok()) {
+            issued = Issue(st, kind, streams_[d][s],
+                           {.where = &staging == &groups_[0] ? Parts::kNone : Parts::kShared,
+                            .span = trace_ ? &g.spans.back() : nullptr});
+          }
           st.ClearCopies();
           if (issued.ok()) issued_streams.emplace_back(d, s);
           if (!issued.ok()) failed_streams.push_back(streams_[d][s]);
@@ -737,6 +764,8 @@ class CudaBackend : public Backend {
     uint64_t issued_ns;
     cudaEvent_t start;
     size_t fence;
+    uint32_t parts = 1;                         // the batches it was issued as, at once
+    std::vector<cudaEvent_t> part_starts = {};  // each part stream's start (none where one failed)
   };
   struct Group {  // fences that complete together, once every event has
     std::vector<FenceId> fences;
@@ -779,30 +808,52 @@ class CudaBackend : public Backend {
     const double seen = static_cast<double>(MonotonicNanos() - trace_origin_ns_) / 1e3;
     for (const CopySpan& sp : g.spans) {
       free_events_.push_back(sp.start);
+      free_events_.insert(free_events_.end(), sp.part_starts.begin(), sp.part_starts.end());
       if (!g.status.ok()) continue;
       float start_ms = -1, end_ms = -1;
       if (sp.fence < g.events.size()) {
         cudaEventElapsedTime(&start_ms, trace_origin_, sp.start);
         cudaEventElapsedTime(&end_ms, trace_origin_, g.events[sp.fence]);
+        // A batch in parts starts on the engines with its earliest part.
+        for (cudaEvent_t part : sp.part_starts) {
+          float part_ms = -1;
+          if (cudaEventElapsedTime(&part_ms, trace_origin_, part) == cudaSuccess)
+            start_ms = std::min(start_ms, part_ms);
+        }
       }
       // A lane's span starts when its wait for the client's event is over.
       const std::string stream = sp.stream == kLaneSpan ? "lane" : "stream " + std::to_string(sp.stream);
       char line[256];
       std::snprintf(line, sizeof line,
                     "engine trace: %s %s, %llu bytes: accepted %.1f, issued %.1f, on the engine %.1f to %.1f, seen "
-                    "done %.1f us",
+                    "done %.1f us%s",
                     sp.direction == 0 ? "h2d" : "d2h", stream.c_str(), static_cast<unsigned long long>(sp.bytes),
                     (static_cast<double>(g.accepted_ns) - static_cast<double>(trace_origin_ns_)) / 1e3,
-                    static_cast<double>(sp.issued_ns - trace_origin_ns_) / 1e3, start_ms * 1e3, end_ms * 1e3, seen);
+                    static_cast<double>(sp.issued_ns - trace_origin_ns_) / 1e3, start_ms * 1e3, end_ms * 1e3, seen,
+                    sp.parts == 1 ? "" : (" (in " + std::to_string(sp.parts) + " parts)").c_str());
       FERRY_LOG(kInfo) << line;
     }
     cudaGetLastError();
   }
 
+  // Where a batch's parts may go (see IssueInParts): nowhere, on the part streams shared by
+  // the unit stream's priority, or on a lane's own part streams (`lane`), which first wait for
+  // what came before on the lane: its wait on the client's event. A lane's parts cannot share
+  // the streams of the others: their wait would hold every other copy on those streams.
+  enum class Parts { kNone, kShared, kLane };
+  struct PartsPlan {
+    Parts where = Parts::kNone;
+    uint64_t lane = 0;         // kLane: the lane's key
+    CopySpan* span = nullptr;  // the trace's: told the parts and their start events
+    // kLane: gets the part streams that could not be joined to the lane, for the caller to
+    // watch (waiting for one here could block the loop until the client's event happens).
+    std::vector<cudaStream_t>* unjoined = nullptr;
+  };
+
   // Large pieces go one call each; the small ones of a stream go as one batch, or, where
-  // `in_parts` allows, as one batch a thread of the crew when they are many small host-to-device
+  // `plan` allows, as one batch a thread of the crew when they are many small host-to-device
   // copies (see IssueInParts).
-  Status Issue(StagedCopies& st, cudaMemcpyKind kind, cudaStream_t stream, bool in_parts) {
+  Status Issue(StagedCopies& st, cudaMemcpyKind kind, cudaStream_t stream, const PartsPlan& plan) {
     size_t kept = 0;
     uint64_t kept_bytes = 0;
     for (size_t i = 0; i < st.dsts.size(); ++i) {
@@ -817,12 +868,14 @@ class CudaBackend : public Backend {
       ++kept;
     }
     if (kept == 0) return Status::Ok();
-    const uint32_t parts = in_parts && kind == cudaMemcpyHostToDevice && kept_bytes < kept * kHostWrittenCopyBytes
-                               ? static_cast<uint32_t>(std::min<size_t>(crew_.threads(), kept / kMinPartCopies))
-                               : 1;
+    const uint32_t parts =
+        plan.where != Parts::kNone && kind == cudaMemcpyHostToDevice && kept_bytes < kept * kHostWrittenCopyBytes
+            ? static_cast<uint32_t>(std::min<size_t>(crew_.threads(), kept / kMinPartCopies))
+            : 1;
     if (parts > 1) {
-      if (const std::vector<cudaStream_t>* own = PartStreamsOf(stream))
-        return IssueInParts(st, kept, stream, *own, parts);
+      const std::vector<cudaStream_t>* own =
+          plan.where == Parts::kLane ? LanePartStreamsOf(plan.lane, stream) : PartStreamsOf(stream);
+      if (own != nullptr) return IssueInParts(st, kept, stream, *own, parts, plan);
     }
     return IssueBatch(st, 0, kept, kind, stream);
   }
@@ -849,19 +902,40 @@ class CudaBackend : public Backend {
   // The first `kept` copies of `st` go as `parts` batches issued at once by the crew, part 0 on
   // `stream`, part p on `own[p - 1]`, and `stream` then waits for each part (an event): what
   // follows on `stream` (done words, the fence) follows every part. The parts do not wait for
-  // what came before on `stream`: copies are not ordered among themselves (CopyOptions), so a list's parts never queue
-  // behind another copy's bytes. Every part stream is joined, whether its part issued or not (a failed batch call may
-  // have put some copies out); one that cannot be joined is waited for here.
+  // what came before on `stream` (copies are not ordered among themselves, CopyOptions), so a
+  // list's parts never queue behind another copy's bytes; except with `fork` (a lane's parts,
+  // on the lane's own part streams), where they first wait for an event recorded on `stream`,
+  // which is behind the lane's wait for the client's event. Every part stream is joined,
+  // whether its part issued or not (a failed batch call may have put some copies out); one that
+  // cannot be joined is waited for here, or, a lane's, handed to the caller.
   Status IssueInParts(StagedCopies& st, size_t kept, cudaStream_t stream, const std::vector<cudaStream_t>& own,
-                      uint32_t parts) {
-    Status status;
-    if (part_delay_ms_ > 0) {
-      for (uint32_t p = 1; p < parts && status.ok(); ++p) {
-        status = CudaStatus(cudaLaunchHostFunc(own[p - 1], &SleepOnStream, &part_delay_ms_), "part delay");
+                      uint32_t parts, const PartsPlan& plan) {
+    const bool fork = plan.where == Parts::kLane;
+    Status status = fork ? CudaStatus(cudaEventRecord(lane_fork_, stream), "fork of a lane's parts") : Status::Ok();
+    if (plan.span != nullptr) plan.span->parts = parts;
+    for (uint32_t p = 1; p < parts && status.ok(); ++p) {
+      cudaStream_t part_stream = own[p - 1];
+      if (fork) status = CudaStatus(cudaStreamWaitEvent(part_stream, lane_fork_, 0), "fork of a lane's parts");
+      if (status.ok() && part_delay_ms_ > 0) {
+        status = CudaStatus(cudaLaunchHostFunc(part_stream, &SleepOnStream, &part_delay_ms_), "part delay");
+      }
+      // The part streams do not wait for the unit stream's start event: each gets its own.
+      if (status.ok() && plan.span != nullptr) {
+        if (auto e = TakeEvent(); e.ok()) {
+          if (cudaEventRecord(*e, part_stream) == cudaSuccess) {
+            plan.span->part_starts.push_back(*e);
+          } else {
+            cudaGetLastError();
+            free_events_.push_back(*e);
+          }
+        }
       }
     }
+    const int to_fail = std::exchange(part_to_fail_, -1);
     if (status.ok()) {
       status = crew_.Run(parts, [&](uint32_t p) -> Status {
+        if (static_cast<int>(p) == to_fail)
+          return DeviceError("part " + std::to_string(p) + " failed (FERRY_PART_FAIL)");
         FERRY_CUDA_RETURN_IF_ERROR(MakeCurrent());
         return IssueBatch(st, kept * p / parts, kept * (p + 1) / parts, cudaMemcpyHostToDevice,
                           p == 0 ? stream : own[p - 1]);
@@ -872,15 +946,20 @@ class CudaBackend : public Backend {
       Status joined = CudaStatus(cudaEventRecord(join, own[p - 1]), "join of a part");
       if (joined.ok()) joined = CudaStatus(cudaStreamWaitEvent(stream, join, 0), "join of a part");
       if (!joined.ok()) {
-        cudaStreamSynchronize(own[p - 1]);
+        if (plan.unjoined != nullptr) {
+          plan.unjoined->push_back(own[p - 1]);
+        } else {
+          cudaStreamSynchronize(own[p - 1]);
+        }
         if (status.ok()) status = joined;
       }
     }
     return status;
   }
 
-  // A test tool (FERRY_PART_DELAY_MS): each part stream but the first sleeps this long on the
-  // host before its copies, so that a fence that did not wait for every part shows.
+  // Test tools: FERRY_PART_DELAY_MS: each part stream but the first sleeps this long on the host
+  // before its copies, so that a fence that did not wait for every part shows; FERRY_PART_FAIL=P:
+  // part P of the first batch issued in parts fails instead of issuing its copies.
   static void CUDART_CB SleepOnStream(void* ms) {
     std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<uint32_t*>(ms)));
   }
@@ -892,30 +971,53 @@ class CudaBackend : public Backend {
   // first use; null where the driver will not make them all (they are asked for again at the
   // next batch, and this one goes whole on its stream).
   const std::vector<cudaStream_t>* PartStreamsOf(cudaStream_t stream) {
-    const uint32_t n = crew_.threads();
-    while (part_events_.size() + 1 < n) {
+    int priority = 0;
+    if (!MakePartEvents() || !GetPriority(stream, &priority)) return nullptr;
+    std::vector<cudaStream_t>& own = part_streams_[priority];
+    return GrowPartStreams(own, priority) ? &own : nullptr;
+  }
+
+  // A lane's part streams (made at its first list in parts, at the lane's priority, gone with
+  // the lane) and the fork event they wait on; null as PartStreamsOf.
+  const std::vector<cudaStream_t>* LanePartStreamsOf(uint64_t lane, cudaStream_t stream) {
+    int priority = 0;
+    if (!MakePartEvents() || !GetPriority(stream, &priority)) return nullptr;
+    if (lane_fork_ == nullptr && cudaEventCreateWithFlags(&lane_fork_, cudaEventDisableTiming) != cudaSuccess) {
+      cudaGetLastError();
+      lane_fork_ = nullptr;
+      return nullptr;
+    }
+    std::vector<cudaStream_t>& own = lane_parts_[lane];
+    return GrowPartStreams(own, priority) ? &own : nullptr;
+  }
+
+  bool MakePartEvents() {
+    while (part_events_.size() + 1 < crew_.threads()) {
       cudaEvent_t e;
       if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
         cudaGetLastError();
-        return nullptr;
+        return false;
       }
       part_events_.push_back(e);
     }
-    int priority = 0;
-    if (cudaStreamGetPriority(stream, &priority) != cudaSuccess) {
-      cudaGetLastError();
-      return nullptr;
-    }
-    std::vector<cudaStream_t>& own = part_streams_[priority];
-    while (own.size() + 1 < n) {
+    return true;
+  }
+  static bool GetPriority(cudaStream_t stream, int* priority) {
+    if (cudaStreamGetPriority(stream, priority) == cudaSuccess) return true;
+    cudaGetLastError();
+    return false;
+  }
+  // Gives `own` a stream for each helper of the crew, at `priority`.
+  bool GrowPartStreams(std::vector<cudaStream_t>& own, int priority) {
+    while (own.size() + 1 < crew_.threads()) {
       cudaStream_t s;
       if (cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, priority) != cudaSuccess) {
         cudaGetLastError();
-        return nullptr;
+        return false;
       }
       own.push_back(s);
     }
-    return &own;
+    return true;
   }
 
   Result<cudaEvent_t> TakeEvent() {
@@ -957,7 +1059,10 @@ class CudaBackend : public Backend {
   // By the priority of the stream a batch is for: part p's stream is [p - 1].
   std::map<int, std::vector<cudaStream_t>> part_streams_;
   std::vector<cudaEvent_t> part_events_;    // [p - 1]: part p's join
+  std::map<uint64_t, std::vector<cudaStream_t>> lane_parts_;  // by LaneKey: a lane's part streams
+  cudaEvent_t lane_fork_ = nullptr;                           // recorded on a lane, waited for by its part streams
   uint32_t part_delay_ms_ = 0;              // FERRY_PART_DELAY_MS (a test tool)
+  int part_to_fail_ = -1;                   // FERRY_PART_FAIL (a test tool): of the next parted batch
   std::mutex registered_mu_;    // the zeroer thread re-pins slabs while the loop runs
   std::set<void*> registered_;  // pinned slabs; guarded by registered_mu_
   bool per_slab_ = false;

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <regex>
 #include <vector>
@@ -74,7 +75,9 @@ class GpuDaemon : public ::testing::Test {
   void ManySmallCopiesLandWhereTheyShould();
   void AdjacentCopiesLandWhereTheyShould();
   void ACopyAfterAnEventWaitsForTheKernelBeforeIt(size_t n);
-  void SmallBlocksHostToDeviceLand(int crew_threads, std::chrono::milliseconds at_least = 0ms);
+  void SmallBlocksHostToDeviceLand(int crew_threads, std::chrono::milliseconds at_least = 0ms,
+                                   bool first_list_fails = false);
+  void ASmallBlockListAfterAnEventLandsAfterTheKernel(std::chrono::milliseconds at_least = 0ms);
 
   // Reads the whole device allocation back with the CUDA runtime, independent of ferry.
   std::vector<std::byte> ReadBack(const void* dev, size_t n) {
@@ -763,8 +766,11 @@ int CrewThreadsOf(pid_t pid) { return testing::ThreadsNamed(std::to_string(pid),
 
 // 4096 shuffled blocks of 16 KiB host to device, random bytes into a poisoned region, every
 // byte checked as soon as the list's completion comes (which takes at least `at_least`); then
-// how many crew threads ferryd has.
-void GpuDaemon::SmallBlocksHostToDeviceLand(int crew_threads, std::chrono::milliseconds at_least) {
+// how many crew threads ferryd has. With `first_list_fails` (ferryd fails a part of it), the
+// first of three lists must fail, each of its blocks wholly copied or wholly poisoned, some
+// poisoned (the failed part's) and at least half copied; the two after it land whole.
+void GpuDaemon::SmallBlocksHostToDeviceLand(int crew_threads, std::chrono::milliseconds at_least,
+                                            bool first_list_fails) {
   testing::RawClient raw;
   ASSERT_OK(raw.Open(socket_));
   ASSERT_OK_AND_ASSIGN(testing::RawClient::Buffer list, raw.AllocBuffer(1 << 20));
@@ -793,11 +799,30 @@ void GpuDaemon::SmallBlocksHostToDeviceLand(int crew_threads, std::chrono::milli
     auto up = raw.Next();
     const auto took = std::chrono::steady_clock::now() - t0;
     ASSERT_TRUE(up.has_value());
-    ASSERT_EQ(up->status, 0) << daemon_->Output();
     EXPECT_GE(took, at_least) << "the list's completion came before its parts could have landed";
     const std::vector<std::byte> want = testing::Expected(host.data, kBytes, l, kBlock);
     const std::vector<std::byte> got = ReadBack(dev, kBytes);
-    EXPECT_EQ(FirstDifference(got.data(), want.data(), kBytes), -1) << "device bytes differ";
+    if (first_list_fails && round == 0) {
+      EXPECT_NE(up->status, 0) << "a list with a failed part reported done";
+      const std::vector<std::byte> poison(kBlock, std::byte{0xA5});
+      uint32_t copied = 0, poisoned = 0;
+      for (uint32_t b = 0; b < kBlocks; ++b) {
+        const std::byte* at = got.data() + b * kBlock;
+        if (std::memcmp(at, want.data() + b * kBlock, kBlock) == 0) {
+          ++copied;
+        } else if (std::memcmp(at, poison.data(), kBlock) == 0) {
+          ++poisoned;
+        }
+      }
+      EXPECT_EQ(copied + poisoned, kBlocks) << "blocks partly copied: the failure came before its copies were done";
+      EXPECT_GT(poisoned, 0u) << "the failed part's blocks were copied";
+      // Part 0 alone is not held back: a failure reported before the held-back parts were done
+      // would leave three quarters of the blocks poisoned.
+      EXPECT_GE(copied, kBlocks / 2) << "the failure came before the other parts were done";
+    } else {
+      ASSERT_EQ(up->status, 0) << daemon_->Output();
+      EXPECT_EQ(FirstDifference(got.data(), want.data(), kBytes), -1) << "device bytes differ";
+    }
     ASSERT_CUDA(cudaMemset(dev, 0xA5, kBytes));
     ASSERT_CUDA(cudaDeviceSynchronize());
   }
@@ -824,6 +849,76 @@ class DelayedPartsGpuDaemon : public GpuDaemon {
 };
 
 TEST_F(DelayedPartsGpuDaemon, ASmallBlockListsCompletionWaitsForEveryPart) { SmallBlocksHostToDeviceLand(3, 300ms); }
+
+// Part 1 of the first list fails (FERRY_PART_FAIL) while parts 1 to 3 are held back 300 ms: the
+// list fails, but only once the parts that did issue are done (the client may free or reuse the
+// memory as soon as it hears); ferryd goes on, and the next lists land whole.
+class FailedPartGpuDaemon : public GpuDaemon {
+ protected:
+  void SetUp() override {
+    ::setenv("FERRY_PART_DELAY_MS", "300", 1);
+    ::setenv("FERRY_PART_FAIL", "1", 1);
+    GpuDaemon::SetUp();
+    ::unsetenv("FERRY_PART_DELAY_MS");
+    ::unsetenv("FERRY_PART_FAIL");
+  }
+};
+
+TEST_F(FailedPartGpuDaemon, AListWithAFailedPartFailsOnlyOnceItsOtherPartsAreDone) {
+  SmallBlocksHostToDeviceLand(3, 300ms, /*first_list_fails=*/true);
+}
+
+// A list of small host-to-device blocks ordered after an event goes in parts too (on its lane's
+// own part streams), and none of its blocks lands before the kernel ahead of the event is done:
+// the kernel spins ~100 ms, then its stream copies the region (poisoned) to a mirror, then the
+// event is recorded. The mirror must hold the poison alone, the region every block as soon as
+// the list's completion comes (which takes at least `at_least`).
+void GpuDaemon::ASmallBlockListAfterAnEventLandsAfterTheKernel(std::chrono::milliseconds at_least) {
+  ASSERT_NE(daemon_->Output().find("handed off on the GPU"), std::string::npos) << daemon_->Output();
+  constexpr uint32_t kBlocks = 4096;
+  constexpr uint64_t kBlock = 16 << 10, kBytes = uint64_t{kBlocks} * kBlock;
+  const uint64_t seed = testing::RandomSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  ASSERT_OK_AND_ASSIGN(PoisonedRegion target, MakePoisonedRegion(kBytes, seed));
+  void* mirror_memory = nullptr;
+  ASSERT_CUDA(cudaMalloc(&mirror_memory, kBytes));
+  const std::unique_ptr<void, decltype(&cudaFree)> mirror(mirror_memory, &cudaFree);
+  ASSERT_CUDA(cudaMemset(mirror.get(), 0x5A, kBytes));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  const testing::BlockList l = testing::Shuffled(kBlocks, kBlocks, kBlock, false, seed + 1);
+  ASSERT_OK_AND_ASSIGN(SharedEvent ready, client_->CreateEvent());
+  EXPECT_EQ(CrewThreadsOf(daemon_->pid()), 0) << "before any list";
+
+  ASSERT_CUDA(testing::LaunchSpin(200'000'000, stream_));
+  ASSERT_CUDA(cudaMemcpyAsync(mirror.get(), target.dev.data(), kBytes, cudaMemcpyDeviceToDevice, stream_));
+  ASSERT_OK(ready.Record(stream_));
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_OK_AND_ASSIGN(
+      Transfer t,
+      client_->CopyBlocks(Direction::kHostToDevice, target.host, 0, target.region, 0,
+                          {.block_bytes = kBlock, .src = l.src, .dst = l.dst, .lengths = {}}, {.after = &ready}));
+  EXPECT_EQ(cudaStreamQuery(stream_), cudaErrorNotReady) << "the kernel ended before the list was submitted";
+  ASSERT_OK(t.Wait(10s));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, at_least)
+      << "the list's completion came before its parts could have landed";
+  ASSERT_CUDA(cudaStreamSynchronize(stream_));
+  const std::vector<std::byte> seen = ReadBack(mirror.get(), kBytes);
+  const std::vector<std::byte> poison(kBytes, std::byte{0xA5});
+  EXPECT_EQ(FirstDifference(seen.data(), poison.data(), kBytes), -1) << "blocks landed before the kernel was done";
+  const std::vector<std::byte> want = testing::Expected(target.host.data(), kBytes, l, kBlock);
+  const std::vector<std::byte> got = ReadBack(target.dev.data(), kBytes);
+  EXPECT_EQ(FirstDifference(got.data(), want.data(), kBytes), -1) << "device bytes differ";
+  EXPECT_EQ(CrewThreadsOf(daemon_->pid()), 3) << "the list was not issued in parts";
+}
+
+TEST_F(GpuDaemon, ASmallBlockListAfterAnEventGoesInPartsAndWaitsForTheKernelBeforeIt) {
+  ASmallBlockListAfterAnEventLandsAfterTheKernel();
+}
+
+// With the lane's parts held back 300 ms, the list's completion waits for every one of them.
+TEST_F(DelayedPartsGpuDaemon, ASmallBlockListAfterAnEventCompletesOnlyOnceEveryPartLanded) {
+  ASmallBlockListAfterAnEventLandsAfterTheKernel(300ms);
+}
 
 class OneIssuerGpuDaemon : public GpuDaemon {
  protected:
@@ -881,6 +976,33 @@ TEST_F(TracedGpuDaemon, EachCopysTimeOnTheEnginesIsLoggedAndTheBytesStillLand) {
   }
   EXPECT_EQ(bytes[0], kBytes) << log;
   EXPECT_EQ(bytes[1], kBytes) << log;
+}
+
+// A small-block list issued in parts by the crew is logged as one span a list, from its earliest
+// part's start to the fence behind every part, with how many parts: 4096 x 16 KiB, three times.
+TEST_F(TracedGpuDaemon, ASmallBlockListIssuedInPartsIsLoggedAsOneSpanWithItsParts) {
+  SmallBlocksHostToDeviceLand(3);
+  if (HasFatalFailure()) return;
+  const std::regex line(
+      R"(engine trace: h2d stream \d+, (\d+) bytes: accepted ([0-9.]+), issued ([0-9.]+), on the engine ([0-9.]+) to ([0-9.]+), seen done ([0-9.]+) us \(in (\d+) parts\))");
+  uint64_t bytes = 0;
+  int spans = 0;
+  const std::string log = daemon_->Output();
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator(); ++it) {
+    const std::smatch& m = *it;
+    SCOPED_TRACE(m.str());
+    const double accepted = std::stod(m[2]), issued = std::stod(m[3]), start = std::stod(m[4]), end = std::stod(m[5]),
+                 seen = std::stod(m[6]);
+    bytes += std::stoull(m[1]);
+    ++spans;
+    EXPECT_EQ(m[7], "4");
+    EXPECT_LE(accepted, issued);
+    EXPECT_LE(issued, start + 10);
+    EXPECT_LE(start, end);
+    EXPECT_LE(end, seen + 10);
+  }
+  EXPECT_EQ(spans, 3) << log;
+  EXPECT_EQ(bytes, 3 * (uint64_t{4096} << 14)) << log;
 }
 
 // A copy after an event runs on its session's lane, which logs it from the end of its wait for
