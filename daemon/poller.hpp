@@ -5,6 +5,8 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <functional>
+#include <utility>
 
 #include "common/fd.hpp"
 #include "ferry/status.hpp"
@@ -33,7 +35,15 @@ class Poller {
     return p;
   }
 
-  Status Watch(int fd, uint64_t tag, uint32_t events = EPOLLIN) { return Control(EPOLL_CTL_ADD, fd, tag, events); }
+  Status Watch(int fd, uint64_t tag, uint32_t events = EPOLLIN) {
+    if (watch_fault_) {
+      if (Status fault = watch_fault_(tag); !fault.ok()) return fault;
+    }
+    return Control(EPOLL_CTL_ADD, fd, tag, events);
+  }
+  // Test seam: asked before each Watch with the fd's tag; an error fails the Watch, as one of
+  // epoll_ctl's would (ENOSPC past fs.epoll.max_user_watches, ENOMEM).
+  void set_watch_fault(std::function<Status(uint64_t tag)> fault) { watch_fault_ = std::move(fault); }
   Status Modify(int fd, uint64_t tag, uint32_t events) { return Control(EPOLL_CTL_MOD, fd, tag, events); }
   void Unwatch(int fd) {
     if (fd >= 0) ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
@@ -51,6 +61,7 @@ class Poller {
   }
 
   UniqueFd epoll_;
+  std::function<Status(uint64_t tag)> watch_fault_;
 };
 
 }  // namespace ferry::daemon

@@ -70,8 +70,8 @@ Status MakeRuntimeDir(const std::string& dir) {
 
 class Server::Impl {
  public:
-  Impl(CheckedConfig checked, GpuSource gpus, std::shared_ptr<const Policy> policy,
-       const std::string& policy_source, ServerOptions options)
+  Impl(CheckedConfig checked, GpuSource gpus, std::shared_ptr<const Policy> policy, const std::string& policy_source,
+       ServerOptions options)
       : config_(std::move(checked.config)),
         allowed_gid_(checked.allowed_gid),
         gpu_source_(std::move(gpus)),
@@ -80,6 +80,7 @@ class Server::Impl {
         policy_parse_hook_(std::move(options.before_policy_parse)),
         before_pool_build_(std::move(options.before_pool_build)),
         stop_requested_(std::move(options.stop_requested)),
+        watch_fault_(std::move(options.watch_fault)),
         policy_(std::move(policy)),
         rejections_(counters_, observer_) {
     FERRY_LOG(kInfo) << "policy: " << policy_->name << " (" << policy_->Hash() << ") from " << policy_source;
@@ -212,6 +213,7 @@ class Server::Impl {
     FERRY_ASSIGN_OR_RETURN(stop_efd_, CreateEventFd());
     FERRY_ASSIGN_OR_RETURN(reload_efd_, CreateEventFd());
     FERRY_ASSIGN_OR_RETURN(poller_, Poller::Create());
+    poller_.set_watch_fault(std::move(watch_fault_));
     FERRY_RETURN_IF_ERROR(poller_.Watch(listen_.get(), kListenTag));
     listen_watched_ = true;
     reserve_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
@@ -803,6 +805,7 @@ class Server::Impl {
   std::function<void(const std::string&)> policy_parse_hook_;    // ServerOptions::before_policy_parse
   std::function<void()> before_pool_build_;                      // ServerOptions::before_pool_build
   std::function<bool()> stop_requested_;                         // ServerOptions::stop_requested
+  std::function<Status(uint64_t)> watch_fault_;                  // ServerOptions::watch_fault, till the poller has it
   RunningPolicy policy_;
   Rejections rejections_;
   std::unique_ptr<PinnedPool> pool_;

@@ -25,6 +25,7 @@
 #include "common/status_macros.hpp"
 #include "common/wire.hpp"
 #include "daemon/metrics.hpp"
+#include "daemon/poller.hpp"
 #include "process_util.hpp"
 #include "test_util.hpp"
 
@@ -488,6 +489,46 @@ TEST(EventLoop, AHelloFerrydCannotMakeARingForIsTurnedAwayNotEvicted) {
   if (!HasFailure()) copier.OneCopy(testing::RandomSeed());
   ferryd.Signal(SIGTERM);
   EXPECT_NE(ferryd.Wait(), -1);
+}
+
+// A session's doorbell that ferryd cannot watch (epoll_ctl failing: the test seam fails it as
+// ENOSPC past fs.epoll.max_user_watches would) is ferryd's want too: the client hears why, no
+// eviction is counted, nothing of the session stays open in ferryd (its socket, ring and
+// doorbells: this process has no more fds than before; ferryd's threads may hold one for a
+// moment, as /proc files they read after the start), and once epoll works again the next client
+// is served and copies.
+TEST(EventLoop, AHelloWhoseDoorbellFerrydCannotWatchIsTurnedAwayNotEvicted) {
+  std::atomic<bool> failing{true};
+  std::atomic<int> refused{0};
+  daemon::ServerOptions seams;
+  seams.watch_fault = [&](uint64_t tag) -> Status {
+    if (!failing || (tag & 0xff) != daemon::SessionTag(0, daemon::kDoorbellKind)) return Status::Ok();
+    ++refused;
+    return ErrnoStatus("epoll_ctl", ENOSPC);
+  };
+  DaemonHarness d(DaemonHarness::SmallConfig(), std::move(seams));
+  auto open_fds = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/fd"), std::filesystem::directory_iterator{});
+  };
+  const auto fds_before = open_fds();
+  ConnectOptions o;
+  o.socket_path = d.socket_path();
+  o.timeout = 3000ms;
+  auto c = Client::Connect(o);
+  ASSERT_FALSE(c.ok()) << "a session whose doorbell nothing watches";
+  EXPECT_EQ(c.status().code(), Code::kResourceExhausted) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("epoll_ctl"), std::string::npos) << c.status().ToString();
+  EXPECT_EQ(refused.load(), 1);
+  EXPECT_EQ(d.counters().evictions.load(), 0u);
+  EXPECT_EQ(d.counters().sessions.load(), 0u);
+  EXPECT_TRUE(DaemonHarness::Eventually([&] { return open_fds() <= fds_before; }))
+      << open_fds() << " fds open, " << fds_before << " before the hello";
+
+  failing = false;
+  Copier copier;
+  ASSERT_OK(copier.Open(d));
+  copier.OneCopy(testing::RandomSeed());
+  EXPECT_EQ(d.counters().evictions.load(), 0u);
 }
 
 // Issue 19 item 6: connect ignored timeout_ms when ferryd's listen backlog was full.

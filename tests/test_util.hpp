@@ -162,17 +162,17 @@ class DaemonHarness {
                          std::unique_ptr<daemon::Backend> backend = nullptr,
                          std::shared_ptr<const daemon::Policy> policy = SmallChunks(),
                          daemon::ServerObserver* observer = nullptr) {
-    if (!backend) {
-      daemon::HostBackendOptions o;
-      o.streams_per_direction = daemon::kStreamsPerDirection;
-      o.device_memory_bytes = config.host_gpu_memory_bytes;
-      auto b = daemon::CreateHostBackend(o);
-      EXPECT_TRUE(b.ok()) << b.status().ToString();
-      backend = std::move(*b);
-    }
+    if (!backend) backend = HostGpu(config);
     std::vector<std::unique_ptr<daemon::Backend>> gpus;
-    gpus.push_back(std::move(backend));
-    Start(std::move(config), std::move(gpus), std::move(policy), observer);
+    if (backend) gpus.push_back(std::move(backend));
+    Start(std::move(config), std::move(gpus), {.policy = std::move(policy), .observer = observer});
+  }
+  // One host backend GPU, and the test seams of `options` (its policy: SmallChunks() if none).
+  DaemonHarness(daemon::DaemonConfig config, daemon::ServerOptions options) {
+    std::vector<std::unique_ptr<daemon::Backend>> gpus;
+    if (auto gpu = HostGpu(config)) gpus.push_back(std::move(gpu));
+    if (!options.policy) options.policy = SmallChunks();
+    Start(std::move(config), std::move(gpus), std::move(options));
   }
   // A ferryd of `gpus` simulated GPUs over `numa_nodes` simulated NUMA nodes (host backend),
   // serving those `devices` names (empty: all).
@@ -190,7 +190,7 @@ class DaemonHarness {
   // A backend per GPU (daemon::CreateBackends).
   DaemonHarness(daemon::DaemonConfig config, std::vector<std::unique_ptr<daemon::Backend>> gpus,
                 std::shared_ptr<const daemon::Policy> policy = SmallChunks()) {
-    Start(std::move(config), std::move(gpus), std::move(policy), nullptr);
+    Start(std::move(config), std::move(gpus), {.policy = std::move(policy)});
   }
   ~DaemonHarness() { Stop(); }
 
@@ -249,13 +249,23 @@ class DaemonHarness {
   }
 
  private:
+  // A host backend GPU for `config` (null, a test failure, if it cannot be made).
+  static std::unique_ptr<daemon::Backend> HostGpu(const daemon::DaemonConfig& config) {
+    daemon::HostBackendOptions o;
+    o.streams_per_direction = daemon::kStreamsPerDirection;
+    o.device_memory_bytes = config.host_gpu_memory_bytes;
+    auto b = daemon::CreateHostBackend(o);
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    return b.ok() ? std::move(*b) : nullptr;
+  }
+
   void Start(daemon::DaemonConfig config, std::vector<std::unique_ptr<daemon::Backend>> gpus,
-             std::shared_ptr<const daemon::Policy> policy, daemon::ServerObserver* observer) {
+             daemon::ServerOptions options) {
     dir_ = MakeTempDir("rt");
     config.runtime_dir = dir_;
     backend_ = gpus.empty() ? nullptr : gpus.front().get();
-    auto s = daemon::Server::Create(config, std::move(gpus),
-                                    {.policy = std::move(policy), .policy_source = "the test", .observer = observer});
+    options.policy_source = "the test";
+    auto s = daemon::Server::Create(config, std::move(gpus), std::move(options));
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     if (!s.ok()) return;
     server_ = std::move(*s);
