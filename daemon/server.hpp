@@ -126,8 +126,8 @@ struct ServerOptions {
   // during the start (SIGTERM), and Create gives up at once with kAborted instead of building
   // the rest of a pool that may take minutes.
   std::function<bool()> stop_requested = nullptr;
-  // Tests: asked on the event loop before each fd is watched, with its tag (daemon/poller.hpp);
-  // an error fails the watch as epoll_ctl's would.
+  // Tests: asked before each fd is watched (on Create's thread, then the event loop's), with its
+  // tag (daemon/poller.hpp); an error fails the watch as epoll_ctl's would.
   std::function<Status(uint64_t tag)> watch_fault = nullptr;
 };
 

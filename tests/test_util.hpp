@@ -167,7 +167,8 @@ class DaemonHarness {
     if (backend) gpus.push_back(std::move(backend));
     Start(std::move(config), std::move(gpus), {.policy = std::move(policy), .observer = observer});
   }
-  // One host backend GPU, and the test seams of `options` (its policy: SmallChunks() if none).
+  // One host backend GPU, and the test seams of `options` (its policy: SmallChunks() if none;
+  // its policy_source: "the test").
   DaemonHarness(daemon::DaemonConfig config, daemon::ServerOptions options) {
     std::vector<std::unique_ptr<daemon::Backend>> gpus;
     if (auto gpu = HostGpu(config)) gpus.push_back(std::move(gpu));
