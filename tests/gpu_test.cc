@@ -927,6 +927,47 @@ class OneIssuerGpuDaemon : public GpuDaemon {
 
 TEST_F(OneIssuerGpuDaemon, ASmallBlockHostToDeviceListIssuedByTheLoopAloneLandsToo) { SmallBlocksHostToDeviceLand(0); }
 
+// One line of ferryd's engine trace: a stream's (or a lane's) share of a copy, with its timeline
+// in microseconds and, for a batch issued in parts by the crew, how many parts.
+struct TraceSpan {
+  std::string line;
+  std::string direction;  // "h2d" or "d2h"
+  std::string where;      // "stream N" or "lane"
+  uint64_t bytes = 0;
+  double accepted = 0, issued = 0, start = 0, end = 0, seen = 0;
+  int parts = 1;
+};
+
+std::vector<TraceSpan> TraceSpans(const std::string& log) {
+  static const std::regex kLine(
+      R"(engine trace: (h2d|d2h) (stream \d+|lane), (\d+) bytes: accepted ([0-9.]+), issued ([0-9.]+), on the engine ([0-9.]+) to ([0-9.]+), seen done ([0-9.]+) us( \(in (\d+) parts\))?)");
+  std::vector<TraceSpan> spans;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), kLine); it != std::sregex_iterator(); ++it) {
+    const std::smatch& m = *it;
+    spans.push_back(TraceSpan{.line = m.str(),
+                              .direction = m[1],
+                              .where = m[2],
+                              .bytes = std::stoull(m[3]),
+                              .accepted = std::stod(m[4]),
+                              .issued = std::stod(m[5]),
+                              .start = std::stod(m[6]),
+                              .end = std::stod(m[7]),
+                              .seen = std::stod(m[8]),
+                              .parts = m[10].matched ? std::stoi(m[10]) : 1});
+  }
+  return spans;
+}
+
+// Accepted, then issued before the engine ran it, the engine's run in order, and seen done after.
+// The GPU's clock and the host's are lined up once, at the trace's start, to within a few
+// microseconds (logged): allow 10 us of slack between them.
+void ExpectTimelineHolds(const TraceSpan& span) {
+  EXPECT_LE(span.accepted, span.issued);  // both on the host's clock
+  EXPECT_LE(span.issued, span.start + 10);
+  EXPECT_LE(span.start, span.end);
+  EXPECT_LE(span.end, span.seen + 10);
+}
+
 // ferryd --trace-engine: the copies still land, and each stream's share of a copy is logged
 // with a timeline that holds together (accepted, then issued before the engine ran it, seen done after).
 class TracedGpuDaemon : public GpuDaemon {
@@ -957,22 +998,13 @@ TEST_F(TracedGpuDaemon, EachCopysTimeOnTheEnginesIsLoggedAndTheBytesStillLand) {
   }
   cudaFree(dev);
 
-  const std::regex line(
-      R"(engine trace: (h2d|d2h) stream (\d+), (\d+) bytes: accepted ([0-9.]+), issued ([0-9.]+), on the engine ([0-9.]+) to ([0-9.]+), seen done ([0-9.]+) us)");
   uint64_t bytes[2] = {0, 0};
   const std::string log = daemon_->Output();
-  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator(); ++it) {
-    const std::smatch& m = *it;
-    SCOPED_TRACE(m.str());
-    const double accepted = std::stod(m[4]), issued = std::stod(m[5]), start = std::stod(m[6]), end = std::stod(m[7]),
-                 seen = std::stod(m[8]);
-    bytes[m[1] == "h2d" ? 0 : 1] += std::stoull(m[3]);
-    // The GPU's clock and the host's are lined up once, at the trace's start, to within a few
-    // microseconds (logged): allow 10 us of slack between them.
-    EXPECT_LE(accepted, issued);  // both on the host's clock
-    EXPECT_LE(issued, start + 10);
-    EXPECT_LE(start, end);
-    EXPECT_LE(end, seen + 10);
+  for (const TraceSpan& span : TraceSpans(log)) {
+    if (span.where == "lane") continue;
+    SCOPED_TRACE(span.line);
+    bytes[span.direction == "h2d" ? 0 : 1] += span.bytes;
+    ExpectTimelineHolds(span);
   }
   EXPECT_EQ(bytes[0], kBytes) << log;
   EXPECT_EQ(bytes[1], kBytes) << log;
@@ -983,23 +1015,16 @@ TEST_F(TracedGpuDaemon, EachCopysTimeOnTheEnginesIsLoggedAndTheBytesStillLand) {
 TEST_F(TracedGpuDaemon, ASmallBlockListIssuedInPartsIsLoggedAsOneSpanWithItsParts) {
   SmallBlocksHostToDeviceLand(3);
   if (HasFatalFailure()) return;
-  const std::regex line(
-      R"(engine trace: h2d stream \d+, (\d+) bytes: accepted ([0-9.]+), issued ([0-9.]+), on the engine ([0-9.]+) to ([0-9.]+), seen done ([0-9.]+) us \(in (\d+) parts\))");
   uint64_t bytes = 0;
   int spans = 0;
   const std::string log = daemon_->Output();
-  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator(); ++it) {
-    const std::smatch& m = *it;
-    SCOPED_TRACE(m.str());
-    const double accepted = std::stod(m[2]), issued = std::stod(m[3]), start = std::stod(m[4]), end = std::stod(m[5]),
-                 seen = std::stod(m[6]);
-    bytes += std::stoull(m[1]);
+  for (const TraceSpan& span : TraceSpans(log)) {
+    if (span.direction != "h2d" || span.where == "lane" || span.parts == 1) continue;
+    SCOPED_TRACE(span.line);
+    bytes += span.bytes;
     ++spans;
-    EXPECT_EQ(m[7], "4");
-    EXPECT_LE(accepted, issued);
-    EXPECT_LE(issued, start + 10);
-    EXPECT_LE(start, end);
-    EXPECT_LE(end, seen + 10);
+    EXPECT_EQ(span.parts, 4);
+    ExpectTimelineHolds(span);
   }
   EXPECT_EQ(spans, 3) << log;
   EXPECT_EQ(bytes, 3 * (uint64_t{4096} << 14)) << log;
@@ -1012,19 +1037,18 @@ TEST_F(TracedGpuDaemon, ALanesCopyAfterAnEventIsLoggedFromTheEndOfItsWait) {
   ACopyAfterAnEventWaitsForTheKernelBeforeIt(n);
   if (HasFatalFailure()) return;
 
-  const std::regex line(
-      R"(engine trace: d2h lane, (\d+) bytes: accepted ([0-9.]+), issued ([0-9.]+), on the engine ([0-9.]+) to ([0-9.]+), seen done ([0-9.]+) us)");
   const std::string log = daemon_->Output();
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(log, m, line)) << log;
-  EXPECT_EQ(std::stoull(m[1]), n);
-  const double accepted = std::stod(m[2]), issued = std::stod(m[3]), start = std::stod(m[4]), end = std::stod(m[5]),
-               seen = std::stod(m[6]);
-  EXPECT_LE(accepted, issued);
+  std::vector<TraceSpan> lane_spans;
+  for (const TraceSpan& span : TraceSpans(log)) {
+    if (span.direction == "d2h" && span.where == "lane") lane_spans.push_back(span);
+  }
+  ASSERT_FALSE(lane_spans.empty()) << log;
+  const TraceSpan& span = lane_spans.front();
+  SCOPED_TRACE(span.line);
+  EXPECT_EQ(span.bytes, n);
+  ExpectTimelineHolds(span);
   // The kernel spins ~50 ms before the event: the lane's wait ends well after the copy's issue.
-  EXPECT_GT(start, issued + 10'000) << "the lane's span starts before its wait could have ended";
-  EXPECT_LE(start, end);
-  EXPECT_LE(end, seen + 10);
+  EXPECT_GT(span.start, span.issued + 10'000) << "the lane's span starts before its wait could have ended";
 }
 
 }  // namespace
