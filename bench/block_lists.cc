@@ -8,6 +8,7 @@
 #include <random>
 
 #include "bench/bench_util.hpp"
+#include "bench/list_clients.hpp"
 #include "common/byte_size.hpp"
 
 namespace ferry::bench {
@@ -49,7 +50,19 @@ std::optional<size_t> FirstWrongBlock(const BlockIndices& indices, size_t block_
   return std::nullopt;
 }
 
-int RunBlocksOnHostBackend(const ConnectOptions& options, bool quick) {
+Result<ListRegions> AllocateListRegions(Client& client, const std::vector<BlockWorkload>& workloads) {
+  size_t bytes = 0;
+  for (const BlockWorkload& w : workloads) bytes = std::max(bytes, w.region_bytes());
+  auto host = client.AllocateHost(bytes);
+  if (!host.ok()) return Status(host.status().code(), "AllocateHost: " + host.status().message());
+  auto device = client.AllocateDevice(bytes);
+  if (!device.ok()) return Status(device.status().code(), "AllocateDevice: " + device.status().message());
+  auto region = client.RegisterDevice(device->data(), bytes);
+  if (!region.ok()) return Status(region.status().code(), "RegisterDevice: " + region.status().message());
+  return ListRegions{std::move(*host), std::move(*device), std::move(*region)};
+}
+
+int RunBlocksOnHostBackend(const ConnectOptions& options, bool quick, int clients) {
   using namespace std::chrono_literals;
   auto fail = [](const char* what, const Status& s) {
     std::fprintf(stderr, "ferry-bench: %s: %s\n", what, s.ToString().c_str());
@@ -67,14 +80,13 @@ int RunBlocksOnHostBackend(const ConnectOptions& options, bool quick) {
   }
   std::vector<BlockWorkload> workloads = ShuffledBlockWorkloads();
   workloads.push_back({1024, 64 << 10, false});
+  auto regions = AllocateListRegions(**client, workloads);
+  if (!regions.ok()) return fail("the lists' memory (the host run needs a pool of 128 MiB and more)", regions.status());
+  HostBuffer* const host = &regions->host;
+  DeviceAllocation* const device = &regions->device;
+  DeviceRegion* const registered = &regions->region;
   size_t region = 0;
   for (const BlockWorkload& w : workloads) region = std::max(region, w.region_bytes());
-  auto host = (*client)->AllocateHost(region);
-  if (!host.ok()) return fail("AllocateHost (the host run needs a pool of 128 MiB and more)", host.status());
-  auto device = (*client)->AllocateDevice(region);
-  if (!device.ok()) return fail("AllocateDevice", device.status());
-  auto registered = (*client)->RegisterDevice(device->data(), region);
-  if (!registered.ok()) return fail("RegisterDevice", registered.status());
 
   std::printf(
       "\nblock lists through ferryd's host backend (no GPU: ferry's CopyBlocks alone, without the in-process\n"
@@ -111,7 +123,12 @@ int RunBlocksOnHostBackend(const ConnectOptions& options, bool quick) {
     }
   }
   std::printf("%s\n", all_ok ? "every list arrived intact" : "FAIL: a list did not arrive intact");
-  return all_ok ? 0 : 1;
+  if (!all_ok || clients < 2) return all_ok ? 0 : 1;
+  std::fflush(stdout);
+  auto rows = RunListClients(options, clients, reps, nullptr);
+  if (!rows.ok()) return fail(("--clients " + std::to_string(clients)).c_str(), rows.status());
+  PrintListClients(*rows, clients, reps);
+  return 0;
 }
 
 }  // namespace ferry::bench

@@ -40,8 +40,19 @@ BlockIndices MakeBlockIndices(size_t count, bool shuffled, uint64_t seed);
 std::optional<size_t> FirstWrongBlock(const BlockIndices& indices, size_t block_bytes, const std::byte* src,
                                       const std::byte* dst);
 
+// A client's side of the lists: a pool buffer, device memory from Client::AllocateDevice
+// (cudaMalloc on the cuda backend) and that memory's registered region, each as large as the
+// largest of `workloads`. An error names the call that failed.
+struct ListRegions {
+  HostBuffer host;
+  DeviceAllocation device;
+  DeviceRegion region;
+};
+Result<ListRegions> AllocateListRegions(Client& client, const std::vector<BlockWorkload>& workloads);
+
 // The blocks section against a ferryd on the host backend (no GPU: ferry's list copies alone,
-// every byte checked, no in-process columns and no targets). 0: every list arrived intact.
-int RunBlocksOnHostBackend(const ConnectOptions& options, bool quick);
+// every byte checked, no in-process columns and no targets), and with `clients` > 1 its lists
+// from that many client processes at once (bench/list_clients.hpp). 0: every list arrived intact.
+int RunBlocksOnHostBackend(const ConnectOptions& options, bool quick, int clients = 1);
 
 }  // namespace ferry::bench

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "bench/bench_commands.hpp"
+#include "bench/list_clients.hpp"
 #include "common/cli.hpp"
 
 namespace {
@@ -20,6 +21,7 @@ commands:
   tune        re-tune the policy on this GPU: sweep settings over the overlap workload and a
               transfer sweep, write the best policy, say what changed since the last tune
   host-copy   how fast this host copies memory (the bound on staged copies; no GPU needed)
+  list-client one client process of `transfer --clients N` (it starts them; see its --help)
 
 Each takes --socket PATH (ferryd's control socket; default $FERRY_SOCKET or
 /run/ferry/ferryd.sock). ferryctl runs them as `ferryctl bench transfer|overlap` and
@@ -41,6 +43,7 @@ int main(int argc, char** argv) {
   if (command == "overlap") return bench::BenchOverlap(args);
   if (command == "tune") return bench::Tune(args);
   if (command == "host-copy") return bench::HostCopy(args);
+  if (command == "list-client") return bench::RunListClient(args);
   std::fprintf(stderr, "ferry-bench: unknown command '%s' (try --help)\n", command.c_str());
   return 64;
 }

@@ -27,6 +27,7 @@
 #include "bench/bench_commands.hpp"
 #include "bench/bench_util.hpp"
 #include "bench/block_lists.hpp"
+#include "bench/list_clients.hpp"
 #include "bench/target_verdict.hpp"
 #include "client/streaming_copy.hpp"
 #include "common/byte_size.hpp"
@@ -63,6 +64,10 @@ options:
                      staged; blocks: shuffled block lists, a loop of cudaMemcpyAsync, one
                      cudaMemcpyBatchAsync and ferry's CopyBlocks; without a GPU, `--only blocks`
                      runs ferry's list copies alone against a ferryd on the host backend)
+  --clients N        after the blocks section, each of its lists from N client processes at once
+                     (2..16; `ferry-bench list-client`, each its own session, pool buffer and
+                     device region): one alone, then all started together; each client's rate,
+                     the rate together and how much of the span all of them were copying
   --staged-chunk B   CopyStaged chunk size (default: the policy's, fitted to the copy)
   --staged-threads N CopyStaged threads (default: the policy's)
   --timeline         print each both-ways copy's and each 4 KiB latency copy's (not the
@@ -140,6 +145,8 @@ class TransferBench {
   ferry::ConnectOptions opts_;
   size_t max_size_ = 1ull << 30;
   int daemon_pid_ = -1;
+  int clients_ = 1;                          // --clients
+  std::vector<ListClientsRow> client_rows_;  // their lists, when clients_ > 1
   std::string csv_;
   bool json_ = false, quick_ = false, timeline_ = false;
   std::vector<double> many_free_us_;  // freeing a run of separate copies' handles, microseconds
@@ -203,6 +210,8 @@ int TransferBench::Run(const std::vector<std::string>& args) {
       }
     } else if (a.Is("--staged-threads")) {
       if (!a.IntValue(1, 1024, staged_opts_.threads)) return usage_error("--staged-threads takes 1..1024");
+    } else if (a.Is("--clients")) {
+      if (!a.IntValue(2, 16, clients_)) return usage_error("--clients takes 2..16");
     } else if (a.Is("--quick")) {
       quick_ = true;
     } else if (a.Is("--timeline")) {
@@ -223,13 +232,15 @@ int TransferBench::Run(const std::vector<std::string>& args) {
       return usage_error("unknown option '" + a.current() + "' (try --help)");
     }
   }
+  if (clients_ > 1 && !Runs("blocks"))
+    return usage_error("--clients runs the blocks section's lists: add blocks to --only");
   for (size_t n = 4096; n <= max_size_; n *= 4) sizes_.push_back(n);
   if (sections_ == std::set<std::string>{"blocks"}) {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
       cudaGetLastError();
       std::fprintf(stderr, "ferry-bench: no CUDA GPU answers: the blocks section runs ferry's list copies alone\n");
-      return RunBlocksOnHostBackend(opts_, quick_);
+      return RunBlocksOnHostBackend(opts_, quick_, clients_);
     }
   }
   if (int rc = Setup()) return rc;
@@ -238,7 +249,8 @@ int TransferBench::Run(const std::vector<std::string>& args) {
   if (!Runs("bandwidth")) sizes_.clear();
   progress_ = std::make_unique<ferry::bench::Progress>(
       sizes_.size() * 2 + Runs("both") + 2 * Runs("latency") + Runs("many") +
-      2 * ShuffledBlockWorkloads().size() * Runs("blocks") + staged_sizes_.size() + (daemon_pid_ > 0));
+      2 * ShuffledBlockWorkloads().size() * Runs("blocks") * (clients_ > 1 ? 2 : 1) + staged_sizes_.size() +
+      (daemon_pid_ > 0));
   if (int rc = Bandwidth()) return rc;
   if (Runs("both")) {
     if (int rc = Bidirectional()) return rc;
@@ -251,6 +263,16 @@ int TransferBench::Run(const std::vector<std::string>& args) {
   }
   if (Runs("blocks")) {
     if (int rc = Blocks()) return rc;
+  }
+  if (clients_ > 1) {
+    ferry::ConnectOptions each = opts_;
+    each.device = client_->device_ordinal();
+    auto rows = RunListClients(each, clients_, quick_ ? 5 : 20, progress_.get());
+    if (!rows.ok()) {
+      std::fprintf(stderr, "ferry-bench: --clients %d: %s\n", clients_, rows.status().ToString().c_str());
+      return 1;
+    }
+    client_rows_ = std::move(*rows);
   }
   if (int rc = Staged()) return rc;
   if (daemon_pid_ > 0) {
@@ -667,6 +689,16 @@ int TransferBench::Blocks() {
         return 0;
       };
 
+      // The bus's limit for the list's bytes: the whole region as one copy (not checked: it is
+      // no list, and the lists below write every byte of the destination again).
+      for (int rep = -2; rep < reps; ++rep) {
+        const double t0 = NowSeconds();
+        CUDA_OR_DIE(cudaMemcpyAsync(h2d ? dev_ : static_cast<void*>(in_process_host_dst),
+                                    h2d ? static_cast<const void*>(pinned_) : dev_, n, kind, s_[0]));
+        CUDA_OR_DIE(cudaStreamSynchronize(s_[0]));
+        if (rep >= 0) Add(w.key(), n, dname, "in-process-one-copy", rep, NowSeconds() - t0);
+      }
+
       if (int rc = poison(in_process_host_dst)) return rc;
       for (int rep = -2; rep < reps; ++rep) {
         const double t0 = NowSeconds();
@@ -783,13 +815,18 @@ void TransferBench::Report(bool json) const {
   std::vector<Check> checks;
   char buf[256];
   // This machine's limit one way, as far as this run measured it: the fastest in-process copy,
-  // by the host clock or by the copy engine's own time (0 without the bandwidth section).
+  // by the host clock or by the copy engine's own time, of the bandwidth section's sizes and of
+  // the blocks section's regions as one copy each (0 without either section).
   auto machine_limit = [&](const char* d) {
     double best = 0;
-    if (!Runs("bandwidth")) return best;
     for (size_t n : sizes_) {
       best = std::max(
           {best, Gbps("bandwidth", n, d, "in-process").median, Gbps("bandwidth", n, d, "in-process-events").median});
+    }
+    for (const BlockWorkload& w : ShuffledBlockWorkloads()) {
+      if (Runs("blocks") && 2 * w.region_bytes() <= max_size_) {
+        best = std::max(best, Gbps(w.key(), w.region_bytes(), d, "in-process-one-copy").median);
+      }
     }
     return best;
   };
@@ -888,12 +925,13 @@ void TransferBench::Report(bool json) const {
       for (const char* d : {"h2d", "d2h"}) {
         std::printf("%s{\"list\":\"%s\",\"blocks\":%zu,\"block_bytes\":%zu,\"direction\":\"%s\"", first ? "" : ",",
                     w.name().c_str(), w.count, w.block_bytes, d);
-        for (const char* path : {"in-process", "in-process-batch", "ferry"}) {
+        for (const char* path : {"in-process", "in-process-batch", "in-process-one-copy", "ferry"}) {
           Summary g = Gbps(w.key(), w.region_bytes(), d, path);
           std::printf(",\"%s_gbps\":{\"median\":%.3f,\"min\":%.3f,\"max\":%.3f}",
-                      path == std::string("in-process")         ? "in_process_loop"
-                      : path == std::string("in-process-batch") ? "in_process_batch"
-                                                                : "ferry",
+                      path == std::string("in-process")            ? "in_process_loop"
+                      : path == std::string("in-process-batch")    ? "in_process_batch"
+                      : path == std::string("in-process-one-copy") ? "in_process_one_copy"
+                                                                   : "ferry",
                       g.median, g.min, g.max);
         }
         std::printf("}");
@@ -906,7 +944,9 @@ void TransferBench::Report(bool json) const {
                   checks[i].what.c_str(), checks[i].verdict == Verdict::kPass ? "true" : "false",
                   checks[i].verdict == Verdict::kAboveMachineLimit ? "true" : "false", checks[i].figures.c_str());
     }
-    std::printf("],\"idle_cpu_percent\":%.4f}\n", idle_cpu_pct_);
+    std::printf("],\"idle_cpu_percent\":%.4f", idle_cpu_pct_);
+    if (!client_rows_.empty()) std::printf(",\"list_clients\":%s", ListClientsJson(client_rows_, clients_).c_str());
+    std::printf("}\n");
     return;
   }
   std::printf("\nferry-bench transfer on %s (host clock, submit to completion seen; median [min, max]; out: samples\n"
@@ -981,8 +1021,8 @@ void TransferBench::Report(bool json) const {
     }
   }
   if (Runs("blocks")) {
-    std::printf("\nblock lists, shuffled (GB/s)  %-26s %-26s %-26s %7s %7s\n", "in-process one-stream loop",
-                "in-process batch", "ferry CopyBlocks", "/batch", "/loop");
+    std::printf("\nblock lists, shuffled (GB/s)  %-26s %-26s %-26s %7s %7s   %s\n", "in-process one-stream loop",
+                "in-process batch", "ferry CopyBlocks", "/batch", "/loop", "the region as one copy (the bus)");
     for (const BlockWorkload& w : ShuffledBlockWorkloads()) {
       if (2 * w.region_bytes() > max_size_) {
         std::printf("  %-16s skipped: needs --max-size of at least %s\n", w.name().c_str(),
@@ -992,15 +1032,17 @@ void TransferBench::Report(bool json) const {
       for (const char* d : {"h2d", "d2h"}) {
         Summary loop = Gbps(w.key(), w.region_bytes(), d, "in-process"),
                 batch = Gbps(w.key(), w.region_bytes(), d, "in-process-batch"),
-                fe = Gbps(w.key(), w.region_bytes(), d, "ferry");
+                fe = Gbps(w.key(), w.region_bytes(), d, "ferry"),
+                one = Gbps(w.key(), w.region_bytes(), d, "in-process-one-copy");
         std::printf(
             "  %-16s %-4s         %6.2f [%6.2f, %6.2f]   %6.2f [%6.2f, %6.2f]   %6.2f [%6.2f, %6.2f]   %6.1f%% "
-            "%6.2fx\n",
+            "%6.2fx   %6.2f [%6.2f, %6.2f]\n",
             w.name().c_str(), d, loop.median, loop.min, loop.max, batch.median, batch.min, batch.max, fe.median, fe.min,
-            fe.max, 100 * fe.median / batch.median, fe.median / loop.median);
+            fe.max, 100 * fe.median / batch.median, fe.median / loop.median, one.median, one.min, one.max);
       }
     }
   }
+  if (!client_rows_.empty()) PrintListClients(client_rows_, clients_, quick_ ? 5 : 20);
   if (Runs("staged"))
     std::printf("\npageable host memory (GB/s)  %-26s %-26s %-26s (outliers)\n", "cudaMemcpy", "pin, copy, unpin",
                 "ferry CopyStaged");

@@ -12,12 +12,18 @@ namespace ferry::bench {
 int RunTransferSweep(const std::vector<std::string>& args) {
   ConnectOptions options;
   bool quick = false, only_blocks = false, other = false;
+  int clients = 1;
   cli::Args a(args);
   while (a.Next()) {
     if (a.Is("--socket") && a.HasValue()) {
       options.socket_path = a.Value();
     } else if (a.Is("--quick")) {
       quick = true;
+    } else if (a.Is("--clients")) {
+      if (!a.IntValue(2, 16, clients)) {
+        cli::Fail("ferry-bench", "--clients takes 2..16");
+        return 64;
+      }
     } else if (a.Is("--only") && a.HasValue()) {
       only_blocks = a.Value() == "blocks";
       other = other || !only_blocks;
@@ -25,7 +31,7 @@ int RunTransferSweep(const std::vector<std::string>& args) {
       other = true;
     }
   }
-  if (only_blocks && !other) return RunBlocksOnHostBackend(options, quick);
+  if (only_blocks && !other) return RunBlocksOnHostBackend(options, quick, clients);
   std::fprintf(stderr,
                "ferry-bench: transfer measures copies to a GPU: this ferry-bench was built without the CUDA "
                "toolkit (rebuild with it, -DFERRY_CUDA=ON, on a machine with the GPU; --only blocks runs the "

@@ -2,15 +2,17 @@
 # ferry-bench transfer's blocks section without a GPU: against a ferryd on the host backend it
 # runs ferry's list copies alone (every shuffled list and the 1024 x 64 KiB one in order, both
 # ways), checks every byte of each in a poisoned destination, and says that it ran without the
-# in-process columns. Any other section still refuses clearly.
+# in-process columns; with --clients 2 it then runs each shuffled list from two client processes
+# at once, each checking every byte of its own. Any other section still refuses clearly.
 # usage: bench_blocks_test.sh FERRYD FERRY_BENCH
 set -uo pipefail
 ferryd=$1 bench=$2
 . "$(dirname "$0")/host_ferryd.sh"
-# The largest list's regions are 128 MiB: a pool buffer of that and the slabs of its neighbours.
-pool_size=192MiB start_host_ferryd bench-blocks "$ferryd"
+# The largest list's regions are 128 MiB: a pool buffer of that for the bench and for each of two
+# list clients, and the slabs of their neighbours.
+pool_size=512MiB start_host_ferryd bench-blocks "$ferryd"
 
-"$bench" transfer --socket "$sock" --only blocks --quick >"$dir/out.txt" 2>"$dir/err.txt" ||
+"$bench" transfer --socket "$sock" --only blocks --quick --clients 2 >"$dir/out.txt" 2>"$dir/err.txt" ||
   { cat "$dir/out.txt" "$dir/err.txt" "$dir/ferryd.log"; fail "ferry-bench transfer --only blocks failed"; }
 cat "$dir/out.txt"
 grep -q "host backend (no GPU" "$dir/out.txt" || fail "the output does not say it ran on the host backend"
@@ -22,6 +24,29 @@ for list in "4096 x 16 KiB" "2048 x 64 KiB" "512 x 256 KiB" "1024 x 64 KiB in or
 done
 [ "$(grep -c "every byte checked$" "$dir/out.txt")" = 8 ] || fail "not exactly 8 checked rows"
 grep -q "^every list arrived intact$" "$dir/out.txt" || fail "no verdict"
+
+# Two list clients: ferryd saw them as sessions of their own, and each list has a row of client 1
+# alone, both clients' rates, their rate together and how long both were copying.
+grep -q "^block lists from 2 client processes at once" "$dir/out.txt" || fail "no table of the two clients"
+for list in "4096 x 16 KiB" "2048 x 64 KiB" "512 x 256 KiB"; do
+  for d in h2d d2h; do
+    grep -Eq "^  $list +$d +[0-9.]+ \[[0-9.]+, [0-9.]+\] +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+x +[0-9]+% of the span$" \
+      "$dir/out.txt" || fail "no row of the two clients for $list $d"
+  done
+done
+grep -q "^every client's every list arrived intact$" "$dir/out.txt" || fail "no verdict for the two clients"
+for c in 1 2; do
+  grep -q "session [0-9]* 'ferry-bench list client $c' (pid [0-9]*) ended: client disconnected" "$dir/ferryd.log" ||
+    fail "list client $c was not a session of its own that ended"
+done
+[ -z "$(pgrep -f "ferry-bench list-client" || true)" ] || fail "a list client is still running"
+
+# A list client that cannot get its pool buffer: a clear error naming it, not a hang.
+"$bench" transfer --socket "$sock" --only blocks --quick --clients 16 >"$dir/many-clients.txt" 2>&1 &&
+  fail "16 list clients ran in a pool too small for them"
+grep -Eq "list client [0-9]+: .*(AllocateHost|AllocateDevice|RegisterDevice)" "$dir/many-clients.txt" ||
+  { cat "$dir/many-clients.txt"; fail "the error does not name the list client and what failed"; }
+[ -z "$(pgrep -f "ferry-bench list-client" || true)" ] || fail "a list client is still running after the error"
 
 # Every other section needs a GPU: a clear error, not a hang.
 "$bench" transfer --socket "$sock" --only blocks,many --quick >"$dir/many.txt" 2>&1 && fail "--only blocks,many ran without a GPU"
