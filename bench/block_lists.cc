@@ -125,7 +125,7 @@ int RunBlocksOnHostBackend(const ConnectOptions& options, bool quick, int client
   std::printf("%s\n", all_ok ? "every list arrived intact" : "FAIL: a list did not arrive intact");
   if (!all_ok || clients < 2) return all_ok ? 0 : 1;
   std::fflush(stdout);
-  auto rows = RunListClients(options, clients, reps, nullptr);
+  auto rows = RunListClients(options, clients, reps, SIZE_MAX, nullptr);
   if (!rows.ok()) return fail(("--clients " + std::to_string(clients)).c_str(), rows.status());
   PrintListClients(*rows, clients, reps);
   return 0;

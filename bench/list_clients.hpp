@@ -6,9 +6,10 @@
 //
 // Per list and direction: client 1 alone first, then every client at once, their starts lined
 // up (each prepares and poisons its destination, then all are told to go together). Every
-// client checks every byte of its own list.
+// client checks every byte of its own list, once every client's timed lists are done.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -18,20 +19,27 @@
 
 namespace ferry::bench {
 
+// Each client is a session of ferryd's, beside the bench's own: ferryd's limits.sessions_per_uid
+// (16 by default) must hold them all.
+inline constexpr int kMaxListClients = 8;
+
 struct ListClientsRow {
   BlockWorkload workload;
   Direction direction = Direction::kHostToDevice;
-  Summary alone;              // client 1 alone, GB/s of its lists
-  std::vector<Summary> each;  // each client's lists while all ran, GB/s
+  Summary alone;                                  // client 1 alone, GB/s of its lists
+  std::vector<double> alone_seconds;              // ... each list's seconds
+  std::vector<Summary> each;                      // each client's lists while all ran, GB/s
+  std::vector<std::vector<double>> each_seconds;  // ... each list's seconds
   double together_gbps = 0;   // every client's bytes over the span from the first start to the last end
   double all_copying = 0;     // the share of that span in which every client was copying
 };
 
-// Runs every shuffled list both ways from `clients` processes (2..16), `reps` timed lists each.
-// Fails (naming the client and what it said) when a client cannot connect, allocate or copy, or
+// Runs every shuffled list whose two regions fit in `max_bytes` (as the blocks section does)
+// both ways from `clients` processes (2..kMaxListClients), `reps` timed lists each. Fails,
+// naming the client and what it said, when a client cannot connect, allocate or copy, ends, or
 // a list arrives wrong. `progress` (may be null) steps once per list and direction.
 Result<std::vector<ListClientsRow>> RunListClients(const ConnectOptions& options, int clients, int reps,
-                                                   Progress* progress);
+                                                   size_t max_bytes, Progress* progress);
 
 // The rows as a table on stdout, and as a JSON value.
 void PrintListClients(const std::vector<ListClientsRow>& rows, int clients, int reps);

@@ -32,6 +32,7 @@
 #include "client/streaming_copy.hpp"
 #include "common/byte_size.hpp"
 #include "common/cli.hpp"
+#include "common/json.hpp"
 #include "ferry/client.hpp"
 
 namespace ferry::bench {
@@ -64,10 +65,11 @@ options:
                      staged; blocks: shuffled block lists, a loop of cudaMemcpyAsync, one
                      cudaMemcpyBatchAsync and ferry's CopyBlocks; without a GPU, `--only blocks`
                      runs ferry's list copies alone against a ferryd on the host backend)
-  --clients N        after the blocks section, each of its lists from N client processes at once
-                     (2..16; `ferry-bench list-client`, each its own session, pool buffer and
-                     device region): one alone, then all started together; each client's rate,
-                     the rate together and how much of the span all of them were copying
+  --clients N        last, each of the blocks section's lists from N client processes at once
+                     (2..8; `ferry-bench list-client`, each its own session of ferryd's, a pool
+                     buffer of up to 128 MiB and a device region): one alone, then all started
+                     together; each client's rate, the rate together and how much of the span
+                     all of them were copying; every client checks every byte of its lists
   --staged-chunk B   CopyStaged chunk size (default: the policy's, fitted to the copy)
   --staged-threads N CopyStaged threads (default: the policy's)
   --timeline         print each both-ways copy's and each 4 KiB latency copy's (not the
@@ -133,6 +135,7 @@ class TransferBench {
   int ManySmall();
   int Blocks();
   int Staged();
+  void ListClients();
   int Verify(size_t n);
   void Report(bool json) const;
   void Add(const std::string& test, size_t bytes, const std::string& dir, const std::string& path, int rep, double s) {
@@ -211,7 +214,9 @@ int TransferBench::Run(const std::vector<std::string>& args) {
     } else if (a.Is("--staged-threads")) {
       if (!a.IntValue(1, 1024, staged_opts_.threads)) return usage_error("--staged-threads takes 1..1024");
     } else if (a.Is("--clients")) {
-      if (!a.IntValue(2, 16, clients_)) return usage_error("--clients takes 2..16");
+      if (!a.IntValue(2, kMaxListClients, clients_)) {
+        return usage_error("--clients takes 2.." + std::to_string(kMaxListClients));
+      }
     } else if (a.Is("--quick")) {
       quick_ = true;
     } else if (a.Is("--timeline")) {
@@ -264,16 +269,6 @@ int TransferBench::Run(const std::vector<std::string>& args) {
   if (Runs("blocks")) {
     if (int rc = Blocks()) return rc;
   }
-  if (clients_ > 1) {
-    ferry::ConnectOptions each = opts_;
-    each.device = client_->device_ordinal();
-    auto rows = RunListClients(each, clients_, quick_ ? 5 : 20, progress_.get());
-    if (!rows.ok()) {
-      std::fprintf(stderr, "ferry-bench: --clients %d: %s\n", clients_, rows.status().ToString().c_str());
-      return 1;
-    }
-    client_rows_ = std::move(*rows);
-  }
   if (int rc = Staged()) return rc;
   if (daemon_pid_ > 0) {
     std::this_thread::sleep_for(1s);  // past ferryd's spin window
@@ -283,6 +278,8 @@ int TransferBench::Run(const std::vector<std::string>& args) {
     if (c0 >= 0 && c1 >= 0) idle_cpu_pct_ = 100 * (c1 - c0) / (t1 - t0);
     progress_->Step("idle CPU");
   }
+  // After the idle measure: the clients' sessions leave slabs for ferryd to zero and pin again.
+  if (clients_ > 1) ListClients();
   if (!csv_.empty()) {
     std::ofstream f(csv_);
     f << "test,bytes,direction,path,rep,seconds\n";
@@ -737,6 +734,35 @@ int TransferBench::Blocks() {
   return 0;
 }
 
+// The blocks section's lists from clients_ processes at once (bench/list_clients.hpp). Their
+// failure is the run's: a failed check, with the reason.
+void TransferBench::ListClients() {
+  ferry::ConnectOptions each = opts_;
+  each.device = client_->device_ordinal();
+  const int reps = quick_ ? 5 : 20;
+  auto rows = RunListClients(each, clients_, reps, max_size_, progress_.get());
+  if (!rows.ok()) {
+    verified_ = false;
+    failures_.push_back("--clients " + std::to_string(clients_) + ": " + rows.status().ToString());
+    return;
+  }
+  client_rows_ = std::move(*rows);
+  const std::string clients = "-clients-" + std::to_string(clients_);
+  for (const ListClientsRow& r : client_rows_) {
+    const std::string d = r.direction == ferry::Direction::kHostToDevice ? "h2d" : "d2h";
+    for (size_t rep = 0; rep < r.alone_seconds.size(); ++rep) {
+      Add(r.workload.key() + clients, r.workload.region_bytes(), d, "ferry-client-1-alone", static_cast<int>(rep),
+          r.alone_seconds[rep]);
+    }
+    for (size_t c = 0; c < r.each_seconds.size(); ++c) {
+      for (size_t rep = 0; rep < r.each_seconds[c].size(); ++rep) {
+        Add(r.workload.key() + clients, r.workload.region_bytes(), d, "ferry-client-" + std::to_string(c + 1),
+            static_cast<int>(rep), r.each_seconds[c][rep]);
+      }
+    }
+  }
+}
+
 // Pageable memory: plain cudaMemcpy, pin-then-copy (cudaHostRegister, copy, unregister), and
 // ferry's staged path, for 1 MiB to max size, both directions. Each size checked once.
 int TransferBench::Staged() {
@@ -940,9 +966,10 @@ void TransferBench::Report(bool json) const {
     }
     std::printf("],\"checks\":[");
     for (size_t i = 0; i < checks.size(); ++i) {
-      std::printf("%s{\"target\":\"%s\",\"pass\":%s,\"above_machine_limit\":%s,\"figures\":\"%s\"}", i ? "," : "",
-                  checks[i].what.c_str(), checks[i].verdict == Verdict::kPass ? "true" : "false",
-                  checks[i].verdict == Verdict::kAboveMachineLimit ? "true" : "false", checks[i].figures.c_str());
+      std::printf("%s{\"target\":%s,\"pass\":%s,\"above_machine_limit\":%s,\"figures\":%s}", i ? "," : "",
+                  ferry::json::String(checks[i].what).c_str(), checks[i].verdict == Verdict::kPass ? "true" : "false",
+                  checks[i].verdict == Verdict::kAboveMachineLimit ? "true" : "false",
+                  ferry::json::String(checks[i].figures).c_str());
     }
     std::printf("],\"idle_cpu_percent\":%.4f", idle_cpu_pct_);
     if (!client_rows_.empty()) std::printf(",\"list_clients\":%s", ListClientsJson(client_rows_, clients_).c_str());

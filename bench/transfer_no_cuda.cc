@@ -5,6 +5,7 @@
 
 #include "bench/bench_commands.hpp"
 #include "bench/block_lists.hpp"
+#include "bench/list_clients.hpp"
 #include "common/cli.hpp"
 
 namespace ferry::bench {
@@ -20,8 +21,8 @@ int RunTransferSweep(const std::vector<std::string>& args) {
     } else if (a.Is("--quick")) {
       quick = true;
     } else if (a.Is("--clients")) {
-      if (!a.IntValue(2, 16, clients)) {
-        cli::Fail("ferry-bench", "--clients takes 2..16");
+      if (!a.IntValue(2, kMaxListClients, clients)) {
+        cli::Fail("ferry-bench", "--clients takes 2.." + std::to_string(kMaxListClients));
         return 64;
       }
     } else if (a.Is("--only") && a.HasValue()) {

@@ -3,7 +3,8 @@
 # runs ferry's list copies alone (every shuffled list and the 1024 x 64 KiB one in order, both
 # ways), checks every byte of each in a poisoned destination, and says that it ran without the
 # in-process columns; with --clients 2 it then runs each shuffled list from two client processes
-# at once, each checking every byte of its own. Any other section still refuses clearly.
+# at once, each checking every byte of its own, and a list that arrives wrong, a client that
+# ends and clients without pool room are clear errors. Any other section still refuses clearly.
 # usage: bench_blocks_test.sh FERRYD FERRY_BENCH
 set -uo pipefail
 ferryd=$1 bench=$2
@@ -35,18 +36,38 @@ for list in "4096 x 16 KiB" "2048 x 64 KiB" "512 x 256 KiB"; do
   done
 done
 grep -q "^every client's every list arrived intact$" "$dir/out.txt" || fail "no verdict for the two clients"
+# Started together, the two were both copying for some of the span of at least one list (told
+# to go one after the other, they never would be).
+grep -Eq " [1-9][0-9]*% of the span$" "$dir/out.txt" || fail "the two clients never copied at the same time"
+clients_of_this_test() { pgrep -f "list-client --index [0-9]+ --lists [0-9]+ --socket $sock" || true; }
 for c in 1 2; do
+  for _ in $(seq 100); do
+    grep -q "session [0-9]* 'ferry-bench list client $c' (pid [0-9]*) ended: client disconnected" "$dir/ferryd.log" &&
+      break
+    sleep 0.05
+  done
   grep -q "session [0-9]* 'ferry-bench list client $c' (pid [0-9]*) ended: client disconnected" "$dir/ferryd.log" ||
     fail "list client $c was not a session of its own that ended"
 done
-[ -z "$(pgrep -f "ferry-bench list-client" || true)" ] || fail "a list client is still running"
+[ -z "$(clients_of_this_test)" ] || fail "a list client is still running"
 
-# A list client that cannot get its pool buffer: a clear error naming it, not a hang.
-"$bench" transfer --socket "$sock" --only blocks --quick --clients 16 >"$dir/many-clients.txt" 2>&1 &&
-  fail "16 list clients ran in a pool too small for them"
-grep -Eq "list client [0-9]+: .*(AllocateHost|AllocateDevice|RegisterDevice)" "$dir/many-clients.txt" ||
-  { cat "$dir/many-clients.txt"; fail "the error does not name the list client and what failed"; }
-[ -z "$(pgrep -f "ferry-bench list-client" || true)" ] || fail "a list client is still running after the error"
+# A list that arrives wrong, a client that ends mid-run, and clients that find no pool room (8 of
+# 128 MiB in this pool): each a clear error naming the client and what went wrong, no client
+# left running.
+expect_client_error() {  # NAME PATTERN, then the command
+  local name=$1 pattern=$2
+  shift 2
+  "$@" >"$dir/$name.txt" 2>&1 && { cat "$dir/$name.txt"; fail "$name: the bench passed"; }
+  grep -Eq "$pattern" "$dir/$name.txt" || { cat "$dir/$name.txt"; fail "$name: no error matching '$pattern'"; }
+  [ -z "$(clients_of_this_test)" ] || fail "$name: a list client is still running after the error"
+}
+FERRY_LIST_CLIENT_FAULT=2:spoil expect_client_error spoiled \
+  "list client 2: list position 0 of its list arrived wrong" \
+  "$bench" transfer --socket "$sock" --only blocks --quick --clients 2
+FERRY_LIST_CLIENT_FAULT=1:exit expect_client_error ended "list client 1: it ended without answering" \
+  "$bench" transfer --socket "$sock" --only blocks --quick --clients 2
+expect_client_error no-room "list client [0-9]+: .*AllocateHost: .*pool has no" \
+  "$bench" transfer --socket "$sock" --only blocks --quick --clients 8
 
 # Every other section needs a GPU: a clear error, not a hang.
 "$bench" transfer --socket "$sock" --only blocks,many --quick >"$dir/many.txt" 2>&1 && fail "--only blocks,many ran without a GPU"
