@@ -2,7 +2,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -19,29 +18,11 @@
 #include "daemon/metrics.hpp"
 #include "daemon/preflight.hpp"
 #include "daemon/server.hpp"
+#include "daemon/signal_watcher.hpp"
 #include "daemon/snapshots.hpp"
 #include "ferry/version.hpp"
 
 namespace {
-
-std::atomic<ferry::daemon::Server*> g_server{nullptr};
-// Signals that came before the server existed (systemd may send them during start-up). A
-// signal may land on any of ferryd's threads: these and g_server are sequentially consistent
-// atomics, so a signal handled while main publishes the server either sees the server or
-// leaves a flag that main sees after publishing it (lock-free atomics are async-signal-safe).
-std::atomic<int> g_pending_stop{0}, g_pending_reload{0};
-static_assert(std::atomic<int>::is_always_lock_free);
-
-void OnSignal(int sig) {
-  ferry::daemon::Server* s = g_server.load();
-  if (sig == SIGHUP) {
-    if (s != nullptr) s->RequestReload();
-    else g_pending_reload = 1;
-  } else {
-    if (s != nullptr) s->Stop();
-    else g_pending_stop = 1;
-  }
-}
 
 constexpr const char* kUsage = R"(usage: ferryd [options]
 
@@ -226,13 +207,13 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  // Handlers first: a SIGHUP or SIGTERM during start-up must not kill ferryd uncleanly.
-  struct sigaction sa {};
-  sa.sa_handler = OnSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGHUP, &sa, nullptr);
+  // Signals first, before any thread: a SIGHUP or SIGTERM during start-up must not kill ferryd
+  // uncleanly, and every thread started later leaves them to the watcher.
+  auto signals = daemon::SignalWatcher::Start();
+  if (!signals.ok()) {
+    std::fprintf(stderr, "ferryd: %s\n", signals.status().ToString().c_str());
+    return 1;
+  }
   signal(SIGPIPE, SIG_IGN);
 
   // The GPUs are located first (no CUDA context): their NUMA nodes place the pool's parts. Their
@@ -303,9 +284,9 @@ int main(int argc, char** argv) {
   daemon::ServerOptions options;
   options.observer = observers.empty() ? nullptr : &observers;
   // A SIGTERM during the start stops the pool's build at once (systemd's stop waits for no pool).
-  options.stop_requested = [] { return g_pending_stop.load() != 0; };
+  options.stop_requested = [watcher = signals->get()] { return watcher->stop_requested(); };
   auto server = daemon::Server::Create(std::move(*checked), std::move(gpu_source), std::move(options));
-  if (!server.ok() && server.status().code() == Code::kAborted && g_pending_stop) {
+  if (!server.ok() && server.status().code() == Code::kAborted && (*signals)->stop_requested()) {
     FERRY_LOG(kInfo) << "stopped during the start: " << server.status().message();
     return 0;
   }
@@ -316,14 +297,14 @@ int main(int argc, char** argv) {
   const std::vector<daemon::DeviceInfo> gpus = (*server)->gpus();
   if (metrics) metrics->SetGpus(gpus);
   if (snapshots) snapshots->SetDevice(gpus.front());
-  g_server = server->get();
-  if (g_pending_stop) (*server)->Stop();
-  if (g_pending_reload) (*server)->RequestReload();
+  // A stop or reload that came during the start goes to the server now.
+  (*signals)->Attach(
+      {.stop = [s = server->get()] { s->Stop(); }, .reload = [s = server->get()] { s->RequestReload(); }});
   if (metrics) metrics->Attach(server->get());
   if (snapshots) snapshots->Start();
   FERRY_LOG(kInfo) << "ready";
   Status st = (*server)->Run();
-  g_server = nullptr;
+  (*signals)->Detach();
   if (metrics) metrics->Attach(nullptr);
   server->reset();
   snapshots.reset();  // writes the last window
