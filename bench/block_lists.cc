@@ -62,7 +62,7 @@ Result<ListRegions> AllocateListRegions(Client& client, const std::vector<BlockW
   return ListRegions{std::move(*host), std::move(*device), std::move(*region)};
 }
 
-int RunBlocksOnHostBackend(const ConnectOptions& options, bool quick, int clients) {
+int RunBlocksOnHostBackend(const ConnectOptions& options, const HostBlocksOptions& run) {
   using namespace std::chrono_literals;
   auto fail = [](const char* what, const Status& s) {
     std::fprintf(stderr, "ferry-bench: %s: %s\n", what, s.ToString().c_str());
@@ -80,6 +80,8 @@ int RunBlocksOnHostBackend(const ConnectOptions& options, bool quick, int client
   }
   std::vector<BlockWorkload> workloads = ShuffledBlockWorkloads();
   workloads.push_back({1024, 64 << 10, false});
+  std::erase_if(workloads, [&](const BlockWorkload& w) { return 2 * w.region_bytes() > run.max_bytes; });
+  if (workloads.empty()) return fail("--max-size", InvalidArgument("no list's two regions fit in it"));
   auto regions = AllocateListRegions(**client, workloads);
   if (!regions.ok()) return fail("the lists' memory (the host run needs a pool of 128 MiB and more)", regions.status());
   HostBuffer* const host = &regions->host;
@@ -91,7 +93,7 @@ int RunBlocksOnHostBackend(const ConnectOptions& options, bool quick, int client
   std::printf(
       "\nblock lists through ferryd's host backend (no GPU: ferry's CopyBlocks alone, without the in-process\n"
       "columns and targets, which need a GPU; GB/s of the host backend's memcpy, not of a bus; median [min, max])\n");
-  const int reps = quick ? 3 : 10;
+  const int reps = run.quick ? 3 : 10;
   bool all_ok = true;
   std::vector<std::byte> reference(region);
   for (size_t wi = 0; wi < workloads.size(); ++wi) {
@@ -123,11 +125,11 @@ int RunBlocksOnHostBackend(const ConnectOptions& options, bool quick, int client
     }
   }
   std::printf("%s\n", all_ok ? "every list arrived intact" : "FAIL: a list did not arrive intact");
-  if (!all_ok || clients < 2) return all_ok ? 0 : 1;
+  if (!all_ok || run.clients < 2) return all_ok ? 0 : 1;
   std::fflush(stdout);
-  auto rows = RunListClients(options, clients, reps, SIZE_MAX, nullptr);
-  if (!rows.ok()) return fail(("--clients " + std::to_string(clients)).c_str(), rows.status());
-  PrintListClients(*rows, clients, reps);
+  auto rows = RunListClients(options, run.clients, reps, run.max_bytes, nullptr);
+  if (!rows.ok()) return fail(("--clients " + std::to_string(run.clients)).c_str(), rows.status());
+  PrintListClients(*rows, run.clients, reps);
   return 0;
 }
 

@@ -52,7 +52,13 @@ Result<ListRegions> AllocateListRegions(Client& client, const std::vector<BlockW
 
 // The blocks section against a ferryd on the host backend (no GPU: ferry's list copies alone,
 // every byte checked, no in-process columns and no targets), and with `clients` > 1 its lists
-// from that many client processes at once (bench/list_clients.hpp). 0: every list arrived intact.
-int RunBlocksOnHostBackend(const ConnectOptions& options, bool quick, int clients = 1);
+// from that many client processes at once (bench/list_clients.hpp). Lists whose two regions
+// exceed `max_bytes` are left out, as on the GPU. 0: every list arrived intact.
+struct HostBlocksOptions {
+  bool quick = false;
+  int clients = 1;
+  size_t max_bytes = size_t{1} << 30;  // --max-size
+};
+int RunBlocksOnHostBackend(const ConnectOptions& options, const HostBlocksOptions& run);
 
 }  // namespace ferry::bench

@@ -245,7 +245,7 @@ int TransferBench::Run(const std::vector<std::string>& args) {
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
       cudaGetLastError();
       std::fprintf(stderr, "ferry-bench: no CUDA GPU answers: the blocks section runs ferry's list copies alone\n");
-      return RunBlocksOnHostBackend(opts_, quick_, clients_);
+      return RunBlocksOnHostBackend(opts_, {.quick = quick_, .clients = clients_, .max_bytes = max_size_});
     }
   }
   if (int rc = Setup()) return rc;

@@ -12,16 +12,21 @@ namespace ferry::bench {
 
 int RunTransferSweep(const std::vector<std::string>& args) {
   ConnectOptions options;
-  bool quick = false, only_blocks = false, other = false;
-  int clients = 1;
+  HostBlocksOptions run;
+  bool only_blocks = false, other = false;
   cli::Args a(args);
   while (a.Next()) {
     if (a.Is("--socket") && a.HasValue()) {
       options.socket_path = a.Value();
     } else if (a.Is("--quick")) {
-      quick = true;
+      run.quick = true;
+    } else if (a.Is("--max-size")) {
+      if (!a.ByteSizeValue(4096, 1ull << 40, run.max_bytes)) {
+        cli::Fail("ferry-bench", "--max-size takes a size, 4 KiB .. 1 TiB");
+        return 64;
+      }
     } else if (a.Is("--clients")) {
-      if (!a.IntValue(2, kMaxListClients, clients)) {
+      if (!a.IntValue(2, kMaxListClients, run.clients)) {
         cli::Fail("ferry-bench", "--clients takes 2.." + std::to_string(kMaxListClients));
         return 64;
       }
@@ -32,7 +37,7 @@ int RunTransferSweep(const std::vector<std::string>& args) {
       other = true;
     }
   }
-  if (only_blocks && !other) return RunBlocksOnHostBackend(options, quick, clients);
+  if (only_blocks && !other) return RunBlocksOnHostBackend(options, run);
   std::fprintf(stderr,
                "ferry-bench: transfer measures copies to a GPU: this ferry-bench was built without the CUDA "
                "toolkit (rebuild with it, -DFERRY_CUDA=ON, on a machine with the GPU; --only blocks runs the "
