@@ -83,7 +83,11 @@ int RunBlocksOnHostBackend(const ConnectOptions& options, const HostBlocksOption
   std::erase_if(workloads, [&](const BlockWorkload& w) { return 2 * w.region_bytes() > run.max_bytes; });
   if (workloads.empty()) return fail("--max-size", InvalidArgument("no list's two regions fit in it"));
   auto regions = AllocateListRegions(**client, workloads);
-  if (!regions.ok()) return fail("the lists' memory (the host run needs a pool of 128 MiB and more)", regions.status());
+  if (!regions.ok())
+    return fail(
+        "the lists' memory (the host run needs a pool buffer as large as its largest list's region, 128 MiB for every "
+        "list)",
+        regions.status());
   HostBuffer* const host = &regions->host;
   DeviceAllocation* const device = &regions->device;
   DeviceRegion* const registered = &regions->region;

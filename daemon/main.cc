@@ -285,10 +285,17 @@ int main(int argc, char** argv) {
   options.observer = observers.empty() ? nullptr : &observers;
   // A SIGTERM during the start stops the pool's build at once (systemd's stop waits for no pool).
   options.stop_requested = [watcher = signals->get()] { return watcher->stop_requested(); };
+  if ((*signals)->stop_requested()) {
+    FERRY_LOG(kInfo) << "stopped during the start: ferryd was stopped before it built its pool";
+    return 0;
+  }
   auto server = daemon::Server::Create(std::move(*checked), std::move(gpu_source), std::move(options));
   if (!server.ok() && server.status().code() == Code::kAborted && (*signals)->stop_requested()) {
     FERRY_LOG(kInfo) << "stopped during the start: " << server.status().message();
     return 0;
+  }
+  if (server.ok() && (*signals)->stop_requested()) {  // after the build's last look: Run ends at once
+    FERRY_LOG(kInfo) << "stopped during the start: ferryd was stopped as its start ended";
   }
   if (!server.ok()) {
     std::fprintf(stderr, "ferryd: %s\n", server.status().ToString().c_str());

@@ -168,8 +168,8 @@ class Server {
   // Serves until Stop(); then evicts every session, waits for in-flight copies, and removes the
   // socket. Returns an error only if the loop itself failed.
   Status Run();
-  void Stop();           // async-signal-safe
-  void RequestReload();  // async-signal-safe: re-reads config.policy_path (SIGHUP)
+  void Stop();           // any thread; async-signal-safe
+  void RequestReload();  // any thread; async-signal-safe: re-reads config.policy_path (SIGHUP)
   // The running policy (thread-safe snapshot).
   std::shared_ptr<const Policy> policy() const;
 

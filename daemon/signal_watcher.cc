@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <system_error>
 
 #include "common/log.hpp"
 
@@ -34,7 +35,11 @@ Result<std::unique_ptr<SignalWatcher>> SignalWatcher::Start() {
   if (!signals.valid()) return Internal(std::string("signalfd: ") + std::strerror(errno));
   auto quit = CreateEventFd();
   if (!quit.ok()) return quit.status();
-  return std::unique_ptr<SignalWatcher>(new SignalWatcher(std::move(signals), std::move(*quit)));
+  try {
+    return std::unique_ptr<SignalWatcher>(new SignalWatcher(std::move(signals), std::move(*quit)));
+  } catch (const std::system_error& e) {
+    return Internal(std::string("the signal watcher's thread: ") + e.what());
+  }
 }
 
 SignalWatcher::SignalWatcher(UniqueFd signals, UniqueFd quit)
@@ -58,16 +63,25 @@ void SignalWatcher::Attach(SignalActions actions) {
 void SignalWatcher::Watch() {
   pollfd fds[2] = {{.fd = signal_fd_.get(), .events = POLLIN, .revents = 0},
                    {.fd = quit_fd_.get(), .events = POLLIN, .revents = 0}};
+  // A watcher that can no longer read the signals stops ferryd: they stay blocked in every
+  // thread, so nothing but SIGKILL would end it otherwise.
+  auto give_up = [this](const char* what) {
+    FERRY_LOG(kError) << "signals: " << what << ": " << std::strerror(errno)
+                      << "; stopping, as SIGTERM, SIGINT and SIGHUP can no longer be heard";
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_.store(true);
+    if (actions_.stop) actions_.stop();
+  };
   for (;;) {
     if (::poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
-      FERRY_LOG(kError) << "signals: poll: " << std::strerror(errno) << "; SIGTERM, SIGINT and SIGHUP are not heard";
-      return;
+      return give_up("poll");
     }
     if (fds[1].revents != 0) return;
     signalfd_siginfo info{};
     const ssize_t n = ::read(signal_fd_.get(), &info, sizeof info);
-    if (n != static_cast<ssize_t>(sizeof info)) continue;  // EINTR, EAGAIN
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n != static_cast<ssize_t>(sizeof info)) return give_up("reading the signalfd");
     std::lock_guard<std::mutex> lock(mu_);
     if (info.ssi_signo == SIGHUP) {
       if (actions_.reload) {

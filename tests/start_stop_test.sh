@@ -8,14 +8,21 @@ set -euo pipefail
 ferryd=$1 ferryctl=$2 pool=${3:-3GiB}
 dir=$(mktemp -d /tmp/ferry-startstop-XXXXXX)
 pid=
-cleanup() { [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$dir"; }
+cleanup() {
+  if [ -n "$pid" ]; then kill -9 "$pid" 2>/dev/null || true; fi
+  wait 2>/dev/null || true
+  rm -rf "$dir"
+}
 trap cleanup EXIT
 "$ferryd" --backend host --runtime-dir "$dir" --pool-size "$pool" --slab-size 8MiB --metrics-address "" \
   >"$dir/ferryd.log" 2>&1 &
 pid=$!
-# Until ferryctl status says the pool is being built (exit 3: starting).
+# Until ferryctl status says the pool is being built (exit 3: starting), for at most 30 s (a
+# count of tries would stretch with a slow ferryctl: a sanitizer's on a loaded machine).
 building=0
-for _ in $(seq 400); do
+deadline=$((SECONDS + 30))
+while [ $SECONDS -lt $deadline ]; do
+  kill -0 "$pid" 2>/dev/null || { cat "$dir/ferryd.log"; echo "FAIL: ferryd ended during its start"; exit 1; }
   rc=0
   "$ferryctl" --socket "$dir/ferryd.sock" status >"$dir/status" 2>&1 || rc=$?
   if [ $rc = 3 ] && grep -q "building the pool" "$dir/status"; then building=1; break; fi
@@ -28,6 +35,12 @@ pct=$( (grep -o '([0-9]*%)' "$dir/status" || true) | tr -dc 0-9)
 if [ "${pct:-0}" -ge 50 ]; then echo "SKIP: the pool was $pct% built when the test first saw it"; exit 77; fi
 t0=$(date +%s%N)
 kill -TERM "$pid"
+for _ in $(seq 600); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+if kill -0 "$pid" 2>/dev/null; then
+  cat "$dir/ferryd.log"
+  echo "FAIL: ferryd still runs 30 s after SIGTERM"
+  exit 1
+fi
 rc=0
 wait "$pid" || rc=$?
 pid=
