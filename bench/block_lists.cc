@@ -13,6 +13,8 @@
 
 namespace ferry::bench {
 
+const char* DirectionName(Direction direction) { return direction == Direction::kHostToDevice ? "h2d" : "d2h"; }
+
 std::string BlockWorkload::name() const {
   return std::to_string(count) + " x " + FormatByteSize(block_bytes) + (shuffled ? "" : " in order");
 }
@@ -91,8 +93,7 @@ int RunBlocksOnHostBackend(const ConnectOptions& options, const HostBlocksOption
   HostBuffer* const host = &regions->host;
   DeviceAllocation* const device = &regions->device;
   DeviceRegion* const registered = &regions->region;
-  size_t region = 0;
-  for (const BlockWorkload& w : workloads) region = std::max(region, w.region_bytes());
+  const size_t region = device->size();
 
   std::printf(
       "\nblock lists through ferryd's host backend (no GPU: ferry's CopyBlocks alone, without the in-process\n"
@@ -124,8 +125,8 @@ int RunBlocksOnHostBackend(const ConnectOptions& options, const HostBlocksOption
       const Summary s = Summarize(gbps);
       const std::string check =
           wrong ? "FAIL: block " + std::to_string(*wrong) + " of the list arrived wrong" : "every byte checked";
-      std::printf("  %-22s %s  ferry %7.2f [%6.2f, %6.2f]  %s\n", w.name().c_str(), h2d ? "h2d" : "d2h", s.median,
-                  s.min, s.max, check.c_str());
+      std::printf("  %-22s %s  ferry %7.2f [%6.2f, %6.2f]  %s\n", w.name().c_str(), DirectionName(dir), s.median, s.min,
+                  s.max, check.c_str());
     }
   }
   std::printf("%s\n", all_ok ? "every list arrived intact" : "FAIL: a list did not arrive intact");

@@ -21,6 +21,9 @@ struct BlockWorkload {
   std::string key() const;   // the CSV's test column: "blocks-4096x16KiB"
 };
 
+// A direction as the tables, the JSON and the CSV name it: "h2d" or "d2h".
+const char* DirectionName(Direction direction);
+
 // The section's lists, each shuffled: 4096 x 16 KiB, 2048 x 64 KiB, 512 x 256 KiB.
 std::vector<BlockWorkload> ShuffledBlockWorkloads();
 

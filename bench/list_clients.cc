@@ -312,7 +312,6 @@ Result<std::vector<ListClientsRow>> RunListClients(const ConnectOptions& options
       if (!alone_done.ok()) return failed(0, alone_done.status());
       if (Status s = check({0}); !s.ok()) return s;
       row.alone_seconds = alone_done->seconds;
-      row.alone = GbpsOf(row.alone_seconds, n);
 
       if (auto r = each(all, "arm", "armed"); !r.ok()) return r.status();
       auto together = each(all, go, "done");
@@ -321,7 +320,6 @@ Result<std::vector<ListClientsRow>> RunListClients(const ConnectOptions& options
       for (size_t i : all) {
         auto d = ParseDone((*together)[i], reps);
         if (!d.ok()) return failed(i, d.status());
-        row.each.push_back(GbpsOf(d->seconds, n));
         row.each_seconds.push_back(d->seconds);
         first_start = std::min(first_start, d->start);
         last_start = std::max(last_start, d->start);
@@ -352,17 +350,19 @@ void PrintListClients(const std::vector<ListClientsRow>& rows, int clients, int 
   std::printf("  %-15s %-4s %-24s %-*s %9s %7s %s\n", "list", "dir", "client 1 alone", 12 * clients,
               "each client, all at once", "together", "/alone", "all copying");
   for (const ListClientsRow& r : rows) {
+    const size_t n = r.workload.region_bytes();
+    const Summary a = GbpsOf(r.alone_seconds, n);
     char alone[64];
-    std::snprintf(alone, sizeof alone, "%.2f [%.2f, %.2f]", r.alone.median, r.alone.min, r.alone.max);
+    std::snprintf(alone, sizeof alone, "%.2f [%.2f, %.2f]", a.median, a.min, a.max);
     std::string each;
-    for (const Summary& s : r.each) {
+    for (const std::vector<double>& seconds : r.each_seconds) {
       char one[16];
-      std::snprintf(one, sizeof one, "%-12.2f", s.median);
+      std::snprintf(one, sizeof one, "%-12.2f", GbpsOf(seconds, n).median);
       each += one;
     }
     std::printf("  %-15s %-4s %-24s %-*s %9.2f %6.2fx %3.0f%% of the span\n", r.workload.name().c_str(),
-                r.direction == Direction::kHostToDevice ? "h2d" : "d2h", alone, 12 * clients, each.c_str(),
-                r.together_gbps, r.together_gbps / r.alone.median, 100 * r.all_copying);
+                DirectionName(r.direction), alone, 12 * clients, each.c_str(), r.together_gbps,
+                r.together_gbps / a.median, 100 * r.all_copying);
   }
   std::printf("every client's every list arrived intact\n");
 }
@@ -379,12 +379,13 @@ std::string ListClientsJson(const std::vector<ListClientsRow>& rows, int clients
     char head[256];
     std::snprintf(head, sizeof head, "%s{\"list\":\"%s\",\"blocks\":%zu,\"block_bytes\":%zu,\"direction\":\"%s\",",
                   i ? "," : "", r.workload.name().c_str(), r.workload.count, r.workload.block_bytes,
-                  r.direction == Direction::kHostToDevice ? "h2d" : "d2h");
+                  DirectionName(r.direction));
     out += head;
-    out += "\"alone_gbps\":" + summary(r.alone) + ",\"each_gbps\":[";
-    for (size_t c = 0; c < r.each.size(); ++c) {
+    const size_t n = r.workload.region_bytes();
+    out += "\"alone_gbps\":" + summary(GbpsOf(r.alone_seconds, n)) + ",\"each_gbps\":[";
+    for (size_t c = 0; c < r.each_seconds.size(); ++c) {
       if (c) out += ',';
-      out += summary(r.each[c]);
+      out += summary(GbpsOf(r.each_seconds[c], n));
     }
     char tail[128];
     std::snprintf(tail, sizeof tail, "],\"together_gbps\":%.3f,\"all_copying\":%.3f}", r.together_gbps, r.all_copying);

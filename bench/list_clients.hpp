@@ -26,10 +26,8 @@ inline constexpr int kMaxListClients = 8;
 struct ListClientsRow {
   BlockWorkload workload;
   Direction direction = Direction::kHostToDevice;
-  Summary alone;                                  // client 1 alone, GB/s of its lists
-  std::vector<double> alone_seconds;              // ... each list's seconds
-  std::vector<Summary> each;                      // each client's lists while all ran, GB/s
-  std::vector<std::vector<double>> each_seconds;  // ... each list's seconds
+  std::vector<double> alone_seconds;              // client 1 alone: each list's seconds
+  std::vector<std::vector<double>> each_seconds;  // each client's lists' seconds while all ran
   double together_gbps = 0;   // every client's bytes over the span from the first start to the last end
   double all_copying = 0;     // the share of that span in which every client was copying
 };

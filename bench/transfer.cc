@@ -244,6 +244,11 @@ int TransferBench::Run(const std::vector<std::string>& args) {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
       cudaGetLastError();
+      if (json_ || !csv_.empty() || timeline_) {
+        return usage_error(
+            "no CUDA GPU answers: the blocks section against the host backend prints its table only "
+            "(no --json, --csv or --timeline)");
+      }
       std::fprintf(stderr, "ferry-bench: no CUDA GPU answers: the blocks section runs ferry's list copies alone\n");
       return RunBlocksOnHostBackend(opts_, {.quick = quick_, .clients = clients_, .max_bytes = max_size_});
     }
@@ -643,7 +648,7 @@ int TransferBench::Blocks() {
       const bool h2d = dir == 0;
       const auto kind = h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
       const auto fdir = h2d ? ferry::Direction::kHostToDevice : ferry::Direction::kDeviceToHost;
-      const std::string dname = h2d ? "h2d" : "d2h";
+      const std::string dname = DirectionName(fdir);
       // The source: fresh random bytes in pinned_[0, n), the reference; copied into the pool
       // buffer (h2d) or the device (d2h). The in-process d2h destination is pinned_[n, 2n),
       // ferry's the pool buffer's [0, n).
@@ -749,7 +754,7 @@ void TransferBench::ListClients() {
   client_rows_ = std::move(*rows);
   const std::string clients = "-clients-" + std::to_string(clients_);
   for (const ListClientsRow& r : client_rows_) {
-    const std::string d = r.direction == ferry::Direction::kHostToDevice ? "h2d" : "d2h";
+    const std::string d = DirectionName(r.direction);
     for (size_t rep = 0; rep < r.alone_seconds.size(); ++rep) {
       Add(r.workload.key() + clients, r.workload.region_bytes(), d, "ferry-client-1-alone", static_cast<int>(rep),
           r.alone_seconds[rep]);

@@ -14,6 +14,7 @@ int RunTransferSweep(const std::vector<std::string>& args) {
   ConnectOptions options;
   HostBlocksOptions run;
   bool only_blocks = false, other = false;
+  std::string first_other;
   cli::Args a(args);
   while (a.Next()) {
     if (a.Is("--socket") && a.HasValue()) {
@@ -34,10 +35,19 @@ int RunTransferSweep(const std::vector<std::string>& args) {
       only_blocks = a.Value() == "blocks";
       other = other || !only_blocks;
     } else {
+      if (!other) first_other = a.current();
       other = true;
     }
   }
   if (only_blocks && !other) return RunBlocksOnHostBackend(options, run);
+  if (only_blocks) {
+    std::fprintf(
+        stderr,
+        "ferry-bench: without the CUDA toolkit, transfer --only blocks runs against a ferryd on the host "
+        "backend and prints its table only: it takes --socket, --quick, --max-size and --clients, not \"%s\"\n",
+        first_other.c_str());
+    return 64;
+  }
   std::fprintf(stderr,
                "ferry-bench: transfer measures copies to a GPU: this ferry-bench was built without the CUDA "
                "toolkit (rebuild with it, -DFERRY_CUDA=ON, on a machine with the GPU; --only blocks runs the "

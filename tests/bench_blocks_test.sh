@@ -88,5 +88,9 @@ fi
 "$bench" transfer --socket "$sock" --only blocks,many --quick >"$dir/many.txt" 2>&1 && fail "--only blocks,many ran without a GPU"
 grep -Eq "GPU|CUDA" "$dir/many.txt" || { cat "$dir/many.txt"; fail "the error does not say it needs a GPU"; }
 
+# The host run prints its table only: --json is refused, not ignored.
+"$bench" transfer --socket "$sock" --only blocks --quick --json >"$dir/json.txt" 2>&1 && fail "--json ran without a GPU"
+grep -q -- "--json" "$dir/json.txt" || { cat "$dir/json.txt"; fail "the refusal does not name --json"; }
+
 kill -TERM $pid; wait $pid || fail "ferryd did not stop cleanly"
 echo PASS
