@@ -357,9 +357,7 @@ void ClientCore::ReportWaitLocked(uint64_t tag, uint64_t blocked_ns) {
 // Pairs with ferryd's setting its sleeping bit, fencing, and looking at the rings once more.
 void ClientCore::WakeDaemonIfAsleep() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (hdr_->daemon_state.value.load(std::memory_order_relaxed) & wire::kDaemonSleeping) {
-    RingDoorbell(submit_efd_.get());
-  }
+  if (wire::TakeDaemonSleeping(hdr_->daemon_state.value)) RingDoorbell(submit_efd_.get());
 }
 
 // Caller holds ring_mu_.

@@ -117,9 +117,9 @@ void RingDoorbell(int efd) {
   [[maybe_unused]] ssize_t n = ::write(efd, &one, sizeof one);
 }
 
-void DrainDoorbell(int efd) {
-  uint64_t v;
-  [[maybe_unused]] ssize_t n = ::read(efd, &v, sizeof v);
+uint64_t DrainDoorbell(int efd) {
+  uint64_t v = 0;
+  return ::read(efd, &v, sizeof v) == sizeof v ? v : 0;
 }
 
 Result<bool> WaitReadable(int fd, int timeout_ms) {

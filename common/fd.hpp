@@ -77,7 +77,8 @@ Result<Mapping> MapSideBySide(const int* fds, size_t count, size_t each);
 // eventfd doorbells (non-blocking, close-on-exec).
 Result<UniqueFd> CreateEventFd();
 void RingDoorbell(int efd);
-void DrainDoorbell(int efd);
+// Reads the doorbell's count back to 0 and returns it: how many rings since the last drain.
+uint64_t DrainDoorbell(int efd);
 // Waits up to timeout_ms (-1: forever) for fd to become readable. true if readable.
 Result<bool> WaitReadable(int fd, int timeout_ms);
 

@@ -386,6 +386,16 @@ inline constexpr uint32_t kDaemonSleeping = 1;       // daemon_state bit: ring t
 inline constexpr uint32_t kClientWaiting = 1;        // client_state bit: ring the completion doorbell
 inline constexpr uint32_t kClientWaitingForRoom = 2;  // client_state bit: ... also when reading submissions
 
+// A submitter's look at `daemon_state`, after publishing its tail and a full fence: true when
+// ferryd said it sleeps and this caller is the one to ring. It takes the bit, so the
+// submissions that follow before ferryd is up and reading (it sets the bit again before it next
+// sleeps) make no system call each; the doorbell is an eventfd, so one write wakes ferryd. The
+// bit is the client's own ring's: taking it can only cost that client a ring it would have rung.
+inline bool TakeDaemonSleeping(std::atomic<uint32_t>& daemon_state) {
+  if ((daemon_state.load(std::memory_order_relaxed) & kDaemonSleeping) == 0) return false;
+  return (daemon_state.fetch_and(~kDaemonSleeping, std::memory_order_relaxed) & kDaemonSleeping) != 0;
+}
+
 // Layout of the ring segment: RingHeader, then sq_entries SubmissionEntry, then cq_entries
 // CompletionEntry, then (from the next 4 KiB boundary) the flag area, on pages of its own so
 // that each side can register just them with the GPU: the event flags, kEventFlags words of 32

@@ -480,6 +480,7 @@ class Server::Impl {
       bool slept = false;
       if (!must_poll && MonotonicNanos() - last_activity > window.ns()) {
         rings_->SetSleeping(true);
+        counters_.sleeping_bits_set++;
         std::atomic_thread_fence(std::memory_order_seq_cst);
         if (rings_->AnySubmissionPending()) {
           rings_->SetSleeping(false);
@@ -573,7 +574,7 @@ class Server::Impl {
     if (it == session_map_.end() || it->second->dead) return true;
     Session& s = *it->second;
     if ((tag & 0xf) == kDoorbellKind) {
-      DrainDoorbell(s.submit_efd.get());
+      counters_.submit_doorbells += DrainDoorbell(s.submit_efd.get());
       return false;
     }
     sessions_->OnSocketEvent(s, ev.events);

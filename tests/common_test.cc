@@ -2,7 +2,10 @@
 // command-line argument walker.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <thread>
+#include <vector>
 
 #include "common/backend_name.hpp"
 #include "common/byte_size.hpp"
@@ -10,6 +13,7 @@
 #include "common/json.hpp"
 #include "common/process.hpp"
 #include "common/time_format.hpp"
+#include "common/wire.hpp"
 #include "ferry/client.hpp"
 
 namespace ferry {
@@ -120,6 +124,31 @@ TEST(Process, RunProgramPassesTheExitCodeThrough) {
   EXPECT_EQ(RunProgram({"true"}, "test"), 0);
   EXPECT_EQ(RunProgram({"/nonexistent/program"}, "test"), 127);
   EXPECT_NE(ExecutableDir(), ".");
+}
+
+// The submit doorbell's rule: of the submitters that find ferryd's sleeping bit set, one takes
+// it and rings; the others, and everyone once it is taken, ring nothing.
+TEST(SubmitDoorbell, OneOfTheSubmittersThatFindFerrydAsleepTakesItsBitAndRings) {
+  std::atomic<uint32_t> state{0};
+  EXPECT_FALSE(wire::TakeDaemonSleeping(state)) << "ferryd awake";
+  state = wire::kDaemonSleeping;
+  EXPECT_TRUE(wire::TakeDaemonSleeping(state));
+  EXPECT_EQ(state.load(), 0u);
+  EXPECT_FALSE(wire::TakeDaemonSleeping(state)) << "taken already";
+  for (int round = 0; round < 50; ++round) {
+    state = wire::kDaemonSleeping;
+    std::atomic<int> go{0}, rings{0};
+    std::vector<std::thread> submitters;
+    for (int t = 0; t < 4; ++t) {
+      submitters.emplace_back([&] {
+        go.fetch_add(1);
+        while (go.load() < 4) std::this_thread::yield();
+        if (wire::TakeDaemonSleeping(state)) rings.fetch_add(1);
+      });
+    }
+    for (auto& t : submitters) t.join();
+    ASSERT_EQ(rings.load(), 1) << "round " << round;
+  }
 }
 
 }  // namespace

@@ -171,12 +171,8 @@ TEST(Daemon, AStreamWaitOnABatchWaitsForEveryCopyOfIt) {
   auto& [src, dev, region] = target;
   FillRandom(src.data(), src.size(), testing::RandomSeed());
   Poison(static_cast<std::byte*>(dev.data()), dev.size());
-  std::vector<Transfer> ts;
-  for (size_t i = 0; i < kCount; ++i) {
-    ASSERT_OK_AND_ASSIGN(Transfer t, client->Copy(Direction::kHostToDevice, src, i * kPiece, region, i * kPiece, kPiece,
-                                                  {.stream_waitable = true}));
-    ts.push_back(std::move(t));
-  }
+  ASSERT_OK_AND_ASSIGN(std::vector<Transfer> ts,
+                       CopyPieces(*client, target, kPiece, kCount, {.stream_waitable = true}));
   // The host backend's stream wait is a host wait: every byte is there when it returns.
   ASSERT_OK(client->StreamWait(ts, nullptr));
   EXPECT_EQ(FirstDifference(static_cast<std::byte*>(dev.data()), src.data(), src.size()), -1);
@@ -273,23 +269,56 @@ TEST(Daemon, WaitsOnAWholeRingOfCopiesDoneWhileFerrydSleptReachItAndTheNextCopie
     const uint64_t completed = d.counters().copies_completed.load();
     const uint64_t reports = d.counters().wait_reports_accepted.load();
     const uint64_t sleeps = d.counters().sleeps.load();
-    std::vector<Transfer> ts;
-    for (size_t i = 0; i < count; ++i) {
-      auto t = client->Copy(Direction::kHostToDevice, src, i * kPiece, region, i * kPiece, kPiece);
-      ASSERT_TRUE(t.ok()) << "round " << round << ", copy " << i << ": " << t.status().ToString();
-      ts.push_back(std::move(*t));
-    }
+    auto ts = CopyPieces(*client, target, kPiece, count);
+    ASSERT_TRUE(ts.ok()) << "round " << round << ", " << ts.status().ToString();
     ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().copies_completed.load() >= completed + count; }))
         << "round " << round << ": the copies never completed";
     ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().sleeps.load() > sleeps; }))
         << "round " << round << ": ferryd never went to sleep";
     std::this_thread::sleep_for(20ms);  // asleep now: its poll window is 50 us
-    for (auto& t : ts) ASSERT_OK(t.Wait(10s));
+    for (auto& t : *ts) ASSERT_OK(t.Wait(10s));
     EXPECT_EQ(FirstDifference(device, src.data(), src.size()), -1) << "round " << round;
     EXPECT_TRUE(DaemonHarness::Eventually([&] { return d.counters().wait_reports_accepted.load() == reports + count; }))
         << "round " << round << ": ferryd took " << d.counters().wait_reports_accepted.load() - reports << " of "
         << count << " wait reports";
   }
+}
+
+// A client rings the submit doorbell only when it takes ferryd's sleeping bit, so a burst of
+// copies that finds ferryd asleep rings it once: each ring is a system call the client pays,
+// and a burst once paid one a copy until ferryd was up and had cleared the bit.
+TEST(Daemon, ABurstOfCopiesThatFindsFerrydAsleepRingsItsDoorbellOnce) {
+  auto config = DaemonHarness::SmallConfig();
+  config.spin_us = 50;
+  config.spin_max_us = 0;
+  DaemonHarness d(config);
+  ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
+  constexpr size_t kPiece = 4096 + 40, kCount = 64;
+  ASSERT_OK_AND_ASSIGN(CopyTarget target, MakeCopyTarget(*client, kPiece * kCount));
+  auto& [src, dev, region] = target;
+  std::byte* device = target.device();
+  // A round whose burst finds ferryd up (kept off the cores past 20 ms, or woken by something
+  // else) rings nothing and proves little: up to 10 rounds, for 3 that rang.
+  int rang = 0;
+  for (int round = 0; round < 10 && rang < 3; ++round) {
+    FillRandom(src.data(), src.size(), testing::RandomSeed() + round);
+    Poison(device, dev.size());
+    std::this_thread::sleep_for(20ms);  // asleep now: its poll window is 50 us
+    ASSERT_GT(d.counters().sleeps.load(), 0u) << "round " << round << ": ferryd never went to sleep";
+    const uint64_t bits = d.counters().sleeping_bits_set.load();
+    const uint64_t rings = d.counters().submit_doorbells.load();
+    const uint64_t completed = d.counters().copies_completed.load();
+    ASSERT_OK_AND_ASSIGN(std::vector<Transfer> ts, CopyPieces(*client, target, kPiece, kCount));
+    ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().copies_completed.load() >= completed + kCount; }))
+        << "round " << round << ": the copies never completed";
+    if (d.counters().submit_doorbells.load() > rings) ++rang;
+    for (auto& t : ts) ASSERT_OK(t.Wait(10s));  // each wait's report may ring too, once per bit
+    EXPECT_EQ(FirstDifference(device, src.data(), src.size()), -1) << "round " << round;
+    // The bit set before the burst, then one ring at most for each time ferryd set it again.
+    EXPECT_LE(d.counters().submit_doorbells.load() - rings, d.counters().sleeping_bits_set.load() - bits + 1)
+        << "round " << round << ": rings past the sleeping bits ferryd set";
+  }
+  EXPECT_EQ(rang, 3) << "too few bursts found ferryd asleep";
 }
 
 // ferryd believes a wait report only for a copy it remembers; it remembers two rings' worth (at
@@ -307,12 +336,7 @@ TEST(Daemon, WaitReportsOnMoreCopiesThan4096AreBelievedWithARingLargeEnough) {
   Poison(target.device(), dev.size());
   const uint64_t reports = d.counters().wait_reports_accepted.load();
   const uint64_t refused = d.counters().wait_reports_refused.load();
-  std::vector<Transfer> ts;
-  for (size_t i = 0; i < kCount; ++i) {
-    ASSERT_OK_AND_ASSIGN(Transfer t,
-                         client->Copy(Direction::kHostToDevice, src, i * kPiece, region, i * kPiece, kPiece));
-    ts.push_back(std::move(t));
-  }
+  ASSERT_OK_AND_ASSIGN(std::vector<Transfer> ts, CopyPieces(*client, target, kPiece, kCount));
   for (auto& t : ts) ASSERT_OK(t.Wait(10s));
   EXPECT_EQ(FirstDifference(target.device(), src.data(), src.size()), -1);
   EXPECT_TRUE(DaemonHarness::Eventually([&] { return d.counters().wait_reports_accepted.load() == reports + kCount; }))
@@ -795,12 +819,8 @@ TEST(Daemon, AHostStreamWaitIsReportedOnceForTheWholeBatchAndTheWholeCall) {
   FillRandom(src.data(), src.size(), testing::RandomSeed());
   Poison(static_cast<std::byte*>(dev.data()), dev.size());
   be->Pause(true);  // the engines hold every completion until released below
-  std::vector<Transfer> ts;
-  for (size_t i = 0; i < kCount; ++i) {
-    ASSERT_OK_AND_ASSIGN(Transfer t, client->Copy(Direction::kHostToDevice, src, i * kPiece, region, i * kPiece, kPiece,
-                                                  {.stream_waitable = true}));
-    ts.push_back(std::move(t));
-  }
+  ASSERT_OK_AND_ASSIGN(std::vector<Transfer> ts,
+                       CopyPieces(*client, target, kPiece, kCount, {.stream_waitable = true}));
   // Released 20 ms into the call (a hold, not a synchronization: what is checked holds whenever
   // the release comes), so the report has a length to check.
   std::atomic<uint64_t> call_start{0};

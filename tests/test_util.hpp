@@ -47,6 +47,19 @@ inline Result<CopyTarget> MakeCopyTarget(Client& client, size_t bytes) {
   return CopyTarget{std::move(host), std::move(dev), std::move(region)};
 }
 
+// `count` host-to-device copies of `piece` bytes each, piece i at i * piece on both sides of
+// `target`, all submitted before any is waited on. An error names the copy that failed.
+inline Result<std::vector<Transfer>> CopyPieces(Client& client, const CopyTarget& target, size_t piece, size_t count,
+                                                const CopyOptions& options = {}) {
+  std::vector<Transfer> ts;
+  for (size_t i = 0; i < count; ++i) {
+    auto t = client.Copy(Direction::kHostToDevice, target.host, i * piece, target.region, i * piece, piece, options);
+    if (!t.ok()) return Status(t.status().code(), "copy " + std::to_string(i) + ": " + t.status().message());
+    ts.push_back(std::move(*t));
+  }
+  return ts;
+}
+
 // Index of the first differing byte, or -1.
 inline long long FirstDifference(const std::byte* a, const std::byte* b, size_t n) {
   if (std::memcmp(a, b, n) == 0) return -1;
