@@ -247,7 +247,7 @@ int TransferBench::Run(const std::vector<std::string>& args) {
       if (json_ || !csv_.empty() || timeline_) {
         return usage_error(
             "no CUDA GPU answers: the blocks section against the host backend prints its table only "
-            "(no --json, --csv or --timeline)");
+            "(no --json, --csv, --plot or --timeline)");
       }
       std::fprintf(stderr, "ferry-bench: no CUDA GPU answers: the blocks section runs ferry's list copies alone\n");
       return RunBlocksOnHostBackend(opts_, {.quick = quick_, .clients = clients_, .max_bytes = max_size_});

@@ -32,20 +32,22 @@ int RunTransferSweep(const std::vector<std::string>& args) {
         return 64;
       }
     } else if (a.Is("--only") && a.HasValue()) {
-      only_blocks = a.Value() == "blocks";
+      const std::string sections = a.Value();
+      only_blocks = sections == "blocks";
+      if (!only_blocks && first_other.empty()) first_other = "--only " + sections;
       other = other || !only_blocks;
     } else {
-      if (!other) first_other = a.current();
+      // --plot comes here as the --csv it writes first (bench_commands.cc).
+      if (first_other.empty()) first_other = a.Is("--csv") ? "--csv or --plot" : a.current();
       other = true;
     }
   }
   if (only_blocks && !other) return RunBlocksOnHostBackend(options, run);
   if (only_blocks) {
-    std::fprintf(
-        stderr,
-        "ferry-bench: without the CUDA toolkit, transfer --only blocks runs against a ferryd on the host "
-        "backend and prints its table only: it takes --socket, --quick, --max-size and --clients, not \"%s\"\n",
-        first_other.c_str());
+    std::fprintf(stderr,
+                 "ferry-bench: without the CUDA toolkit, transfer --only blocks runs against a ferryd on the host "
+                 "backend and prints its table only: it takes --socket, --quick, --max-size and --clients, not %s\n",
+                 first_other.c_str());
     return 64;
   }
   std::fprintf(stderr,

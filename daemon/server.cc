@@ -480,7 +480,7 @@ class Server::Impl {
       bool slept = false;
       if (!must_poll && MonotonicNanos() - last_activity > window.ns()) {
         rings_->SetSleeping(true);
-        counters_.sleeping_bits_set++;
+        counters_.sleeps_announced++;
         std::atomic_thread_fence(std::memory_order_seq_cst);
         if (rings_->AnySubmissionPending()) {
           rings_->SetSleeping(false);

@@ -52,10 +52,11 @@ struct ServerCounters {
   std::atomic<uint64_t> policy_switches{0};
   std::atomic<uint64_t> policy_failures{0};
   std::atomic<uint64_t> sleeps{0};          // times the event loop went to sleep (each wake-up delays a request)
-  // Times the loop set the rings' sleeping bits (before its last look at them, after which it
-  // may still stay up), and the submit doorbells' rings it read: a client rings only when it
-  // takes the bit, so a session rings at most once each time the bit is set.
-  std::atomic<uint64_t> sleeping_bits_set{0};
+  // Times the loop set every ring's sleeping bit (before its last look at the rings, after which
+  // it may still stay up), and the submit doorbells' rings it read (eventfd counts, as clients
+  // wrote them): a client rings only when it takes its ring's bit, so each session rings at most
+  // once per announcement.
+  std::atomic<uint64_t> sleeps_announced{0};
   std::atomic<uint64_t> submit_doorbells{0};
   std::atomic<uint64_t> buffers_allocated{0};  // pool buffers granted to clients (each a round trip on a socket)
   std::atomic<uint64_t> poll_window_ns{0};  // it polls this long after its last activity (PollWindow)
