@@ -852,31 +852,39 @@ class CudaBackend : public Backend {
 
   // Large pieces go one call each; the small ones of a stream go as one batch, or, where
   // `plan` allows, as one batch a thread of the crew when they are many small host-to-device
-  // copies (see IssueInParts).
+  // copies (see IssueInParts). A lane's parts fork from the lane before its large pieces: they
+  // wait for the client's event, not for those pieces too.
   Status Issue(StagedCopies& st, cudaMemcpyKind kind, cudaStream_t stream, const PartsPlan& plan) {
+    const bool whole = st.dsts.size() == 1;
+    size_t batched = 0;
+    uint64_t batched_bytes = 0;
+    for (size_t i = 0; i < st.dsts.size() && !whole; ++i) {
+      if (!st.batchable[i]) continue;
+      batched_bytes += st.sizes[i];
+      ++batched;
+    }
+    const uint32_t parts =
+        plan.where != Parts::kNone && kind == cudaMemcpyHostToDevice && batched_bytes < batched * kHostWrittenCopyBytes
+            ? static_cast<uint32_t>(std::min<size_t>(crew_.threads(), batched / kMinPartCopies))
+            : 1;
+    const std::vector<cudaStream_t>* own = nullptr;
+    if (parts > 1) own = plan.where == Parts::kLane ? LanePartStreamsOf(plan.lane, stream) : PartStreamsOf(stream);
+    if (own != nullptr && plan.where == Parts::kLane) {
+      FERRY_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(lane_fork_, stream), "fork of a lane's parts"));
+    }
     size_t kept = 0;
-    uint64_t kept_bytes = 0;
     for (size_t i = 0; i < st.dsts.size(); ++i) {
-      if (!st.batchable[i] || st.dsts.size() == 1) {
+      if (!st.batchable[i] || whole) {
         FERRY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(st.dsts[i], st.srcs[i], st.sizes[i], kind, stream));
         continue;
       }
       st.dsts[kept] = st.dsts[i];
       st.srcs[kept] = st.srcs[i];
       st.sizes[kept] = st.sizes[i];
-      kept_bytes += st.sizes[i];
       ++kept;
     }
     if (kept == 0) return Status::Ok();
-    const uint32_t parts =
-        plan.where != Parts::kNone && kind == cudaMemcpyHostToDevice && kept_bytes < kept * kHostWrittenCopyBytes
-            ? static_cast<uint32_t>(std::min<size_t>(crew_.threads(), kept / kMinPartCopies))
-            : 1;
-    if (parts > 1) {
-      const std::vector<cudaStream_t>* own =
-          plan.where == Parts::kLane ? LanePartStreamsOf(plan.lane, stream) : PartStreamsOf(stream);
-      if (own != nullptr) return IssueInParts(st, kept, stream, *own, parts, plan);
-    }
+    if (own != nullptr) return IssueInParts(st, kept, stream, *own, parts, plan);
     return IssueBatch(st, 0, kept, kind, stream);
   }
 
@@ -904,14 +912,14 @@ class CudaBackend : public Backend {
   // follows on `stream` (done words, the fence) follows every part. The parts do not wait for
   // what came before on `stream` (copies are not ordered among themselves, CopyOptions), so a
   // list's parts never queue behind another copy's bytes; except with `fork` (a lane's parts,
-  // on the lane's own part streams), where they first wait for an event recorded on `stream`,
-  // which is behind the lane's wait for the client's event. Every part stream is joined,
+  // on the lane's own part streams), where they first wait for the fork event Issue recorded on
+  // `stream` right behind the lane's wait for the client's event. Every part stream is joined,
   // whether its part issued or not (a failed batch call may have put some copies out); one that
   // cannot be joined is waited for here, or, a lane's, handed to the caller.
   Status IssueInParts(StagedCopies& st, size_t kept, cudaStream_t stream, const std::vector<cudaStream_t>& own,
                       uint32_t parts, const PartsPlan& plan) {
     const bool fork = plan.where == Parts::kLane;
-    Status status = fork ? CudaStatus(cudaEventRecord(lane_fork_, stream), "fork of a lane's parts") : Status::Ok();
+    Status status = Status::Ok();
     if (plan.span != nullptr) plan.span->parts = parts;
     for (uint32_t p = 1; p < parts && status.ok(); ++p) {
       cudaStream_t part_stream = own[p - 1];
