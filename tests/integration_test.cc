@@ -110,6 +110,15 @@ TEST(Daemon, ManySmallCopiesInFlightAllComplete) {
   EXPECT_EQ(FirstDifference(static_cast<std::byte*>(dev.data()), src.data(), src.size()), -1);
 }
 
+// ferryd polls 50 us after its last request and then sleeps: spin_max_us 0 keeps the window
+// from learning longer gaps.
+daemon::DaemonConfig SleepsAfter50UsConfig() {
+  auto config = DaemonHarness::SmallConfig();
+  config.spin_us = 50;
+  config.spin_max_us = 0;
+  return config;
+}
+
 // How often ferryd went to sleep (each wake-up delays a request) in the gaps between a client's
 // copies that the client kept to within a bound.
 struct GapSleeps {
@@ -159,9 +168,6 @@ GapSleeps SleepsWhileCopyingEvery(DaemonHarness& d, Client& client, std::chrono:
   return out;
 }
 
-// A request that finds ferryd asleep waits for it to wake (~100 us on the H200's host). So while a
-// client keeps copying every few milliseconds ferryd stays awake, and once it goes quiet ferryd
-// sleeps; with spin_max_us 0 it sleeps in every gap longer than spin_us.
 TEST(Daemon, AStreamWaitOnABatchWaitsForEveryCopyOfIt) {
   DaemonHarness d;
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
@@ -184,6 +190,9 @@ TEST(Daemon, AStreamWaitOnABatchWaitsForEveryCopyOfIt) {
   EXPECT_EQ(other->StreamWait(ts, nullptr).code(), Code::kInvalidArgument) << "another client's transfers";
 }
 
+// A request that finds ferryd asleep waits for it to wake (~100 us on the H200's host). So while a
+// client keeps copying every few milliseconds ferryd stays awake, and once it goes quiet ferryd
+// sleeps; with spin_max_us 0 it sleeps in every gap longer than spin_us.
 TEST(Daemon, StaysAwakeForAClientThatCopiesEveryFewMillisecondsAndSleepsOnceItStops) {
   auto config = DaemonHarness::SmallConfig();
   config.spin_us = 50;
@@ -211,9 +220,7 @@ TEST(Daemon, StaysAwakeForAClientThatCopiesEveryFewMillisecondsAndSleepsOnceItSt
 }
 
 TEST(Daemon, WithSpinMaxZeroItSleepsInEveryGapLongerThanSpinUs) {
-  auto config = DaemonHarness::SmallConfig();
-  config.spin_us = 50;
-  config.spin_max_us = 0;
+  auto config = SleepsAfter50UsConfig();
   DaemonHarness d(config);
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
   // Gaps of 10 ms, far over spin_us: ferryd's loop would have to be kept off the cores for a whole
@@ -253,9 +260,7 @@ TEST(Daemon, WaitReportsAloneDoNotTeachThePollWindow) {
 // ferryd read none of them, the metrics never got them, and the client's next copy found the
 // ring full and failed after 1 s ("0 copies in flight").
 TEST(Daemon, WaitsOnAWholeRingOfCopiesDoneWhileFerrydSleptReachItAndTheNextCopiesGo) {
-  auto config = DaemonHarness::SmallConfig();
-  config.spin_us = 50;
-  config.spin_max_us = 0;
+  auto config = SleepsAfter50UsConfig();
   const size_t count = config.ring_entries;
   DaemonHarness d(config);
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
@@ -289,9 +294,7 @@ TEST(Daemon, WaitsOnAWholeRingOfCopiesDoneWhileFerrydSleptReachItAndTheNextCopie
 // ring is a system call the client pays, and a burst once paid one a copy until ferryd was up
 // and had cleared the bit.
 TEST(Daemon, ABurstOfCopiesRingsFerrydsDoorbellOnceForEachTimeItSaidItWouldSleep) {
-  auto config = DaemonHarness::SmallConfig();
-  config.spin_us = 50;
-  config.spin_max_us = 0;
+  auto config = SleepsAfter50UsConfig();
   DaemonHarness d(config);
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
   constexpr size_t kPiece = 4096 + 40, kCount = 64;
