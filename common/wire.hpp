@@ -26,10 +26,12 @@ inline constexpr uint32_t kMagic = 0x59525246;  // "FRRY" little-endian
 // client's stream writes and ferryd's copy streams wait on, on the GPU.
 // 5: one ferryd serves several GPUs: a session names its GPU (kUseGpu) before it uses the pool
 // or registers anything; kGpuStats answers per GPU.
+// 6: ferryd takes the client's waiting bits when it rings the completion doorbell
+// (TakeClientWaiting): a client sets them again each time before it sleeps.
 // Frozen in every version, so that two versions can tell each other apart: MsgHeader, the
 // kHello payload (HelloRequest) and the ReplyStatus that starts every reply. ferryd answers a
 // hello of any version, naming both.
-inline constexpr uint16_t kVersion = 5;
+inline constexpr uint16_t kVersion = 6;
 inline constexpr size_t kMaxFdsPerMessage = 200;  // below the kernel's SCM_MAX_FD (253)
 inline constexpr size_t kNameBytes = 32;
 inline constexpr size_t kMessageBytes = 160;
@@ -394,6 +396,18 @@ inline constexpr uint32_t kClientWaitingForRoom = 2;  // client_state bit: ... a
 inline bool TakeDaemonSleeping(std::atomic<uint32_t>& daemon_state) {
   if ((daemon_state.load(std::memory_order_relaxed) & kDaemonSleeping) == 0) return false;
   return (daemon_state.fetch_and(~kDaemonSleeping, std::memory_order_relaxed) & kDaemonSleeping) != 0;
+}
+
+// ferryd's look at `client_state`, after publishing what the client waits for (cq_tail for
+// kClientWaiting, sq_head for kClientWaitingForRoom) and a full fence: true when one of `wanted`
+// is set and ferryd is the one to ring. It takes both bits, since one write wakes every thread
+// of the client that sleeps (one sleeps on the eventfd and wakes the others), and each sets its
+// bits again before it next sleeps: a client asleep through many of ferryd's turns that post
+// completions costs ferryd one system call, not one a turn. The word is the client's: a client
+// that sets or clears it at will only gets a wake-up too many or too late.
+inline bool TakeClientWaiting(std::atomic<uint32_t>& client_state, uint32_t wanted) {
+  if ((client_state.load(std::memory_order_relaxed) & wanted) == 0) return false;
+  return (client_state.fetch_and(~(kClientWaiting | kClientWaitingForRoom), std::memory_order_relaxed) & wanted) != 0;
 }
 
 // Layout of the ring segment: RingHeader, then sq_entries SubmissionEntry, then cq_entries

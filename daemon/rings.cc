@@ -129,7 +129,7 @@ Result<bool> Rings::ReadSubmissions(Session& s, Scheduler& scheduler, TurnBudget
     s.hdr->sq_head.value.store(s.sq_head, std::memory_order_release);
     // Reading makes room, and a client may be asleep waiting for it.
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (s.hdr->client_state.value.load(std::memory_order_relaxed) & wire::kClientWaitingForRoom) {
+    if (wire::TakeClientWaiting(s.hdr->client_state.value, wire::kClientWaitingForRoom)) {
       RingDoorbell(s.complete_efd.get());
     }
   }
@@ -451,7 +451,7 @@ Status Rings::PostCompletions(Session& s) {
   if (wrote) {
     s.hdr->cq_tail.value.store(s.cq_tail, std::memory_order_release);
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (s.hdr->client_state.value.load(std::memory_order_relaxed) & wire::kClientWaiting) {
+    if (wire::TakeClientWaiting(s.hdr->client_state.value, wire::kClientWaiting)) {
       RingDoorbell(s.complete_efd.get());
     }
   }

@@ -689,6 +689,17 @@ class RawSession : public testing::RawConnection {
     return std::pair<uint32_t, Mapping>{m.As<wire::RegisterDeviceReply>().region_id, std::move(bytes)};
   }
 
+  // A host-to-device copy's entry, to push as it is or after changes.
+  static wire::SubmissionEntry HostToDevice(uint64_t tag, uint64_t pool_offset, uint64_t length, uint32_t region_id) {
+    wire::SubmissionEntry e{};
+    e.user_tag = tag;
+    e.opcode = static_cast<uint16_t>(wire::Opcode::kHostToDevice);
+    e.pool_offset = pool_offset;
+    e.length = length;
+    e.region_id = region_id;
+    return e;
+  }
+
  private:
   std::vector<Mapping> mapped_;  // slabs of AllocMappedBuffer
 };
@@ -741,6 +752,56 @@ TEST(Daemon, ReadingSubmissionsRingsTheDoorbellOfAClientWaitingForRoom) {
   EXPECT_EQ(raw.header()->cq_tail.value.load(), 0u) << "the doorbell was for a completion, not the room";
 }
 
+// ferryd takes a client's waiting bits when it rings its completion doorbell: a client asleep
+// while its copies complete one turn after another is rung once (ferryd once wrote the eventfd
+// on every turn that posted one while the bit stayed set), and again only once it has set a bit
+// again. A ring for room takes the completion bit too: one ring wakes the client.
+TEST(Daemon, FerrydRingsASleepingClientOnceAndAgainOnlyAfterItSetsItsBitAgain) {
+  DaemonHarness d;
+  RawSession raw;
+  ASSERT_OK(raw.Open(d.socket_path()));
+  constexpr uint64_t kBytes = (64 << 10) + 13;
+  ASSERT_OK_AND_ASSIGN(uint64_t host, raw.AllocMappedBuffer(kBytes));
+  ASSERT_OK_AND_ASSIGN(auto region, raw.RegisterMappedRegion(kBytes));
+  std::byte* src = raw.BufferBytes(host);
+  std::byte* dev = region.second.data();
+  const uint64_t seed = testing::RandomSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  uint64_t tag = 0;
+  // One copy at a time: each completion is posted on a turn of its own.
+  auto copy_one_by_one = [&](int count) {
+    for (int i = 0; i < count; ++i) {
+      FillRandom(src, kBytes, seed + ++tag);
+      Poison(dev, kBytes);
+      raw.Push(RawSession::HostToDevice(tag, host, kBytes, region.first));
+      auto done = raw.Next();
+      ASSERT_TRUE(done.has_value()) << "copy " << tag << " never completed";
+      ASSERT_EQ(done->user_tag, tag);
+      ASSERT_EQ(done->status, 0);
+      ASSERT_EQ(FirstDifference(dev, src, kBytes), -1) << "copy " << tag;
+    }
+  };
+  const int doorbell = raw.complete_doorbell();
+  auto& state = raw.header()->client_state.value;
+  DrainDoorbell(doorbell);
+
+  state.store(wire::kClientWaiting);
+  copy_one_by_one(8);
+  EXPECT_EQ(DrainDoorbell(doorbell), 1u) << "rings for 8 completions posted while the client slept";
+  EXPECT_EQ(state.load(), 0u) << "ferryd took the bit as it rang";
+  copy_one_by_one(4);
+  EXPECT_EQ(DrainDoorbell(doorbell), 0u) << "rang a client that had not set its bit again";
+  state.store(wire::kClientWaiting);
+  copy_one_by_one(3);
+  EXPECT_EQ(DrainDoorbell(doorbell), 1u) << "rings after the client set its bit again";
+  // Waiting for room and for completions: the read of the copy rings and takes both bits, so
+  // its completion rings no more.
+  state.store(wire::kClientWaiting | wire::kClientWaitingForRoom);
+  copy_one_by_one(3);
+  EXPECT_EQ(DrainDoorbell(doorbell), 1u) << "rings for a client waiting for both";
+  EXPECT_EQ(state.load(), 0u);
+}
+
 // A client reporting waits it never had (a forged exposed time of an hour, the 100,000-wait
 // attack): only a real copy of its own session, once, no longer than that copy has existed.
 TEST(Daemon, WaitReportsAreBelievedOnlyForARealCopyOnceAndNoLongerThanItExisted) {
@@ -750,22 +811,13 @@ TEST(Daemon, WaitReportsAreBelievedOnlyForARealCopyOnceAndNoLongerThanItExisted)
   ASSERT_OK(raw.Open(d.socket_path()));
   ASSERT_OK_AND_ASSIGN(uint64_t pool_offset, raw.AllocBuffer(1 << 20));
   ASSERT_OK_AND_ASSIGN(uint32_t region, raw.RegisterRegion(1 << 20));
-  wire::SubmissionEntry copy{};
-  copy.user_tag = 7;
-  copy.opcode = static_cast<uint16_t>(wire::Opcode::kHostToDevice);
-  copy.pool_offset = pool_offset;
-  copy.length = 64 << 10;
-  copy.region_id = region;
+  const wire::SubmissionEntry copy = RawSession::HostToDevice(7, pool_offset, 64 << 10, region);
   // Another session's real copy of tag 8: that tag means nothing in the raw session.
   RawSession other;
   ASSERT_OK(other.Open(d.socket_path()));
   ASSERT_OK_AND_ASSIGN(uint64_t other_offset, other.AllocBuffer(1 << 20));
   ASSERT_OK_AND_ASSIGN(uint32_t other_region, other.RegisterRegion(1 << 20));
-  wire::SubmissionEntry other_copy = copy;
-  other_copy.user_tag = 8;
-  other_copy.pool_offset = other_offset;
-  other_copy.region_id = other_region;
-  other.Push(other_copy);
+  other.Push(RawSession::HostToDevice(8, other_offset, 64 << 10, other_region));
   auto other_done = other.Next();
   ASSERT_TRUE(other_done.has_value());
   ASSERT_EQ(other_done->status, 0);
@@ -870,14 +922,7 @@ TEST(Daemon, RejectsSubmissionsThatPointOutsideTheSessionsOwnMemory) {
     wire::SubmissionEntry e;
     Code want;
   };
-  auto entry = [](uint64_t tag) {
-    wire::SubmissionEntry e{};
-    e.user_tag = tag;
-    e.opcode = static_cast<uint16_t>(wire::Opcode::kHostToDevice);
-    e.length = 4096;
-    e.region_id = 1;
-    return e;
-  };
+  auto entry = [](uint64_t tag) { return RawSession::HostToDevice(tag, 0, 4096, 1); };
   std::vector<Case> cases;
   cases.push_back({"someone else's pool offset, no region", entry(1), Code::kInvalidArgument});
   auto e = entry(2);
@@ -1052,12 +1097,7 @@ struct FlagWaitSetup {
   }
   // Host to device, after the event's record `value`.
   void SubmitAfter(uint64_t tag, uint32_t value) {
-    wire::SubmissionEntry e{};
-    e.user_tag = tag;
-    e.opcode = static_cast<uint16_t>(wire::Opcode::kHostToDevice);
-    e.pool_offset = host;
-    e.length = kBytes;
-    e.region_id = region.first;
+    wire::SubmissionEntry e = RawSession::HostToDevice(tag, host, kBytes, region.first);
     e.wait_event_id = event.event_id;
     e.wait_value = value;
     raw.Push(e);
