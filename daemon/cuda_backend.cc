@@ -159,7 +159,8 @@ class CudaBackend : public Backend {
     return Status::Ok();
   }
 
-  // The page of fence words, one a copy stream ([direction * 32 + stream]), zero to start.
+  // The page of fence words, one a copy stream ([direction * 32 + stream]) and one a lane (from
+  // kLaneWordsFrom), zero to start.
   Status AllocateFenceWords() {
     fence_page_.reset(static_cast<uint32_t*>(std::aligned_alloc(kFencePageBytes, kFencePageBytes)));
     if (!fence_page_) return ResourceExhausted("no memory for the fence words");
@@ -171,6 +172,19 @@ class CudaBackend : public Backend {
     }
     fence_dev_ = static_cast<CUdeviceptr>(*dev);
     return Status::Ok();
+  }
+
+  // A word of the fence page for a new lane: after the copy streams' words, reused once their
+  // lanes are closed (a closed lane's values only ever grow: fence_seq_ goes on). 0 without fence
+  // words or once every word is taken: the lane's groups are fenced by events.
+  uint32_t TakeLaneWord() {
+    if (fence_page_ == nullptr) return 0;
+    if (!free_lane_words_.empty()) {
+      const uint32_t w = free_lane_words_.back();
+      free_lane_words_.pop_back();
+      return w;
+    }
+    return next_lane_word_ < kFencePageBytes / sizeof(uint32_t) ? next_lane_word_++ : 0;
   }
 
   uint32_t FenceWord(uint32_t index) const {
@@ -260,7 +274,7 @@ class CudaBackend : public Backend {
     for (auto& [priority, own] : part_streams_)
       for (cudaStream_t s : own) cudaStreamDestroy(s);
     for (cudaEvent_t e : part_events_) cudaEventDestroy(e);
-    for (auto& [key, lane] : lanes_) cudaStreamDestroy(lane);
+    for (auto& [key, lane] : lanes_) cudaStreamDestroy(lane.stream);
     for (auto& [key, own] : lane_parts_)
       for (cudaStream_t s : own) cudaStreamDestroy(s);
     if (lane_fork_ != nullptr) cudaEventDestroy(lane_fork_);
@@ -433,7 +447,8 @@ class CudaBackend : public Backend {
       }
       auto it = lanes_.find(key);
       if (it == lanes_.end()) continue;
-      cudaStreamDestroy(it->second);
+      cudaStreamDestroy(it->second.stream);
+      if (it->second.fence_word != 0) free_lane_words_.push_back(it->second.fence_word);
       lanes_.erase(it);
     }
   }
@@ -461,9 +476,9 @@ class CudaBackend : public Backend {
       FERRY_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&lo, &hi));
       cudaStream_t s;
       FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, plan.wait.latency ? hi : lo));
-      lane = lanes_.emplace(key, s).first;
+      lane = lanes_.emplace(key, Lane{s, TakeLaneWord()}).first;
     }
-    cudaStream_t s = lane->second;
+    cudaStream_t s = lane->second.stream;
     Group g;
     g.accepted_ns = plan.accepted_ns;
     g.fences.push_back(next_fence_++);
@@ -499,7 +514,15 @@ class CudaBackend : public Backend {
     if (g.status.ok() && plan.signal != nullptr) {
       g.status = CudaStatus(cudaEventRecord(static_cast<CudaEvent*>(plan.signal)->get(), s), "signal");
     }
-    if (g.status.ok()) {
+    if (g.status.ok() && lane->second.fence_word != 0) {
+      const uint32_t index = lane->second.fence_word, value = ++fence_seq_[index];
+      const CUresult r = write_value_(s, fence_dev_ + index * sizeof(uint32_t), value, CU_STREAM_WRITE_VALUE_DEFAULT);
+      if (r == CUDA_SUCCESS) {
+        g.words.emplace_back(index, value);
+      } else {
+        g.status = DeviceError("cuStreamWriteValue32 of a lane's fence word: error " + std::to_string(r));
+      }
+    } else if (g.status.ok()) {
       auto e = TakeEvent();
       g.status = e.ok() ? CudaStatus(cudaEventRecord(*e, s), "fence") : e.status();
       if (e.ok()) g.events.push_back(*e);
@@ -508,7 +531,8 @@ class CudaBackend : public Backend {
       const size_t fence = g.status.ok() && !g.events.empty() ? 0 : SIZE_MAX;
       g.spans.push_back(CopySpan{static_cast<int>(plan.direction), kLaneSpan, g.bytes, issued_ns, trace_start, fence});
     }
-    if (g.events.empty()) g.by_stream_query = true;  // failed before its fence: reported at the next poll
+    if (g.events.empty() && g.words.empty())
+      g.by_stream_query = true;  // failed before its fence: reported at the next poll
     if (!unjoined.empty()) {
       g.streams.insert(g.streams.end(), unjoined.begin(), unjoined.end());
       g.by_stream_query = true;
@@ -1049,7 +1073,14 @@ class CudaBackend : public Backend {
   WaitValue32 wait_value_ = nullptr;
   WriteValue32 write_value_ = nullptr;                   // the start probe's, and done words
   std::map<std::byte*, CUdeviceptr> flag_pages_;         // sessions' flag pages, by host address
-  std::map<uint64_t, cudaStream_t> lanes_;               // by LaneKey
+  // A session's lane for one direction, and the index of its fence word in the fence page (0:
+  // none, its groups are fenced by events).
+  struct Lane {
+    cudaStream_t stream;
+    uint32_t fence_word;
+  };
+  std::map<uint64_t, Lane> lanes_;         // by LaneKey
+  std::vector<uint32_t> free_lane_words_;  // fence words of closed lanes, to reuse
   StagedCopies lane_staged_;
   const bool trace_;
   static constexpr uint64_t kTraceRepinNs = 2'000'000'000;  // idle this long after traced copies
@@ -1088,11 +1119,13 @@ class CudaBackend : public Backend {
   static constexpr uint64_t kBusyBytes = 2ull << 20;  // ~40 us of work at 55 GB/s
   static constexpr uint64_t kHoldNs = 30'000;
   static constexpr size_t kFencePageBytes = 4096;
+  static constexpr uint32_t kLaneWordsFrom = 64;        // the copy streams' words come first (direction * 32 + stream)
   static constexpr uint64_t kFenceCheckNs = 1'000'000;  // a group out this long: its streams asked each time
   // The fence words, registered, written by the copy streams; null: events.
   std::unique_ptr<uint32_t, decltype(&std::free)> fence_page_{nullptr, &std::free};
   CUdeviceptr fence_dev_ = 0;       // where the engines write them
-  uint32_t fence_seq_[64] = {};     // the last value each stream was told to write
+  uint32_t fence_seq_[kFencePageBytes / sizeof(uint32_t)] = {};  // the last value each word was told to take
+  uint32_t next_lane_word_ = kLaneWordsFrom;
 };
 
 CudaRegion::~CudaRegion() { owner_->ReleaseRegion(key_); }
