@@ -403,11 +403,14 @@ inline bool TakeDaemonSleeping(std::atomic<uint32_t>& daemon_state) {
 // is set and ferryd is the one to ring. It takes both bits, since one write wakes every thread
 // of the client that sleeps (one sleeps on the eventfd and wakes the others), and each sets its
 // bits again before it next sleeps: a client asleep through many of ferryd's turns that post
-// completions costs ferryd one system call, not one a turn. The word is the client's: a client
-// that sets or clears it at will only gets a wake-up too many or too late.
+// completions costs ferryd one system call, not one a turn. Whatever waiting bit the and clears
+// is rung for, wanted or not: a room waiter that left between the look and the and leaves the
+// completion waiters' bit, and clearing it silently would strand them. The word is the client's:
+// a client that sets or clears it at will only gets a wake-up too many or too late.
 inline bool TakeClientWaiting(std::atomic<uint32_t>& client_state, uint32_t wanted) {
+  constexpr uint32_t kBoth = kClientWaiting | kClientWaitingForRoom;
   if ((client_state.load(std::memory_order_relaxed) & wanted) == 0) return false;
-  return (client_state.fetch_and(~(kClientWaiting | kClientWaitingForRoom), std::memory_order_relaxed) & wanted) != 0;
+  return (client_state.fetch_and(~kBoth, std::memory_order_relaxed) & kBoth) != 0;
 }
 
 // Layout of the ring segment: RingHeader, then sq_entries SubmissionEntry, then cq_entries

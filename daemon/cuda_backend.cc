@@ -3,8 +3,8 @@
 // (stream 0 at the highest priority, for latency-class copies), device memory opened from CUDA
 // IPC handles (once per handle, shared by refcount), interprocess events for GPU-side ordering,
 // and fences (no CPU thread blocks on the GPU): where the device has stream memory operations,
-// each copy stream writes a sequence number into a word of a mapped page this backend owns
-// after a group's copies, and the loop reads the word (a load, where cudaEventQuery or
+// each copy stream (and each lane, below) writes a sequence number into a word of a mapped page
+// this backend owns after a group's copies, and the loop reads the word (a load, where cudaEventQuery or
 // cudaStreamQuery cost 0.2 to 1.3 us a call on the H200's host, paid on every turn while a copy
 // is out); else events polled with cudaEventQuery. FERRY_FENCES=events keeps events, for
 // comparison.
@@ -481,6 +481,7 @@ class CudaBackend : public Backend {
     cudaStream_t s = lane->second.stream;
     Group g;
     g.accepted_ns = plan.accepted_ns;
+    g.checked_ns = MonotonicNanos();  // its stream is asked only once it has been out 1 ms
     g.fences.push_back(next_fence_++);
     g.streams.push_back(s);
     g.status = DriverStatus(

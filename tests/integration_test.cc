@@ -755,7 +755,8 @@ TEST(Daemon, ReadingSubmissionsRingsTheDoorbellOfAClientWaitingForRoom) {
 // ferryd takes a client's waiting bits when it rings its completion doorbell: a client asleep
 // while its copies complete one turn after another is rung once (ferryd once wrote the eventfd
 // on every turn that posted one while the bit stayed set), and again only once it has set a bit
-// again. A ring for room takes the completion bit too: one ring wakes the client.
+// again. A ring for room (a read that posts nothing) takes the completion bit too: one ring wakes
+// the client.
 TEST(Daemon, FerrydRingsASleepingClientOnceAndAgainOnlyAfterItSetsItsBitAgain) {
   DaemonHarness d;
   RawSession raw;
@@ -769,37 +770,48 @@ TEST(Daemon, FerrydRingsASleepingClientOnceAndAgainOnlyAfterItSetsItsBitAgain) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   uint64_t tag = 0;
   // One copy at a time: each completion is posted on a turn of its own.
-  auto copy_one_by_one = [&](int count) {
+  auto copy_one_by_one = [&](int count) -> ::testing::AssertionResult {
     for (int i = 0; i < count; ++i) {
       FillRandom(src, kBytes, seed + ++tag);
       Poison(dev, kBytes);
       raw.Push(RawSession::HostToDevice(tag, host, kBytes, region.first));
       auto done = raw.Next();
-      ASSERT_TRUE(done.has_value()) << "copy " << tag << " never completed";
-      ASSERT_EQ(done->user_tag, tag);
-      ASSERT_EQ(done->status, 0);
-      ASSERT_EQ(FirstDifference(dev, src, kBytes), -1) << "copy " << tag;
+      if (!done.has_value()) return ::testing::AssertionFailure() << "copy " << tag << " never completed";
+      if (done->user_tag != tag || done->status != 0) {
+        return ::testing::AssertionFailure()
+               << "copy " << tag << ": completion of " << done->user_tag << ", status " << done->status;
+      }
+      if (FirstDifference(dev, src, kBytes) != -1) return ::testing::AssertionFailure() << "copy " << tag << " wrong";
     }
+    return ::testing::AssertionSuccess();
   };
   const int doorbell = raw.complete_doorbell();
   auto& state = raw.header()->client_state.value;
   DrainDoorbell(doorbell);
 
   state.store(wire::kClientWaiting);
-  copy_one_by_one(8);
+  ASSERT_TRUE(copy_one_by_one(8));
   EXPECT_EQ(DrainDoorbell(doorbell), 1u) << "rings for 8 completions posted while the client slept";
   EXPECT_EQ(state.load(), 0u) << "ferryd took the bit as it rang";
-  copy_one_by_one(4);
+  ASSERT_TRUE(copy_one_by_one(4));
   EXPECT_EQ(DrainDoorbell(doorbell), 0u) << "rang a client that had not set its bit again";
   state.store(wire::kClientWaiting);
-  copy_one_by_one(3);
+  ASSERT_TRUE(copy_one_by_one(3));
   EXPECT_EQ(DrainDoorbell(doorbell), 1u) << "rings after the client set its bit again";
-  // Waiting for room and for completions: the read of the copy rings and takes both bits, so
-  // its completion rings no more.
+
+  // Waiting for room and for completions: a wait report (refused: no copy of the session has
+  // its tag) is read and posts nothing; that read rings and takes both bits.
   state.store(wire::kClientWaiting | wire::kClientWaitingForRoom);
-  copy_one_by_one(3);
-  EXPECT_EQ(DrainDoorbell(doorbell), 1u) << "rings for a client waiting for both";
-  EXPECT_EQ(state.load(), 0u);
+  wire::SubmissionEntry report{};
+  report.opcode = static_cast<uint16_t>(wire::Opcode::kReportWait);
+  report.user_tag = 1'000'000;
+  const uint64_t refused = d.counters().wait_reports_refused.load();
+  raw.Push(report);
+  ASSERT_TRUE(DaemonHarness::Eventually([&] { return d.counters().wait_reports_refused.load() > refused; }));
+  EXPECT_EQ(DrainDoorbell(doorbell), 1u) << "no ring for the read of a client waiting for room";
+  EXPECT_EQ(state.load(), 0u) << "the ring for room took the completion bit too";
+  ASSERT_TRUE(copy_one_by_one(2));
+  EXPECT_EQ(DrainDoorbell(doorbell), 0u) << "rang again for completions after one ring took both bits";
 }
 
 // A client reporting waits it never had (a forged exposed time of an hour, the 100,000-wait
