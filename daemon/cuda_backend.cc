@@ -719,6 +719,14 @@ class CudaBackend : public Backend {
   void PollCompleted(std::vector<FenceResult>& done) override {
     MaybeRepinTrace();
     uint64_t now = 0;
+    // The groups parked on one lane ask it once a turn between them.
+    asked_this_turn_.clear();
+    auto ask = [this](cudaStream_t s) {
+      for (const auto& [stream, answer] : asked_this_turn_) {
+        if (stream == s) return answer;
+      }
+      return asked_this_turn_.emplace_back(s, cudaStreamQuery(s)).second;
+    };
     for (auto it = pending_.begin(); it != pending_.end();) {
       Status st = it->status;
       bool ready = true;
@@ -736,7 +744,7 @@ class CudaBackend : public Backend {
           it->checked_ns = now;
           bool busy = false;
           for (cudaStream_t s : it->streams) {
-            const cudaError_t q = cudaStreamQuery(s);
+            const cudaError_t q = ask(s);
             if (q == cudaErrorNotReady) {
               busy = true;
             } else if (q != cudaSuccess && st.ok()) {
@@ -756,7 +764,7 @@ class CudaBackend : public Backend {
       }
       if (it->by_stream_query) {
         for (cudaStream_t s : it->streams) {
-          cudaError_t q = cudaStreamQuery(s);
+          const cudaError_t q = ask(s);
           if (q == cudaErrorNotReady) {
             ready = false;
             break;
@@ -1109,6 +1117,7 @@ class CudaBackend : public Backend {
   std::byte* whole_ = nullptr;  // the pool's base, when it was registered as one range
   std::map<HandleKey, OpenedMemory> opened_;
   std::deque<Group> pending_;
+  std::vector<std::pair<cudaStream_t, cudaError_t>> asked_this_turn_;  // PollCompleted's, kept for its capacity
   Group groups_[2];                 // staging: [0] latency (stream 0), [1] bulk
   StagedCopies staged_[2][kStreamsPerDirection];  // [direction][stream]
   std::vector<cudaEvent_t> free_events_;
