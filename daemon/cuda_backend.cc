@@ -141,6 +141,10 @@ class CudaBackend : public Backend {
     if (const char* fail = std::getenv("FERRY_PART_FAIL")) {
       part_to_fail_ = std::clamp(std::atoi(fail), -1, static_cast<int>(kMaxIssueThreads));
     }
+    if (const char* kick = std::getenv("FERRY_LANE_KICK"); kick != nullptr && std::strcmp(kick, "1") == 0) {
+      FERRY_RETURN_IF_ERROR(
+          CudaStatus(cudaEventCreateWithFlags(&lane_kick_, cudaEventDisableTiming), "lane kick event"));
+    }
     const char* fences = std::getenv("FERRY_FENCES");
     if (flag_waits_ && !trace_ && (fences == nullptr || std::strcmp(fences, "events") != 0)) {
       if (Status st = AllocateFenceWords(); !st.ok()) {
@@ -149,6 +153,7 @@ class CudaBackend : public Backend {
       }
     }
     describe_ += fence_page_ ? "; copies seen done by fence words" : "; copies seen done by events";
+    if (lane_kick_ != nullptr) describe_ += "; parked lanes kicked once their flag is seen (FERRY_LANE_KICK)";
     describe_ += crew_.threads() > 1 ? "; lists of small host-to-device copies issued by " +
                                            std::to_string(crew_.threads()) + " threads at once"
                                      : "; copies issued by the event loop alone";
@@ -278,6 +283,7 @@ class CudaBackend : public Backend {
     for (auto& [key, own] : lane_parts_)
       for (cudaStream_t s : own) cudaStreamDestroy(s);
     if (lane_fork_ != nullptr) cudaEventDestroy(lane_fork_);
+    if (lane_kick_ != nullptr) cudaEventDestroy(lane_kick_);
     for (auto& [host, dev] : flag_pages_) cudaHostUnregister(host);
     {
       std::lock_guard<std::mutex> l(registered_mu_);
@@ -487,6 +493,10 @@ class CudaBackend : public Backend {
     g.status = DriverStatus(
         wait_value_(s, flag, plan.wait.value, CU_STREAM_WAIT_VALUE_GEQ),
         "cuStreamWaitValue32");
+    if (lane_kick_ != nullptr && g.status.ok() &&
+        !FlagReached(std::atomic_ref<uint32_t>(*plan.wait.flag).load(std::memory_order_relaxed), plan.wait.value)) {
+      g.kick = {plan.wait.flag, plan.wait.value, s};
+    }
     const bool h2d = plan.direction == Direction::kHostToDevice;
     cudaEvent_t trace_start = nullptr;  // with the trace on: once the wait is over
     const uint64_t issued_ns = trace_ ? MonotonicNanos() : 0;
@@ -728,6 +738,7 @@ class CudaBackend : public Backend {
       return asked_this_turn_.emplace_back(s, cudaStreamQuery(s)).second;
     };
     for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->kick.flag != nullptr) Kick(it->kick);
       Status st = it->status;
       bool ready = true;
       for (const auto& [index, value] : it->words) {
@@ -800,6 +811,24 @@ class CudaBackend : public Backend {
     uint32_t parts = 1;                         // the batches it was issued as, at once
     std::vector<cudaEvent_t> part_starts = {};  // each part stream's start (none where one failed)
   };
+  // FERRY_LANE_KICK=1 (an experiment): a stream parked on cuStreamWaitValue32 sees its word
+  // written only when the GPU's front end next looks at it, on a timer (~6 us on the H200). If
+  // work submitted to the stream makes it look at once, a kick saves that: once the loop sees a
+  // parked lane's flag reached, it records an event on the lane. The flag lies in the session's
+  // flag pages, mapped until the session's last group is done; a client that writes it early
+  // only gets a kick too soon (one a group).
+  struct LaneKick {
+    uint32_t* flag = nullptr;  // nullptr: not parked, or kicked already
+    uint32_t value = 0;
+    cudaStream_t lane = nullptr;
+  };
+  void Kick(LaneKick& k) {
+    if (!FlagReached(std::atomic_ref<uint32_t>(*k.flag).load(std::memory_order_relaxed), k.value)) return;
+    k.flag = nullptr;
+    // A kick that fails to record costs only its speed-up; a broken stream fails the group's copies.
+    if (cudaEventRecord(lane_kick_, k.lane) != cudaSuccess) cudaGetLastError();
+  }
+
   struct Group {  // fences that complete together, once every event has
     std::vector<FenceId> fences;
     std::vector<cudaEvent_t> events;
@@ -818,6 +847,7 @@ class CudaBackend : public Backend {
     uint64_t staged_ns = 0;        // while staging: when the first piece came
     uint64_t accepted_ns = 0;      // when ferryd read the first piece's request (trace)
     uint64_t staged_mask = 0;  // while staging: bit d * 32 + s for each stream with staged pieces
+    LaneKick kick;             // FERRY_LANE_KICK: a lane group parked on its client's flag
   };
 
   Status TraceStart(Group& g, int d, uint32_t s, const StagedCopies& st) {
@@ -1109,6 +1139,7 @@ class CudaBackend : public Backend {
   std::vector<cudaEvent_t> part_events_;    // [p - 1]: part p's join
   std::map<uint64_t, std::vector<cudaStream_t>> lane_parts_;  // by LaneKey: a lane's part streams
   cudaEvent_t lane_fork_ = nullptr;                           // recorded on a lane, waited for by its part streams
+  cudaEvent_t lane_kick_ = nullptr;                           // FERRY_LANE_KICK: recorded on a parked lane (LaneKick)
   uint32_t part_delay_ms_ = 0;              // FERRY_PART_DELAY_MS (a test tool)
   int part_to_fail_ = -1;                   // FERRY_PART_FAIL (a test tool): of the next parted batch
   std::mutex registered_mu_;    // the zeroer thread re-pins slabs while the loop runs

@@ -75,6 +75,7 @@ class GpuDaemon : public ::testing::Test {
   void ManySmallCopiesLandWhereTheyShould();
   void AdjacentCopiesLandWhereTheyShould();
   void ACopyAfterAnEventWaitsForTheKernelBeforeIt(size_t n);
+  void ACopyAfterAnEventSubmittedWhileTheKernelRunsCarriesItsOutput();
   void SmallBlocksHostToDeviceLand(int crew_threads, std::chrono::milliseconds at_least = 0ms,
                                    bool first_list_fails = false);
   void ASmallBlockListAfterAnEventLandsAfterTheKernel(std::chrono::milliseconds at_least = 0ms);
@@ -383,7 +384,7 @@ TEST_F(GpuDaemon, AClientGoneBeforeItsStreamWritesAnEventsFlagLeavesTheStreamUnh
 
 // GPU-side hand-off: the copy is submitted while the producing kernel still runs, goes to the
 // client's lane at once and starts when the stream writes the event's flag after the kernel.
-TEST_F(GpuDaemon, ACopyAfterAnEventSubmittedWhileTheKernelRunsCarriesTheKernelsOutput) {
+void GpuDaemon::ACopyAfterAnEventSubmittedWhileTheKernelRunsCarriesItsOutput() {
   EXPECT_NE(daemon_->Output().find("handed off on the GPU"), std::string::npos) << daemon_->Output();
   const uint64_t seed = testing::RandomSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -411,6 +412,26 @@ TEST_F(GpuDaemon, ACopyAfterAnEventSubmittedWhileTheKernelRunsCarriesTheKernelsO
     EXPECT_EQ(FirstDifference(host.data(), want.data(), n), -1) << "the copy ran ahead of the kernel's output";
     cudaFree(produced);
   }
+}
+
+TEST_F(GpuDaemon, ACopyAfterAnEventSubmittedWhileTheKernelRunsCarriesTheKernelsOutput) {
+  ACopyAfterAnEventSubmittedWhileTheKernelRunsCarriesItsOutput();
+}
+
+class LaneKickGpuDaemon : public GpuDaemon {
+ protected:
+  void SetUp() override {
+    ::setenv("FERRY_LANE_KICK", "1", 1);  // ferryd inherits it
+    GpuDaemon::SetUp();
+    ::unsetenv("FERRY_LANE_KICK");
+  }
+};
+
+// A kick (an event recorded on the parked lane once ferryd sees the flag) must not start the
+// copy early.
+TEST_F(LaneKickGpuDaemon, AKickedLanesCopyStillCarriesTheKernelsOutput) {
+  EXPECT_NE(daemon_->Output().find("parked lanes kicked"), std::string::npos) << daemon_->Output();
+  ACopyAfterAnEventSubmittedWhileTheKernelRunsCarriesItsOutput();
 }
 
 // One client's copy waits on its lane for a record its stream makes only after a long kernel;
