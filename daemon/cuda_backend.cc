@@ -493,8 +493,7 @@ class CudaBackend : public Backend {
     g.status = DriverStatus(
         wait_value_(s, flag, plan.wait.value, CU_STREAM_WAIT_VALUE_GEQ),
         "cuStreamWaitValue32");
-    if (lane_kick_ != nullptr && g.status.ok() &&
-        !FlagReached(std::atomic_ref<uint32_t>(*plan.wait.flag).load(std::memory_order_relaxed), plan.wait.value)) {
+    if (lane_kick_ != nullptr && g.status.ok() && !FlagSeen(plan.wait.flag, plan.wait.value)) {
       g.kick = {plan.wait.flag, plan.wait.value, s};
     }
     const bool h2d = plan.direction == Direction::kHostToDevice;
@@ -823,7 +822,7 @@ class CudaBackend : public Backend {
     cudaStream_t lane = nullptr;
   };
   void Kick(LaneKick& k) {
-    if (!FlagReached(std::atomic_ref<uint32_t>(*k.flag).load(std::memory_order_relaxed), k.value)) return;
+    if (!FlagSeen(k.flag, k.value)) return;
     k.flag = nullptr;
     // A kick that fails to record costs only its speed-up; a broken stream fails the group's copies.
     if (cudaEventRecord(lane_kick_, k.lane) != cudaSuccess) cudaGetLastError();

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <filesystem>
 #include <regex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "block_list_client.hpp"
@@ -48,7 +50,11 @@ class GpuDaemon : public ::testing::Test {
                                   "--log-level",
                                   "debug"};
     for (const std::string& a : ExtraDaemonArgs()) args.push_back(a);
+    // ferryd inherits the test's environment when it starts; the test's own clients do not see it.
+    const std::vector<std::pair<std::string, std::string>> env = DaemonEnvironment();
+    for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
     daemon_ = std::make_unique<Child>(args, dir_ + "/ferryd.log");
+    for (const auto& [name, value] : env) ::unsetenv(name.c_str());
     ASSERT_TRUE(testing::DaemonHarness::Eventually([&] { return fs::exists(socket_); }, 30000)) << daemon_->Output();
     ConnectOptions o;
     o.socket_path = socket_;
@@ -71,6 +77,8 @@ class GpuDaemon : public ::testing::Test {
   }
 
   virtual std::vector<std::string> ExtraDaemonArgs() const { return {}; }
+  // Variables ferryd starts with (its experiments and fault injection: FERRY_FENCES, FERRY_PART_*).
+  virtual std::vector<std::pair<std::string, std::string>> DaemonEnvironment() const { return {}; }
   void ReclaimedSlabsStillCopyEveryByteBothWays(const char* registration_line);
   void ManySmallCopiesLandWhereTheyShould();
   void AdjacentCopiesLandWhereTheyShould();
@@ -331,10 +339,8 @@ TEST_F(GpuDaemon, ManySmallCopiesInFlightLandWhereTheyShould) {
 
 class EventFencedGpuDaemon : public GpuDaemon {
  protected:
-  void SetUp() override {
-    ::setenv("FERRY_FENCES", "events", 1);  // ferryd inherits it
-    GpuDaemon::SetUp();
-    ::unsetenv("FERRY_FENCES");
+  std::vector<std::pair<std::string, std::string>> DaemonEnvironment() const override {
+    return {{"FERRY_FENCES", "events"}};
   }
 };
 
@@ -420,10 +426,8 @@ TEST_F(GpuDaemon, ACopyAfterAnEventSubmittedWhileTheKernelRunsCarriesTheKernelsO
 
 class LaneKickGpuDaemon : public GpuDaemon {
  protected:
-  void SetUp() override {
-    ::setenv("FERRY_LANE_KICK", "1", 1);  // ferryd inherits it
-    GpuDaemon::SetUp();
-    ::unsetenv("FERRY_LANE_KICK");
+  std::vector<std::pair<std::string, std::string>> DaemonEnvironment() const override {
+    return {{"FERRY_LANE_KICK", "1"}};
   }
 };
 
@@ -862,10 +866,8 @@ TEST_F(GpuDaemon, ASmallBlockHostToDeviceListIsIssuedInPartsByTheCrewAndEveryByt
 // the list done with three quarters of it still poisoned.
 class DelayedPartsGpuDaemon : public GpuDaemon {
  protected:
-  void SetUp() override {
-    ::setenv("FERRY_PART_DELAY_MS", "300", 1);
-    GpuDaemon::SetUp();
-    ::unsetenv("FERRY_PART_DELAY_MS");
+  std::vector<std::pair<std::string, std::string>> DaemonEnvironment() const override {
+    return {{"FERRY_PART_DELAY_MS", "300"}};
   }
 };
 
@@ -876,12 +878,8 @@ TEST_F(DelayedPartsGpuDaemon, ASmallBlockListsCompletionWaitsForEveryPart) { Sma
 // memory as soon as it hears); ferryd goes on, and the next lists land whole.
 class FailedPartGpuDaemon : public GpuDaemon {
  protected:
-  void SetUp() override {
-    ::setenv("FERRY_PART_DELAY_MS", "300", 1);
-    ::setenv("FERRY_PART_FAIL", "1", 1);
-    GpuDaemon::SetUp();
-    ::unsetenv("FERRY_PART_DELAY_MS");
-    ::unsetenv("FERRY_PART_FAIL");
+  std::vector<std::pair<std::string, std::string>> DaemonEnvironment() const override {
+    return {{"FERRY_PART_DELAY_MS", "300"}, {"FERRY_PART_FAIL", "1"}};
   }
 };
 
