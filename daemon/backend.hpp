@@ -80,12 +80,6 @@ inline uint64_t LaneKey(uint64_t session_id, Direction direction) {
 // Whether a flag holding `flag` satisfies a wait for `value` (the GPU's cyclic comparison).
 inline bool FlagReached(uint32_t flag, uint32_t value) { return static_cast<int32_t>(flag - value) >= 0; }
 
-// Whether the flag word at `flag`, which a client or a GPU may write at any time, holds `value`
-// yet: a relaxed look, for a guess that costs only speed when it is late.
-inline bool FlagSeen(uint32_t* flag, uint32_t value) {
-  return FlagReached(std::atomic_ref<uint32_t>(*flag).load(std::memory_order_relaxed), value);
-}
-
 // The most GPUs one ferryd drives.
 inline constexpr uint32_t kMaxGpus = 16;
 

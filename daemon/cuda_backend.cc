@@ -3,8 +3,8 @@
 // (stream 0 at the highest priority, for latency-class copies), device memory opened from CUDA
 // IPC handles (once per handle, shared by refcount), interprocess events for GPU-side ordering,
 // and fences (no CPU thread blocks on the GPU): where the device has stream memory operations,
-// each copy stream (and each lane, below) writes a sequence number into a word of a mapped page
-// this backend owns after a group's copies, and the loop reads the word (a load, where cudaEventQuery or
+// each copy stream writes a sequence number into a word of a mapped page this backend owns
+// after a group's copies, and the loop reads the word (a load, where cudaEventQuery or
 // cudaStreamQuery cost 0.2 to 1.3 us a call on the H200's host, paid on every turn while a copy
 // is out); else events polled with cudaEventQuery. FERRY_FENCES=events keeps events, for
 // comparison.
@@ -141,10 +141,6 @@ class CudaBackend : public Backend {
     if (const char* fail = std::getenv("FERRY_PART_FAIL")) {
       part_to_fail_ = std::clamp(std::atoi(fail), -1, static_cast<int>(kMaxIssueThreads));
     }
-    if (const char* kick = std::getenv("FERRY_LANE_KICK"); kick != nullptr && std::strcmp(kick, "1") == 0) {
-      FERRY_RETURN_IF_ERROR(
-          CudaStatus(cudaEventCreateWithFlags(&lane_kick_, cudaEventDisableTiming), "lane kick event"));
-    }
     const char* fences = std::getenv("FERRY_FENCES");
     if (flag_waits_ && !trace_ && (fences == nullptr || std::strcmp(fences, "events") != 0)) {
       if (Status st = AllocateFenceWords(); !st.ok()) {
@@ -153,7 +149,6 @@ class CudaBackend : public Backend {
       }
     }
     describe_ += fence_page_ ? "; copies seen done by fence words" : "; copies seen done by events";
-    if (lane_kick_ != nullptr) describe_ += "; parked lanes kicked once their flag is seen (FERRY_LANE_KICK)";
     describe_ += crew_.threads() > 1 ? "; lists of small host-to-device copies issued by " +
                                            std::to_string(crew_.threads()) + " threads at once"
                                      : "; copies issued by the event loop alone";
@@ -164,8 +159,7 @@ class CudaBackend : public Backend {
     return Status::Ok();
   }
 
-  // The page of fence words, one a copy stream ([direction * 32 + stream]) and one a lane (from
-  // kLaneWordsFrom), zero to start.
+  // The page of fence words, one a copy stream ([direction * 32 + stream]), zero to start.
   Status AllocateFenceWords() {
     fence_page_.reset(static_cast<uint32_t*>(std::aligned_alloc(kFencePageBytes, kFencePageBytes)));
     if (!fence_page_) return ResourceExhausted("no memory for the fence words");
@@ -177,19 +171,6 @@ class CudaBackend : public Backend {
     }
     fence_dev_ = static_cast<CUdeviceptr>(*dev);
     return Status::Ok();
-  }
-
-  // A word of the fence page for a new lane: after the copy streams' words, reused once their
-  // lanes are closed (a closed lane's values only ever grow: fence_seq_ goes on). 0 without fence
-  // words or once every word is taken: the lane's groups are fenced by events.
-  uint32_t TakeLaneWord() {
-    if (fence_page_ == nullptr) return 0;
-    if (!free_lane_words_.empty()) {
-      const uint32_t w = free_lane_words_.back();
-      free_lane_words_.pop_back();
-      return w;
-    }
-    return next_lane_word_ < kFencePageBytes / sizeof(uint32_t) ? next_lane_word_++ : 0;
   }
 
   uint32_t FenceWord(uint32_t index) const {
@@ -279,11 +260,10 @@ class CudaBackend : public Backend {
     for (auto& [priority, own] : part_streams_)
       for (cudaStream_t s : own) cudaStreamDestroy(s);
     for (cudaEvent_t e : part_events_) cudaEventDestroy(e);
-    for (auto& [key, lane] : lanes_) cudaStreamDestroy(lane.stream);
+    for (auto& [key, lane] : lanes_) cudaStreamDestroy(lane);
     for (auto& [key, own] : lane_parts_)
       for (cudaStream_t s : own) cudaStreamDestroy(s);
     if (lane_fork_ != nullptr) cudaEventDestroy(lane_fork_);
-    if (lane_kick_ != nullptr) cudaEventDestroy(lane_kick_);
     for (auto& [host, dev] : flag_pages_) cudaHostUnregister(host);
     {
       std::lock_guard<std::mutex> l(registered_mu_);
@@ -453,8 +433,7 @@ class CudaBackend : public Backend {
       }
       auto it = lanes_.find(key);
       if (it == lanes_.end()) continue;
-      cudaStreamDestroy(it->second.stream);
-      if (it->second.fence_word != 0) free_lane_words_.push_back(it->second.fence_word);
+      cudaStreamDestroy(it->second);
       lanes_.erase(it);
     }
   }
@@ -482,20 +461,14 @@ class CudaBackend : public Backend {
       FERRY_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&lo, &hi));
       cudaStream_t s;
       FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, plan.wait.latency ? hi : lo));
-      lane = lanes_.emplace(key, Lane{s, TakeLaneWord()}).first;
+      lane = lanes_.emplace(key, s).first;
     }
-    cudaStream_t s = lane->second.stream;
+    cudaStream_t s = lane->second;
     Group g;
     g.accepted_ns = plan.accepted_ns;
-    g.checked_ns = MonotonicNanos();  // its stream is asked only once it has been out 1 ms
     g.fences.push_back(next_fence_++);
     g.streams.push_back(s);
-    g.status = DriverStatus(
-        wait_value_(s, flag, plan.wait.value, CU_STREAM_WAIT_VALUE_GEQ),
-        "cuStreamWaitValue32");
-    if (lane_kick_ != nullptr && g.status.ok() && !FlagSeen(plan.wait.flag, plan.wait.value)) {
-      g.kick = {plan.wait.flag, plan.wait.value, s};
-    }
+    g.status = DriverStatus(wait_value_(s, flag, plan.wait.value, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32");
     const bool h2d = plan.direction == Direction::kHostToDevice;
     cudaEvent_t trace_start = nullptr;  // with the trace on: once the wait is over
     const uint64_t issued_ns = trace_ ? MonotonicNanos() : 0;
@@ -524,15 +497,7 @@ class CudaBackend : public Backend {
     if (g.status.ok() && plan.signal != nullptr) {
       g.status = CudaStatus(cudaEventRecord(static_cast<CudaEvent*>(plan.signal)->get(), s), "signal");
     }
-    if (g.status.ok() && lane->second.fence_word != 0) {
-      const uint32_t index = lane->second.fence_word, value = ++fence_seq_[index];
-      const CUresult r = write_value_(s, fence_dev_ + index * sizeof(uint32_t), value, CU_STREAM_WRITE_VALUE_DEFAULT);
-      if (r == CUDA_SUCCESS) {
-        g.words.emplace_back(index, value);
-      } else {
-        g.status = DeviceError("cuStreamWriteValue32 of a lane's fence word: error " + std::to_string(r));
-      }
-    } else if (g.status.ok()) {
+    if (g.status.ok()) {
       auto e = TakeEvent();
       g.status = e.ok() ? CudaStatus(cudaEventRecord(*e, s), "fence") : e.status();
       if (e.ok()) g.events.push_back(*e);
@@ -541,8 +506,7 @@ class CudaBackend : public Backend {
       const size_t fence = g.status.ok() && !g.events.empty() ? 0 : SIZE_MAX;
       g.spans.push_back(CopySpan{static_cast<int>(plan.direction), kLaneSpan, g.bytes, issued_ns, trace_start, fence});
     }
-    if (g.events.empty() && g.words.empty())
-      g.by_stream_query = true;  // failed before its fence: reported at the next poll
+    if (g.events.empty()) g.by_stream_query = true;  // failed before its fence: reported at the next poll
     if (!unjoined.empty()) {
       g.streams.insert(g.streams.end(), unjoined.begin(), unjoined.end());
       g.by_stream_query = true;
@@ -728,7 +692,7 @@ class CudaBackend : public Backend {
   void PollCompleted(std::vector<FenceResult>& done) override {
     MaybeRepinTrace();
     uint64_t now = 0;
-    // The groups parked on one lane ask it once a turn between them.
+    // Groups that share a stream ask it once a turn between them.
     asked_this_turn_.clear();
     auto ask = [this](cudaStream_t s) {
       for (const auto& [stream, answer] : asked_this_turn_) {
@@ -737,7 +701,6 @@ class CudaBackend : public Backend {
       return asked_this_turn_.emplace_back(s, cudaStreamQuery(s)).second;
     };
     for (auto it = pending_.begin(); it != pending_.end();) {
-      if (it->kick.flag != nullptr) Kick(it->kick);
       Status st = it->status;
       bool ready = true;
       for (const auto& [index, value] : it->words) {
@@ -810,24 +773,6 @@ class CudaBackend : public Backend {
     uint32_t parts = 1;                         // the batches it was issued as, at once
     std::vector<cudaEvent_t> part_starts = {};  // each part stream's start (none where one failed)
   };
-  // FERRY_LANE_KICK=1 (an experiment): a stream parked on cuStreamWaitValue32 sees its word
-  // written only when the GPU's front end next looks at it, on a timer (~6 us on the H200). If
-  // work submitted to the stream makes it look at once, a kick saves that: once the loop sees a
-  // parked lane's flag reached, it records an event on the lane. The flag lies in the session's
-  // flag pages, mapped until the session's last group is done; a client that writes it early
-  // only gets a kick too soon (one a group).
-  struct LaneKick {
-    uint32_t* flag = nullptr;  // nullptr: not parked, or kicked already
-    uint32_t value = 0;
-    cudaStream_t lane = nullptr;
-  };
-  void Kick(LaneKick& k) {
-    if (!FlagSeen(k.flag, k.value)) return;
-    k.flag = nullptr;
-    // A kick that fails to record costs only its speed-up; a broken stream fails the group's copies.
-    if (cudaEventRecord(lane_kick_, k.lane) != cudaSuccess) cudaGetLastError();
-  }
-
   struct Group {  // fences that complete together, once every event has
     std::vector<FenceId> fences;
     std::vector<cudaEvent_t> events;
@@ -845,8 +790,7 @@ class CudaBackend : public Backend {
     bool all_batchable = true;     // while staging
     uint64_t staged_ns = 0;        // while staging: when the first piece came
     uint64_t accepted_ns = 0;      // when ferryd read the first piece's request (trace)
-    uint64_t staged_mask = 0;  // while staging: bit d * 32 + s for each stream with staged pieces
-    LaneKick kick;             // FERRY_LANE_KICK: a lane group parked on its client's flag
+    uint64_t staged_mask = 0;      // while staging: bit d * 32 + s for each stream with staged pieces
   };
 
   Status TraceStart(Group& g, int d, uint32_t s, const StagedCopies& st) {
@@ -1111,14 +1055,9 @@ class CudaBackend : public Backend {
   WaitValue32 wait_value_ = nullptr;
   WriteValue32 write_value_ = nullptr;                   // the start probe's, and done words
   std::map<std::byte*, CUdeviceptr> flag_pages_;         // sessions' flag pages, by host address
-  // A session's lane for one direction, and the index of its fence word in the fence page (0:
-  // none, its groups are fenced by events).
-  struct Lane {
-    cudaStream_t stream;
-    uint32_t fence_word;
-  };
-  std::map<uint64_t, Lane> lanes_;         // by LaneKey
-  std::vector<uint32_t> free_lane_words_;  // fence words of closed lanes, to reuse
+  // A session's lane for one direction. Its groups are fenced by events: a fence word's write
+  // on the lane held up the lane's next group (in-step exposed +0.004 ms on the H100, 2026-12-07).
+  std::map<uint64_t, cudaStream_t> lanes_;  // by LaneKey
   StagedCopies lane_staged_;
   const bool trace_;
   static constexpr uint64_t kTraceRepinNs = 2'000'000'000;  // idle this long after traced copies
@@ -1138,7 +1077,6 @@ class CudaBackend : public Backend {
   std::vector<cudaEvent_t> part_events_;    // [p - 1]: part p's join
   std::map<uint64_t, std::vector<cudaStream_t>> lane_parts_;  // by LaneKey: a lane's part streams
   cudaEvent_t lane_fork_ = nullptr;                           // recorded on a lane, waited for by its part streams
-  cudaEvent_t lane_kick_ = nullptr;                           // FERRY_LANE_KICK: recorded on a parked lane (LaneKick)
   uint32_t part_delay_ms_ = 0;              // FERRY_PART_DELAY_MS (a test tool)
   int part_to_fail_ = -1;                   // FERRY_PART_FAIL (a test tool): of the next parted batch
   std::mutex registered_mu_;    // the zeroer thread re-pins slabs while the loop runs
@@ -1159,13 +1097,11 @@ class CudaBackend : public Backend {
   static constexpr uint64_t kBusyBytes = 2ull << 20;  // ~40 us of work at 55 GB/s
   static constexpr uint64_t kHoldNs = 30'000;
   static constexpr size_t kFencePageBytes = 4096;
-  static constexpr uint32_t kLaneWordsFrom = 64;        // the copy streams' words come first (direction * 32 + stream)
   static constexpr uint64_t kFenceCheckNs = 1'000'000;  // a group out this long: its streams asked each time
   // The fence words, registered, written by the copy streams; null: events.
   std::unique_ptr<uint32_t, decltype(&std::free)> fence_page_{nullptr, &std::free};
   CUdeviceptr fence_dev_ = 0;       // where the engines write them
-  uint32_t fence_seq_[kFencePageBytes / sizeof(uint32_t)] = {};  // the last value each word was told to take
-  uint32_t next_lane_word_ = kLaneWordsFrom;
+  uint32_t fence_seq_[64] = {};     // the last value each stream was told to write
 };
 
 CudaRegion::~CudaRegion() { owner_->ReleaseRegion(key_); }

@@ -83,7 +83,6 @@ class GpuDaemon : public ::testing::Test {
   void ManySmallCopiesLandWhereTheyShould();
   void AdjacentCopiesLandWhereTheyShould();
   void ACopyAfterAnEventWaitsForTheKernelBeforeIt(size_t n);
-  void ACopyAfterAnEventSubmittedWhileTheKernelRunsCarriesItsOutput();
   void SmallBlocksHostToDeviceLand(int crew_threads, std::chrono::milliseconds at_least = 0ms,
                                    bool first_list_fails = false);
   void ASmallBlockListAfterAnEventLandsAfterTheKernel(std::chrono::milliseconds at_least = 0ms);
@@ -390,7 +389,7 @@ TEST_F(GpuDaemon, AClientGoneBeforeItsStreamWritesAnEventsFlagLeavesTheStreamUnh
 
 // GPU-side hand-off: the copy is submitted while the producing kernel still runs, goes to the
 // client's lane at once and starts when the stream writes the event's flag after the kernel.
-void GpuDaemon::ACopyAfterAnEventSubmittedWhileTheKernelRunsCarriesItsOutput() {
+TEST_F(GpuDaemon, ACopyAfterAnEventSubmittedWhileTheKernelRunsCarriesTheKernelsOutput) {
   EXPECT_NE(daemon_->Output().find("handed off on the GPU"), std::string::npos) << daemon_->Output();
   const uint64_t seed = testing::RandomSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -418,24 +417,6 @@ void GpuDaemon::ACopyAfterAnEventSubmittedWhileTheKernelRunsCarriesItsOutput() {
     EXPECT_EQ(FirstDifference(host.data(), want.data(), n), -1) << "the copy ran ahead of the kernel's output";
     cudaFree(produced);
   }
-}
-
-TEST_F(GpuDaemon, ACopyAfterAnEventSubmittedWhileTheKernelRunsCarriesTheKernelsOutput) {
-  ACopyAfterAnEventSubmittedWhileTheKernelRunsCarriesItsOutput();
-}
-
-class LaneKickGpuDaemon : public GpuDaemon {
- protected:
-  std::vector<std::pair<std::string, std::string>> DaemonEnvironment() const override {
-    return {{"FERRY_LANE_KICK", "1"}};
-  }
-};
-
-// A kick (an event recorded on the parked lane once ferryd sees the flag) must not start the
-// copy early.
-TEST_F(LaneKickGpuDaemon, AKickedLanesCopyStillCarriesTheKernelsOutput) {
-  EXPECT_NE(daemon_->Output().find("parked lanes kicked"), std::string::npos) << daemon_->Output();
-  ACopyAfterAnEventSubmittedWhileTheKernelRunsCarriesItsOutput();
 }
 
 // One client's copy waits on its lane for a record its stream makes only after a long kernel;

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # A/B of how ferryd sees its copies done, on a GPU machine, in turn on one build: fence words
 # (words, the default: each copy stream writes a sequence number into host memory the loop
-# reads), events (FERRY_FENCES=events: cudaEventQuery / cudaStreamQuery each turn) and the lane
-# kick (kick, FERRY_LANE_KICK=1: fence words, and a parked lane gets an event recorded on it once
-# the loop sees its flag written). VARIANTS (default "words events kick") picks them. Per variant
+# reads; a lane's groups take events) and events (FERRY_FENCES=events: cudaEventQuery /
+# cudaStreamQuery each turn). VARIANTS (default "words events") picks them. Per variant
 # and round (ROUNDS, default 2), one ferryd: ferry-bench transfer SECTIONS (default
 # latency,many,blocks) against the in-process baseline; then (INSTEP=1, the default) the seed's
 # in-step overlap. Writes $OUT/fences-*.txt.
@@ -11,16 +10,15 @@ set -uo pipefail
 . "$(dirname "$0")/env.sh"
 policy=${POLICY:-policies/chunked.yaml}
 for round in $(seq "${ROUNDS:-2}"); do
-  for fences in ${VARIANTS:-words events kick}; do
+  for fences in ${VARIANTS:-words events}; do
     echo "== round $round: fences $fences"
     case $fences in
       words) variant_env= ;;
       events) variant_env=FERRY_FENCES=events ;;
-      kick) variant_env=FERRY_LANE_KICK=1 ;;
-      *) echo "ab-fences: unknown variant $fences (words, events, kick)" >&2; exit 2 ;;
+      *) echo "ab-fences: unknown variant $fences (words, events)" >&2; exit 2 ;;
     esac
     FERRYD_ENV=$variant_env start_ferryd >/dev/null
-    grep -h "fence words\|kicked\|ready" "$rt/ferryd.log" | head -2
+    grep -h "fence words\|ready" "$rt/ferryd.log" | head -2
     "$BUILD/ferry-bench" transfer --socket "$sock" --only "${SECTIONS:-latency,many,blocks}" \
       >"$OUT/fences-$fences-$round.txt" 2>/dev/null
     grep -E "^  (h2d|d2h)  |^1024 x|PASS|FAIL|LIMIT" "$OUT/fences-$fences-$round.txt"

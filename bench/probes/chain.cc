@@ -42,13 +42,11 @@ enum Gap {
   kIpcEvent,
   kIpcAndEvent,
   kWord,
-  kWordNoBarrier,
   kWaitHost,
   kWaitDevice,
   kWaitEvent,
   kLaneToday,
   kLaneWordFence,
-  kLaneNoBarrierFence,
   kGaps
 };
 const char* const kGapNames[kGaps] = {
@@ -57,13 +55,11 @@ const char* const kGapNames[kGaps] = {
     "+ interprocess event after each",
     "+ interprocess event and event after each",
     "+ word after each (default: fenced)",
-    "+ word after each (no memory barrier)",
     "+ wait on a satisfied host word before each",
     "+ wait on a satisfied device word before each",
     "+ wait on a done event before each",
     "lane: host-word wait, copy, interprocess event, event",
     "lane: host-word wait, copy, interprocess event, word",
-    "lane: host-word wait, copy, interprocess event, word (no barrier)",
 };
 
 enum Wake { kEventWait, kHostWord, kDeviceWord, kHostWordFlush, kHostWordHighPriority, kHostWordKick, kWakes };
@@ -82,6 +78,18 @@ struct Stats {
 Stats Summarize(std::vector<double> x) {
   std::sort(x.begin(), x.end());
   return {x[x.size() / 2], x[0], x[x.size() * 9 / 10]};
+}
+
+// Whether the GPU takes CU_STREAM_WAIT_VALUE_FLUSH (the driver refuses it where it does not).
+bool CanFlushRemoteWrites() {
+  using GetAttribute = CUresult (*)(int*, CUdevice_attribute, CUdevice);
+  GetAttribute get = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  CK(cudaGetDriverEntryPointByVersion("cuDeviceGetAttribute", reinterpret_cast<void**>(&get), 12000, cudaEnableDefault,
+                                      &q));
+  int can = 0;
+  return q == cudaDriverEntryPointSuccess &&
+         get(&can, CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES, 0) == CUDA_SUCCESS && can != 0;
 }
 
 float ElapsedUs(cudaEvent_t a, cudaEvent_t b) {
@@ -157,10 +165,6 @@ int main(int argc, char** argv) {
         if (v == kIpcAndEvent || v == kLaneToday) CK(cudaEventRecord(plain, lane));
         if (v == kWord || v == kLaneWordFence)
           CkCu(write_value(lane, HostWord(w, 2), ++fence, 0), "cuStreamWriteValue32");
-        if (v == kWordNoBarrier || v == kLaneNoBarrierFence) {
-          CkCu(write_value(lane, HostWord(w, 2), ++fence, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER),
-               "cuStreamWriteValue32");
-        }
       }
       CK(cudaEventRecord(t1, lane));
       for (const double parked = Now(); Now() - parked < 50e-6;) {  // the lane reaches the go word
@@ -182,9 +186,11 @@ int main(int argc, char** argv) {
   // Part 2: reaction. The other stream copies 16 MiB (the lane parks meanwhile), writes the flag
   // (or records its event) and a timing event; the lane waits, records a timing event, copies 4 KiB.
   std::vector<double> reaction[kWakes];
+  const bool can_flush = CanFlushRemoteWrites();
   uint32_t flag = 0;
   for (int r = -kWarm; r < kReps / 2; ++r) {
     for (int v = 0; v < kWakes; ++v) {
+      if (v == kHostWordFlush && !can_flush) continue;
       ++flag;
       cudaStream_t s = v == kHostWordHighPriority ? lane_high : lane;
       switch (v) {
@@ -226,6 +232,10 @@ int main(int argc, char** argv) {
       "write to the lane's after its wait), %d rounds (us)\n",
       kReps / 2);
   for (int v = 0; v < kWakes; ++v) {
+    if (reaction[v].empty()) {
+      std::printf("  %-92s not supported by this GPU\n", kWakeNames[v]);
+      continue;
+    }
     const Stats s = Summarize(reaction[v]);
     std::printf("  %-92s p50 %7.2f [%7.2f, p90 %7.2f]\n", kWakeNames[v], s.p50, s.min, s.p90);
   }
