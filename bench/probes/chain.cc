@@ -30,7 +30,7 @@ constexpr size_t kDelayBytes = 16 << 20;
 struct Words {
   uint32_t* host = nullptr;  // [0] the go word, [1] a word always satisfied, [2] fence words, [3] the flag
   CUdeviceptr host_dev = 0;
-  CUdeviceptr device = 0;  // device words: [0] always satisfied, [1] the flag
+  CUdeviceptr device = 0;  // device words: [0] always satisfied, [1] the flag, [2] signal words
 };
 
 CUdeviceptr HostWord(const Words& w, int i) { return w.host_dev + static_cast<CUdeviceptr>(i) * sizeof(uint32_t); }
@@ -42,11 +42,13 @@ enum Gap {
   kIpcEvent,
   kIpcAndEvent,
   kWord,
+  kDeviceWordAfter,
   kWaitHost,
   kWaitDevice,
   kWaitEvent,
   kLaneToday,
   kLaneWordFence,
+  kLaneDeviceWords,
   kGaps
 };
 const char* const kGapNames[kGaps] = {
@@ -55,11 +57,13 @@ const char* const kGapNames[kGaps] = {
     "+ interprocess event after each",
     "+ interprocess event and event after each",
     "+ word after each (default: fenced)",
+    "+ device word after each (fenced)",
     "+ wait on a satisfied host word before each",
     "+ wait on a satisfied device word before each",
     "+ wait on a done event before each",
     "lane: host-word wait, copy, interprocess event, event",
     "lane: host-word wait, copy, interprocess event, word",
+    "lane: device-word wait, copy, device word, event",
 };
 
 enum Wake { kEventWait, kHostWord, kDeviceWord, kHostWordFlush, kHostWordHighPriority, kHostWordKick, kWakes };
@@ -152,17 +156,21 @@ int main(int argc, char** argv) {
       CkCu(wait_value(lane, HostWord(w, 0), go, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32 (go)");
       CK(cudaEventRecord(t0, lane));
       for (int i = 0; i < kCopies; ++i) {
-        if (v == kWaitHost || v >= kLaneToday) {
+        if (v == kWaitHost || v == kLaneToday || v == kLaneWordFence) {
           CkCu(wait_value(lane, HostWord(w, 1), 1, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32");
         }
-        if (v == kWaitDevice)
+        if (v == kWaitDevice || v == kLaneDeviceWords)
           CkCu(wait_value(lane, DeviceWord(w, 0), 1, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32");
         if (v == kWaitEvent) CK(cudaStreamWaitEvent(lane, done_event, 0));
         CK(cudaMemcpyAsync(static_cast<std::byte*>(host) + i * kCopyBytes,
                            static_cast<std::byte*>(dev) + i * kCopyBytes, kCopyBytes, cudaMemcpyDeviceToHost, lane));
         if (v == kEvent) CK(cudaEventRecord(plain, lane));
-        if (v == kIpcEvent || v == kIpcAndEvent || v >= kLaneToday) CK(cudaEventRecord(ipc, lane));
-        if (v == kIpcAndEvent || v == kLaneToday) CK(cudaEventRecord(plain, lane));
+        if (v == kIpcEvent || v == kIpcAndEvent || v == kLaneToday || v == kLaneWordFence) {
+          CK(cudaEventRecord(ipc, lane));
+        }
+        if (v == kDeviceWordAfter || v == kLaneDeviceWords)
+          CkCu(write_value(lane, DeviceWord(w, 2), ++fence, 0), "cuStreamWriteValue32 (device)");
+        if (v == kIpcAndEvent || v == kLaneToday || v == kLaneDeviceWords) CK(cudaEventRecord(plain, lane));
         if (v == kWord || v == kLaneWordFence)
           CkCu(write_value(lane, HostWord(w, 2), ++fence, 0), "cuStreamWriteValue32");
       }
