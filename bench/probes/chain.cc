@@ -84,18 +84,6 @@ Stats Summarize(std::vector<double> x) {
   return {x[x.size() / 2], x[0], x[x.size() * 9 / 10]};
 }
 
-// Whether the GPU takes CU_STREAM_WAIT_VALUE_FLUSH (the driver refuses it where it does not).
-bool CanFlushRemoteWrites() {
-  using GetAttribute = CUresult (*)(int*, CUdevice_attribute, CUdevice);
-  GetAttribute get = nullptr;
-  cudaDriverEntryPointQueryResult q;
-  CK(cudaGetDriverEntryPointByVersion("cuDeviceGetAttribute", reinterpret_cast<void**>(&get), 12000, cudaEnableDefault,
-                                      &q));
-  int can = 0;
-  return q == cudaDriverEntryPointSuccess &&
-         get(&can, CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES, 0) == CUDA_SUCCESS && can != 0;
-}
-
 float ElapsedUs(cudaEvent_t a, cudaEvent_t b) {
   float ms = 0;
   CK(cudaEventElapsedTime(&ms, a, b));
@@ -194,11 +182,12 @@ int main(int argc, char** argv) {
   // Part 2: reaction. The other stream copies 16 MiB (the lane parks meanwhile), writes the flag
   // (or records its event) and a timing event; the lane waits, records a timing event, copies 4 KiB.
   std::vector<double> reaction[kWakes];
-  const bool can_flush = CanFlushRemoteWrites();
+  int can_flush = 0;  // whether the GPU takes CU_STREAM_WAIT_VALUE_FLUSH (the driver refuses it where not)
+  CK(cudaDeviceGetAttribute(&can_flush, cudaDevAttrCanFlushRemoteWrites, 0));
   uint32_t flag = 0;
   for (int r = -kWarm; r < kReps / 2; ++r) {
     for (int v = 0; v < kWakes; ++v) {
-      if (v == kHostWordFlush && !can_flush) continue;
+      if (v == kHostWordFlush && can_flush == 0) continue;
       ++flag;
       cudaStream_t s = v == kHostWordHighPriority ? lane_high : lane;
       switch (v) {
