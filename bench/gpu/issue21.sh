@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 21's targets in one call on a GPU machine, within LIMIT seconds (default 560): probe-chain
-# (what a lane puts around each copy), the GPU tests (TESTS=0 skips them), ROUNDS rounds (default
+# (what a lane puts around each copy), probe-handoff (ways to hand a copy to another process and
+# back), the GPU tests (TESTS=0 skips them), ROUNDS rounds (default
 # 3) of ab-fences.sh's default fences (a fresh ferryd each: 4 KiB, 1024 x 64 KiB, the block lists,
 # the in-step overlap), one round with FERRY_FENCES=events, and two list clients at once. Each part
 # starts only if enough of LIMIT is left. Writes under $OUT/res and packs it into
@@ -21,6 +22,9 @@ date -u | tee -a "$res/gpu.txt"
 echo "== probe-chain"
 timeout 90 "$BUILD/probe-chain" >"$res/probe-chain.txt" 2>&1
 cat "$res/probe-chain.txt"
+echo "== probe-handoff"
+timeout 60 "$BUILD/probe-handoff" >"$res/probe-handoff.txt" 2>&1
+cat "$res/probe-handoff.txt"
 pack
 
 if [ "${TESTS:-1}" = 1 ] && [ "$(left)" -gt 60 ]; then

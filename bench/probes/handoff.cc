@@ -15,9 +15,13 @@
 //     do today: the client's stream waits on ferryd's event);
 //  6. another process, device words both ways (this process's device memory, opened there by
 //     its CUDA IPC handle);
-//  7. another process, a device word there and an interprocess event back.
-// So a hand-off's cost splits into the process boundary (1-3 against 4-7), events against words
-// (1 against 2-3, 5 against 4, 7 against 6) and where a word lives (2 against 3, 4 against 6).
+//  7. another process, a device word there and an interprocess event back;
+//  8. another process, interprocess events both ways: this process's stream records an
+//     interprocess event, and only then does the other process enqueue its wait on it (as ferryd
+//     would on reading a copy that names the client's record), copy and event back.
+// So a hand-off's cost splits into the process boundary (1-3 against 4-8), events against words
+// (1 against 2-3, 5 against 4, 7 against 6, 8 against 5) and where a word lives (2 against 3, 4
+// against 6).
 // Prints medians with p99 and min in microseconds, and each hand-off's median beyond 0.
 #include <cuda.h>
 #include <sys/wait.h>
@@ -44,10 +48,12 @@ struct Shared {
   uint32_t to_this;               // written by the other process's stream
   char event_handle[64];
   char words_handle[64];  // device memory of this process: [0] to the other, [1] back
+  char there_handle[64];  // variant 8's event, recorded by this process's stream
 };
-constexpr int kVariants = 8;
+constexpr int kVariants = 9;
+constexpr uint32_t kEventsBothWays = 8;
 bool DeviceWords(uint32_t v) { return v == 3 || v == 6 || v == 7; }
-bool EventBack(uint32_t v) { return v == 1 || v == 5 || v == 7; }
+bool EventBack(uint32_t v) { return v == 1 || v == 5 || v == 7 || v == kEventsBothWays; }
 
 constexpr size_t kBytes = 4096;
 
@@ -73,6 +79,9 @@ CUdeviceptr OffsetIn(const Shared* sh, const uint32_t* word) {
   std::memcpy(&h, sh->event_handle, sizeof h);
   cudaEvent_t answer;
   CK(cudaIpcOpenEventHandle(&answer, h));
+  std::memcpy(&h, sh->there_handle, sizeof h);
+  cudaEvent_t there;
+  CK(cudaIpcOpenEventHandle(&there, h));
   cudaIpcMemHandle_t mh;
   std::memcpy(&mh, sh->words_handle, sizeof mh);
   void* dwords = nullptr;
@@ -83,8 +92,12 @@ CUdeviceptr OffsetIn(const Shared* sh, const uint32_t* word) {
     while ((c = sh->command.load(std::memory_order_acquire)) < round) Relax();
     if (c == UINT32_MAX) break;
     const uint32_t mode = sh->mode.load(std::memory_order_relaxed);
-    CkCu(wait_value(cs, DeviceWords(mode) ? dev_to_other : to_other, round, CU_STREAM_WAIT_VALUE_GEQ),
-         "cuStreamWaitValue32 (other)");
+    if (mode == kEventsBothWays) {
+      CK(cudaStreamWaitEvent(cs, there, 0));
+    } else {
+      CkCu(wait_value(cs, DeviceWords(mode) ? dev_to_other : to_other, round, CU_STREAM_WAIT_VALUE_GEQ),
+           "cuStreamWaitValue32 (other)");
+    }
     CK(cudaMemcpyAsync(pinned, dev, kBytes, cudaMemcpyDeviceToHost, cs));
     if (EventBack(mode)) {
       CK(cudaEventRecord(answer, cs));
@@ -138,7 +151,7 @@ int main(int argc, char** argv) {
   cudaIpcMemHandle_t mh;
   CK(cudaIpcGetMemHandle(&mh, dwords));
   std::memcpy(sh->words_handle, &mh, sizeof mh);
-  cudaEvent_t e0, e1, made, copied, answer;
+  cudaEvent_t e0, e1, made, copied, answer, there;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   CK(cudaEventCreateWithFlags(&made, cudaEventDisableTiming));
@@ -147,6 +160,9 @@ int main(int argc, char** argv) {
   cudaIpcEventHandle_t h;
   CK(cudaIpcGetEventHandle(&h, answer));
   std::memcpy(sh->event_handle, &h, sizeof h);
+  CK(cudaEventCreateWithFlags(&there, cudaEventDisableTiming | cudaEventInterprocess));
+  CK(cudaIpcGetEventHandle(&h, there));
+  std::memcpy(sh->there_handle, &h, sizeof h);
   sh->ready.store(1, std::memory_order_release);
 
   const char* names[kVariants] = {"the copy on the stream itself (no hand-off)",
@@ -156,14 +172,15 @@ int main(int argc, char** argv) {
                                   "another process: host words both ways",
                                   "another process: a host word there, its event back",
                                   "another process: device words both ways",
-                                  "another process: a device word there, its event back"};
+                                  "another process: a device word there, its event back",
+                                  "another process: interprocess events both ways"};
   std::vector<double> us[kVariants];
   uint32_t go_seq = 0, other_round = 0;
   // The variants in turn, a round each, so that a slow spell of the machine hits them alike.
   for (int r = -100; r < kReps; ++r) {
     for (int v = 0; v < kVariants; ++v) {
       ++go_seq;
-      if (v >= 4) {
+      if (v >= 4 && v != static_cast<int>(kEventsBothWays)) {
         ++other_round;
         sh->mode.store(static_cast<uint32_t>(v), std::memory_order_relaxed);
         sh->command.store(other_round, std::memory_order_release);
@@ -186,6 +203,14 @@ int main(int argc, char** argv) {
         CkCu(write_value(side, back, go_seq, 0), "cuStreamWriteValue32 (side)");
         CkCu(write_value(s, there, go_seq, 0), "cuStreamWriteValue32 (to the side)");
         CkCu(wait_value(s, back, go_seq, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32 (from the side)");
+      } else if (v == static_cast<int>(kEventsBothWays)) {
+        // The other process waits on this record, so it enqueues its part only after it.
+        CK(cudaEventRecord(there, s));
+        ++other_round;
+        sh->mode.store(kEventsBothWays, std::memory_order_relaxed);
+        sh->command.store(other_round, std::memory_order_release);
+        while (sh->armed.load(std::memory_order_acquire) != other_round) Relax();
+        CK(cudaStreamWaitEvent(s, answer, 0));
       } else {
         CkCu(write_value(s, DeviceWords(v) ? dev_to_other : to_other, other_round, 0), "cuStreamWriteValue32 (to the other)");
         if (EventBack(v)) {
