@@ -19,16 +19,21 @@
 //  8. another process, interprocess events both ways: this process's stream records an
 //     interprocess event, and only then does the other process enqueue its wait on it (as ferryd
 //     would on reading a copy that names the client's record), copy and event back.
+// Then one check of what an interprocess event means once its recorder dies: a third process
+// records one behind a wait that never ends, this process's stream waits on it, the recorder is
+// killed; does the waiting stream go on, fail, or wait for ever?
 // So a hand-off's cost splits into the process boundary (1-3 against 4-8), events against words
 // (1 against 2-3, 5 against 4, 7 against 6, 8 against 5) and where a word lives (2 against 3, 4
 // against 6).
 // Prints medians with p99 and min in microseconds, and each hand-off's median beyond 0.
 #include <cuda.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -49,6 +54,10 @@ struct Shared {
   char event_handle[64];
   char words_handle[64];  // device memory of this process: [0] to the other, [1] back
   char there_handle[64];  // variant 8's event, recorded by this process's stream
+  std::atomic<uint32_t> doomed_go;     // the timings are done: the doomed process may start
+  std::atomic<uint32_t> doomed_ready;  // the doomed process recorded its event
+  uint32_t never;                      // the word the doomed process's stream waits on; never written
+  char doomed_handle[64];
 };
 constexpr int kVariants = 9;
 constexpr uint32_t kEventsBothWays = 8;
@@ -110,6 +119,55 @@ CUdeviceptr OffsetIn(const Shared* sh, const uint32_t* word) {
   std::_Exit(0);
 }
 
+// The doomed process: records an interprocess event behind a wait on a word nobody writes, says
+// so, and waits to be killed.
+// It starts its context only once the timings are done, so that they see two processes as before.
+[[noreturn]] void Doomed(Shared* sh) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  while (sh->doomed_go.load(std::memory_order_acquire) == 0) usleep(1000);
+  CK(cudaSetDevice(0));
+  LoadDriverEntryPoints();
+  cudaStream_t cs;
+  CK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  const CUdeviceptr words = MapPage(sh);
+  CkCu(wait_value(cs, words + OffsetIn(sh, &sh->never), 1, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32 (doomed)");
+  cudaEvent_t ev;
+  CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventInterprocess));
+  CK(cudaEventRecord(ev, cs));
+  cudaIpcEventHandle_t h;
+  CK(cudaIpcGetEventHandle(&h, ev));
+  std::memcpy(sh->doomed_handle, &h, sizeof h);
+  sh->doomed_ready.store(1, std::memory_order_release);
+  for (;;) pause();
+}
+
+// Waits on the doomed process's event, kills it, and says what became of the wait.
+void DeathCheck(Shared* sh, pid_t doomed) {
+  sh->doomed_go.store(1, std::memory_order_release);
+  while (sh->doomed_ready.load(std::memory_order_acquire) == 0) Relax();
+  cudaIpcEventHandle_t h;
+  std::memcpy(&h, sh->doomed_handle, sizeof h);
+  cudaEvent_t ev;
+  CK(cudaIpcOpenEventHandle(&ev, h));
+  cudaStream_t waiter;
+  CK(cudaStreamCreateWithFlags(&waiter, cudaStreamNonBlocking));
+  CK(cudaStreamWaitEvent(waiter, ev, 0));
+  usleep(100'000);
+  const cudaError_t before = cudaStreamQuery(waiter);
+  kill(doomed, SIGKILL);
+  int status = 0;
+  waitpid(doomed, &status, 0);
+  const double killed = Now();
+  cudaError_t after = cudaErrorNotReady;
+  while (Now() - killed < 5.0 && (after = cudaStreamQuery(waiter)) == cudaErrorNotReady) usleep(1000);
+  std::printf(
+      "an interprocess event whose recorder is killed while its record waits: the stream waiting on it was %s\n"
+      "  before the kill; %.0f ms after it: %s\n",
+      cudaGetErrorName(before), (Now() - killed) * 1e3,
+      after == cudaErrorNotReady ? "still waiting (given up after 5 s)" : cudaGetErrorName(after));
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -124,6 +182,8 @@ int main(int argc, char** argv) {
   if (sh == nullptr) return 1;
   const pid_t other = fork();
   if (other == 0) Other(sh);
+  const pid_t doomed = fork();
+  if (doomed == 0) Doomed(sh);
 
   CK(cudaSetDevice(0));
   LoadDriverEntryPoints();
@@ -243,5 +303,7 @@ int main(int argc, char** argv) {
     if (v > 0) std::printf("   hand-off +%.2f", x[x.size() / 2] - base);
     std::printf("\n");
   }
-  return 0;
+  std::fflush(stdout);
+  DeathCheck(sh, doomed);
+  std::_Exit(0);  // a stream still waiting could hold up the context's teardown
 }
