@@ -49,6 +49,7 @@ enum Gap {
   kLaneToday,
   kLaneWordFence,
   kLaneDeviceWords,
+  kLaneWaiter,
   kGaps
 };
 const char* const kGapNames[kGaps] = {
@@ -64,9 +65,19 @@ const char* const kGapNames[kGaps] = {
     "lane: host-word wait, copy, interprocess event, event",
     "lane: host-word wait, copy, interprocess event, word",
     "lane: device-word wait, copy, device word, event",
+    "lane: host-word wait on a waiter stream, its event, copy, ipc event, event",
 };
 
-enum Wake { kEventWait, kHostWord, kDeviceWord, kHostWordFlush, kHostWordHighPriority, kHostWordKick, kWakes };
+enum Wake {
+  kEventWait,
+  kHostWord,
+  kDeviceWord,
+  kHostWordFlush,
+  kHostWordHighPriority,
+  kHostWordKick,
+  kHostWordWaiter,
+  kWakes
+};
 const char* const kWakeNames[kWakes] = {
     "cudaStreamWaitEvent on the other stream's event",
     "cuStreamWaitValue32 on a host word",
@@ -74,6 +85,7 @@ const char* const kWakeNames[kWakes] = {
     "cuStreamWaitValue32 on a host word, FLUSH",
     "cuStreamWaitValue32 on a host word, lane of the greatest priority",
     "cuStreamWaitValue32 on a host word, the host enqueues an event behind it on seeing the word",
+    "cuStreamWaitValue32 on a host word on a waiter stream, the lane waiting on its event",
 };
 
 struct Stats {
@@ -104,8 +116,9 @@ int main(int argc, char** argv) {
   LoadDriverEntryPoints();
   int lo = 0, hi = 0;
   CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-  cudaStream_t lane, lane_high, other;
+  cudaStream_t lane, lane_high, other, waiter;
   CK(cudaStreamCreateWithPriority(&lane, cudaStreamNonBlocking, lo));
+  CK(cudaStreamCreateWithPriority(&waiter, cudaStreamNonBlocking, lo));
   CK(cudaStreamCreateWithPriority(&lane_high, cudaStreamNonBlocking, hi));
   CK(cudaStreamCreateWithPriority(&other, cudaStreamNonBlocking, lo));
   void* dev = nullptr;
@@ -126,11 +139,12 @@ int main(int argc, char** argv) {
   w.device = reinterpret_cast<CUdeviceptr>(dwords);
   w.host[1] = 1;
   CkCu(write_value(other, DeviceWord(w, 0), 1, 0), "cuStreamWriteValue32");
-  cudaEvent_t t0, t1, done_event, plain, ipc;
+  cudaEvent_t t0, t1, done_event, plain, ipc, handoff;
   CK(cudaEventCreate(&t0));
   CK(cudaEventCreate(&t1));
   CK(cudaEventCreateWithFlags(&done_event, cudaEventDisableTiming));
   CK(cudaEventCreateWithFlags(&plain, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&handoff, cudaEventDisableTiming));
   CK(cudaEventCreateWithFlags(&ipc, cudaEventDisableTiming | cudaEventInterprocess));
   CK(cudaEventRecord(done_event, other));
   CK(cudaDeviceSynchronize());
@@ -150,15 +164,22 @@ int main(int argc, char** argv) {
         if (v == kWaitDevice || v == kLaneDeviceWords)
           CkCu(wait_value(lane, DeviceWord(w, 0), 1, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32");
         if (v == kWaitEvent) CK(cudaStreamWaitEvent(lane, done_event, 0));
+        if (v == kLaneWaiter) {  // the waiter's waits are over before the go word: the best case
+          CkCu(wait_value(waiter, HostWord(w, 1), 1, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32 (waiter)");
+          CK(cudaEventRecord(handoff, waiter));
+          CK(cudaStreamWaitEvent(lane, handoff, 0));
+        }
         CK(cudaMemcpyAsync(static_cast<std::byte*>(host) + i * kCopyBytes,
                            static_cast<std::byte*>(dev) + i * kCopyBytes, kCopyBytes, cudaMemcpyDeviceToHost, lane));
         if (v == kEvent) CK(cudaEventRecord(plain, lane));
-        if (v == kIpcEvent || v == kIpcAndEvent || v == kLaneToday || v == kLaneWordFence) {
+        if (v == kIpcEvent || v == kIpcAndEvent || v == kLaneToday || v == kLaneWordFence || v == kLaneWaiter) {
           CK(cudaEventRecord(ipc, lane));
         }
         if (v == kDeviceWordAfter || v == kLaneDeviceWords)
           CkCu(write_value(lane, DeviceWord(w, 2), ++fence, 0), "cuStreamWriteValue32 (device)");
-        if (v == kIpcAndEvent || v == kLaneToday || v == kLaneDeviceWords) CK(cudaEventRecord(plain, lane));
+        if (v == kIpcAndEvent || v == kLaneToday || v == kLaneDeviceWords || v == kLaneWaiter) {
+          CK(cudaEventRecord(plain, lane));
+        }
         if (v == kWord || v == kLaneWordFence)
           CkCu(write_value(lane, HostWord(w, 2), ++fence, 0), "cuStreamWriteValue32");
       }
@@ -175,7 +196,7 @@ int main(int argc, char** argv) {
   const double base = Summarize(chain[kPlain]).p50;
   for (int v = 0; v < kGaps; ++v) {
     const Stats s = Summarize(chain[v]);
-    std::printf("  %-66s chain p50 %8.2f [%8.2f, p90 %8.2f]   a copy +%6.2f\n", kGapNames[v], s.p50, s.min, s.p90,
+    std::printf("  %-76s chain p50 %8.2f [%8.2f, p90 %8.2f]   a copy +%6.2f\n", kGapNames[v], s.p50, s.min, s.p90,
                 (s.p50 - base) / kCopies);
   }
 
@@ -199,6 +220,11 @@ int main(int argc, char** argv) {
         case kHostWordFlush:
           CkCu(wait_value(s, HostWord(w, 3), flag, CU_STREAM_WAIT_VALUE_GEQ | CU_STREAM_WAIT_VALUE_FLUSH),
                "cuStreamWaitValue32 (flush)");
+          break;
+        case kHostWordWaiter:
+          CkCu(wait_value(waiter, HostWord(w, 3), flag, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32 (waiter)");
+          CK(cudaEventRecord(handoff, waiter));
+          CK(cudaStreamWaitEvent(s, handoff, 0));
           break;
         default:
           CkCu(wait_value(s, HostWord(w, 3), flag, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32");

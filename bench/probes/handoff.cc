@@ -122,9 +122,12 @@ CUdeviceptr OffsetIn(const Shared* sh, const uint32_t* word) {
 // The doomed process: records an interprocess event behind a wait on a word nobody writes, says
 // so, and waits to be killed.
 // It starts its context only once the timings are done, so that they see two processes as before.
-[[noreturn]] void Doomed(Shared* sh) {
+[[noreturn]] void Doomed(Shared* sh, pid_t parent) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
-  while (sh->doomed_go.load(std::memory_order_acquire) == 0) usleep(1000);
+  while (sh->doomed_go.load(std::memory_order_acquire) == 0) {
+    if (getppid() != parent) std::_Exit(1);  // the probe ended before the signal was asked for
+    usleep(1000);
+  }
   CK(cudaSetDevice(0));
   LoadDriverEntryPoints();
   cudaStream_t cs;
@@ -180,10 +183,11 @@ int main(int argc, char** argv) {
   constexpr int kReps = 2000;
   auto* sh = MapSharedPageBeforeFork<Shared>();
   if (sh == nullptr) return 1;
+  const pid_t self = getpid();
   const pid_t other = fork();
   if (other == 0) Other(sh);
   const pid_t doomed = fork();
-  if (doomed == 0) Doomed(sh);
+  if (doomed == 0) Doomed(sh, self);
 
   CK(cudaSetDevice(0));
   LoadDriverEntryPoints();
