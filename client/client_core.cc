@@ -98,6 +98,11 @@ Status ClientCore::Connect(const ConnectOptions& o) {
   gpu_uuid_ = ReadCString(gr.uuid);
   numa_node_ = gr.numa_node;
   if (const char* s = std::getenv("FERRY_SPIN_US")) spin_ns_ = std::strtoull(s, nullptr, 10) * 1000;
+  // FERRY_SLEEP_CAP_MS: the longest a waiting thread sleeps on the doorbell before it looks at
+  // the ring again (for tests: a long cap makes a missed wake-up a hang instead of a delay).
+  if (const char* s = std::getenv("FERRY_SLEEP_CAP_MS")) {
+    sleep_cap_ns_ = std::max<uint64_t>(1, std::strtoull(s, nullptr, 10)) * 1'000'000;
+  }
   // FERRY_DONE_WORDS=0: wait for latency copies' completions alone (to measure what the done
   // words save).
   if (const char* s = std::getenv("FERRY_DONE_WORDS"); s != nullptr && std::string_view(s) == "0") done_words_ = nullptr;
@@ -553,7 +558,7 @@ Status ClientCore::Wait(TransferState& t, uint64_t timeout_ns, bool until_enqueu
     if (now < sleep_until) {
       WaitForProgress(std::min(sleep_until - now, left), seen_tail);
     } else if (now >= spin_until) {
-      WaitForProgress(std::min<uint64_t>(left, 50'000'000), seen_tail);
+      WaitForProgress(std::min(left, sleep_cap_ns_), seen_tail);
     }
   }
 }

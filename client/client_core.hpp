@@ -234,6 +234,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::condition_variable wake_cv_;
   std::atomic<bool> broken_flag_{false};  // broken_ is not ok (readable without ring_mu_)
   uint64_t spin_ns_ = 50'000;
+  uint64_t sleep_cap_ns_ = 50'000'000;  // a waiter's longest sleep between looks at the ring
   static constexpr uint64_t kEnqueueSpinNs = 3'000'000;
 
   std::mutex relay_mu_;          // guards relay_stream_ and orders the relay's wait-then-record pairs

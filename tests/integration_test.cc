@@ -407,6 +407,73 @@ TEST(Client, AWaiterSeesItsCopyDoneWhenAnotherThreadReapedItsCompletion) {
   ::pthread_setaffinity_np(::pthread_self(), sizeof allowed, &allowed);
 }
 
+// Many threads of one client waiting at once, none spinning: one sleeps on the doorbell and
+// wakes the others when it rings (reading an eventfd wakes only its reader). A wake-up lost
+// between them (or ferryd skipping the doorbell while a thread says it waits) would leave a
+// thread asleep until its sleep cap, here 60 s, where a wake-up comes in microseconds.
+TEST(Client, ManyThreadsWaitingAtOnceAreEachWokenForTheirCopies) {
+  DaemonHarness d;
+  ::setenv("FERRY_SPIN_US", "0", 1);
+  ::setenv("FERRY_SLEEP_CAP_MS", "60000", 1);
+  auto connected = d.Connect();
+  ::unsetenv("FERRY_SPIN_US");
+  ::unsetenv("FERRY_SLEEP_CAP_MS");
+  ASSERT_OK_AND_ASSIGN(auto client, std::move(connected));
+  constexpr size_t kThreads = 8, kRounds = 150, kPiece = 4096;
+  ASSERT_OK_AND_ASSIGN(CopyTarget target, MakeCopyTarget(*client, kThreads * kPiece));
+  std::byte* host = static_cast<std::byte*>(target.host.data());
+  std::byte* device = target.device();
+  std::mutex failures_mu;
+  std::vector<std::string> failures;
+  auto fail = [&](std::string what) {
+    std::lock_guard<std::mutex> l(failures_mu);
+    failures.push_back(std::move(what));
+  };
+  // Returns false (having said why) where the copy failed, or its wait took past the bound.
+  auto copy_and_wait = [&](size_t k, size_t round, Direction dir) {
+    const size_t at = k * kPiece;
+    auto t = client->Copy(dir, target.host, at, target.region, at, kPiece);
+    if (!t.ok()) {
+      fail("thread " + std::to_string(k) + " round " + std::to_string(round) + ": " + t.status().ToString());
+      return false;
+    }
+    const auto before = std::chrono::steady_clock::now();
+    const Status waited = t->Wait(120s);
+    const auto took = std::chrono::steady_clock::now() - before;
+    if (!waited.ok() || took > 10s) {
+      fail("thread " + std::to_string(k) + " round " + std::to_string(round) + ": waited " +
+           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) +
+           " ms: " + waited.ToString());
+      return false;
+    }
+    return true;
+  };
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < kThreads; ++k) {
+    threads.emplace_back([&, k] {
+      std::vector<std::byte> want(kPiece);
+      for (size_t round = 0; round < kRounds; ++round) {
+        FillRandom(want.data(), kPiece, testing::RandomSeed() + k * kRounds + round);
+        std::memcpy(host + k * kPiece, want.data(), kPiece);
+        Poison(device + k * kPiece, kPiece);
+        if (!copy_and_wait(k, round, Direction::kHostToDevice)) return;
+        if (FirstDifference(device + k * kPiece, want.data(), kPiece) != -1) {
+          fail("thread " + std::to_string(k) + " round " + std::to_string(round) + ": device bytes differ");
+          return;
+        }
+        Poison(host + k * kPiece, kPiece);
+        if (!copy_and_wait(k, round, Direction::kDeviceToHost)) return;
+        if (FirstDifference(host + k * kPiece, want.data(), kPiece) != -1) {
+          fail("thread " + std::to_string(k) + " round " + std::to_string(round) + ": host bytes differ");
+          return;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(failures.empty()) << failures.size() << " failures, the first: " << failures.front();
+}
+
 TEST(Daemon, ClientSideChecksRejectCopiesOutsideTheirBuffers) {
   DaemonHarness d;
   ASSERT_OK_AND_ASSIGN(auto client, d.Connect());
