@@ -269,10 +269,7 @@ class CudaBackend : public Backend {
       for (cudaStream_t s : own) cudaStreamDestroy(s);
     for (cudaEvent_t e : part_events_) cudaEventDestroy(e);
     for (auto& [key, lane] : lanes_) cudaStreamDestroy(lane);
-    for (auto& [key, w] : lane_waiters_) {
-      cudaStreamDestroy(w.stream);
-      cudaEventDestroy(w.handoff);
-    }
+    for (auto& [key, w] : lane_waiters_) w.Destroy();
     for (auto& [key, own] : lane_parts_)
       for (cudaStream_t s : own) cudaStreamDestroy(s);
     if (lane_fork_ != nullptr) cudaEventDestroy(lane_fork_);
@@ -444,8 +441,7 @@ class CudaBackend : public Backend {
         lane_parts_.erase(own);
       }
       if (auto w = lane_waiters_.find(key); w != lane_waiters_.end()) {
-        cudaStreamDestroy(w->second.stream);
-        cudaEventDestroy(w->second.handoff);
+        w->second.Destroy();
         lane_waiters_.erase(w);
       }
       auto it = lanes_.find(key);
@@ -474,10 +470,7 @@ class CudaBackend : public Backend {
     const uint64_t key = LaneKey(plan.wait.session_id, plan.direction);
     auto lane = lanes_.find(key);
     if (lane == lanes_.end()) {
-      int lo = 0, hi = 0;
-      FERRY_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-      cudaStream_t s;
-      FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, plan.wait.latency ? hi : lo));
+      FERRY_ASSIGN_OR_RETURN(cudaStream_t s, NewLaneStream(plan.wait.latency));
       lane = lanes_.emplace(key, s).first;
     }
     cudaStream_t s = lane->second;
@@ -537,6 +530,15 @@ class CudaBackend : public Backend {
     return id;
   }
 
+  // A stream of a lane's (or its waiter's): of the greatest priority for a latency copy's lane.
+  Result<cudaStream_t> NewLaneStream(bool latency) {
+    int lo = 0, hi = 0;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    cudaStream_t s;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, latency ? hi : lo));
+    return s;
+  }
+
   // Whether a group on stream `s` is out (the lane is likely still copying).
   bool LaneHasGroupsOut(cudaStream_t s) const {
     return std::any_of(pending_.begin(), pending_.end(),
@@ -551,10 +553,8 @@ class CudaBackend : public Backend {
   Status WaitOnWaiter(uint64_t key, cudaStream_t lane, CUdeviceptr flag, uint32_t value, bool latency) {
     auto w = lane_waiters_.find(key);
     if (w == lane_waiters_.end()) {
-      int lo = 0, hi = 0;
-      FERRY_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&lo, &hi));
       LaneWaiter made;
-      FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&made.stream, cudaStreamNonBlocking, latency ? hi : lo));
+      FERRY_ASSIGN_OR_RETURN(made.stream, NewLaneStream(latency));
       if (cudaError_t e = cudaEventCreateWithFlags(&made.handoff, cudaEventDisableTiming); e != cudaSuccess) {
         cudaStreamDestroy(made.stream);
         return CudaStatus(e, "the lane's hand-off event");
@@ -1115,6 +1115,10 @@ class CudaBackend : public Backend {
   struct LaneWaiter {
     cudaStream_t stream = nullptr;
     cudaEvent_t handoff = nullptr;
+    void Destroy() const {
+      cudaStreamDestroy(stream);
+      cudaEventDestroy(handoff);
+    }
   };
   LaneWaiterUse lane_waiter_ = LaneWaiterUse::kNever;
   std::map<uint64_t, LaneWaiter> lane_waiters_;  // by LaneKey

@@ -425,25 +425,25 @@ TEST(Client, ManyThreadsWaitingAtOnceAreEachWokenForTheirCopies) {
   std::byte* device = target.device();
   std::mutex failures_mu;
   std::vector<std::string> failures;
-  auto fail = [&](std::string what) {
+  auto fail = [&](size_t k, size_t round, const std::string& what) {
     std::lock_guard<std::mutex> l(failures_mu);
-    failures.push_back(std::move(what));
+    failures.push_back("thread " + std::to_string(k) + " round " + std::to_string(round) + ": " + what);
   };
   // Returns false (having said why) where the copy failed, or its wait took past the bound.
   auto copy_and_wait = [&](size_t k, size_t round, Direction dir) {
     const size_t at = k * kPiece;
     auto t = client->Copy(dir, target.host, at, target.region, at, kPiece);
     if (!t.ok()) {
-      fail("thread " + std::to_string(k) + " round " + std::to_string(round) + ": " + t.status().ToString());
+      fail(k, round, t.status().ToString());
       return false;
     }
     const auto before = std::chrono::steady_clock::now();
     const Status waited = t->Wait(120s);
     const auto took = std::chrono::steady_clock::now() - before;
     if (!waited.ok() || took > 10s) {
-      fail("thread " + std::to_string(k) + " round " + std::to_string(round) + ": waited " +
-           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) +
-           " ms: " + waited.ToString());
+      fail(k, round,
+           "waited " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) +
+               " ms: " + waited.ToString());
       return false;
     }
     return true;
@@ -458,13 +458,13 @@ TEST(Client, ManyThreadsWaitingAtOnceAreEachWokenForTheirCopies) {
         Poison(device + k * kPiece, kPiece);
         if (!copy_and_wait(k, round, Direction::kHostToDevice)) return;
         if (FirstDifference(device + k * kPiece, want.data(), kPiece) != -1) {
-          fail("thread " + std::to_string(k) + " round " + std::to_string(round) + ": device bytes differ");
+          fail(k, round, "device bytes differ");
           return;
         }
         Poison(host + k * kPiece, kPiece);
         if (!copy_and_wait(k, round, Direction::kDeviceToHost)) return;
         if (FirstDifference(host + k * kPiece, want.data(), kPiece) != -1) {
-          fail("thread " + std::to_string(k) + " round " + std::to_string(round) + ": host bytes differ");
+          fail(k, round, "host bytes differ");
           return;
         }
       }

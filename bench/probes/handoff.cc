@@ -53,7 +53,7 @@ struct Shared {
   uint32_t to_this;               // written by the other process's stream
   char event_handle[64];
   char words_handle[64];  // device memory of this process: [0] to the other, [1] back
-  char there_handle[64];  // variant 8's event, recorded by this process's stream
+  char record_handle[64];              // variant 8's event, recorded by this process's stream
   std::atomic<uint32_t> doomed_go;     // the timings are done: the doomed process may start
   std::atomic<uint32_t> doomed_ready;  // the doomed process recorded its event
   uint32_t never;                      // the word the doomed process's stream waits on; never written
@@ -88,9 +88,9 @@ CUdeviceptr OffsetIn(const Shared* sh, const uint32_t* word) {
   std::memcpy(&h, sh->event_handle, sizeof h);
   cudaEvent_t answer;
   CK(cudaIpcOpenEventHandle(&answer, h));
-  std::memcpy(&h, sh->there_handle, sizeof h);
-  cudaEvent_t there;
-  CK(cudaIpcOpenEventHandle(&there, h));
+  std::memcpy(&h, sh->record_handle, sizeof h);
+  cudaEvent_t record;
+  CK(cudaIpcOpenEventHandle(&record, h));
   cudaIpcMemHandle_t mh;
   std::memcpy(&mh, sh->words_handle, sizeof mh);
   void* dwords = nullptr;
@@ -102,7 +102,7 @@ CUdeviceptr OffsetIn(const Shared* sh, const uint32_t* word) {
     if (c == UINT32_MAX) break;
     const uint32_t mode = sh->mode.load(std::memory_order_relaxed);
     if (mode == kEventsBothWays) {
-      CK(cudaStreamWaitEvent(cs, there, 0));
+      CK(cudaStreamWaitEvent(cs, record, 0));
     } else {
       CkCu(wait_value(cs, DeviceWords(mode) ? dev_to_other : to_other, round, CU_STREAM_WAIT_VALUE_GEQ),
            "cuStreamWaitValue32 (other)");
@@ -117,6 +117,13 @@ CUdeviceptr OffsetIn(const Shared* sh, const uint32_t* word) {
     CK(cudaStreamSynchronize(cs));
   }
   std::_Exit(0);
+}
+
+// Has the other process enqueue its part of `round` for variant `mode`; returns once it has.
+void ArmOther(Shared* sh, uint32_t round, uint32_t mode) {
+  sh->mode.store(mode, std::memory_order_relaxed);
+  sh->command.store(round, std::memory_order_release);
+  while (sh->armed.load(std::memory_order_acquire) != round) Relax();
 }
 
 // The doomed process: records an interprocess event behind a wait on a word nobody writes, says
@@ -215,7 +222,7 @@ int main(int argc, char** argv) {
   cudaIpcMemHandle_t mh;
   CK(cudaIpcGetMemHandle(&mh, dwords));
   std::memcpy(sh->words_handle, &mh, sizeof mh);
-  cudaEvent_t e0, e1, made, copied, answer, there;
+  cudaEvent_t e0, e1, made, copied, answer, record;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   CK(cudaEventCreateWithFlags(&made, cudaEventDisableTiming));
@@ -224,9 +231,9 @@ int main(int argc, char** argv) {
   cudaIpcEventHandle_t h;
   CK(cudaIpcGetEventHandle(&h, answer));
   std::memcpy(sh->event_handle, &h, sizeof h);
-  CK(cudaEventCreateWithFlags(&there, cudaEventDisableTiming | cudaEventInterprocess));
-  CK(cudaIpcGetEventHandle(&h, there));
-  std::memcpy(sh->there_handle, &h, sizeof h);
+  CK(cudaEventCreateWithFlags(&record, cudaEventDisableTiming | cudaEventInterprocess));
+  CK(cudaIpcGetEventHandle(&h, record));
+  std::memcpy(sh->record_handle, &h, sizeof h);
   sh->ready.store(1, std::memory_order_release);
 
   const char* names[kVariants] = {"the copy on the stream itself (no hand-off)",
@@ -244,12 +251,7 @@ int main(int argc, char** argv) {
   for (int r = -100; r < kReps; ++r) {
     for (int v = 0; v < kVariants; ++v) {
       ++go_seq;
-      if (v >= 4 && v != static_cast<int>(kEventsBothWays)) {
-        ++other_round;
-        sh->mode.store(static_cast<uint32_t>(v), std::memory_order_relaxed);
-        sh->command.store(other_round, std::memory_order_release);
-        while (sh->armed.load(std::memory_order_acquire) != other_round) Relax();  // its part is enqueued
-      }
+      if (v >= 4 && v != static_cast<int>(kEventsBothWays)) ArmOther(sh, ++other_round, static_cast<uint32_t>(v));
       CkCu(wait_value(s, go, go_seq, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32 (go)");
       CK(cudaEventRecord(e0, s));
       if (v == 0) {
@@ -269,11 +271,8 @@ int main(int argc, char** argv) {
         CkCu(wait_value(s, back, go_seq, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32 (from the side)");
       } else if (v == static_cast<int>(kEventsBothWays)) {
         // The other process waits on this record, so it enqueues its part only after it.
-        CK(cudaEventRecord(there, s));
-        ++other_round;
-        sh->mode.store(kEventsBothWays, std::memory_order_relaxed);
-        sh->command.store(other_round, std::memory_order_release);
-        while (sh->armed.load(std::memory_order_acquire) != other_round) Relax();
+        CK(cudaEventRecord(record, s));
+        ArmOther(sh, ++other_round, kEventsBothWays);
         CK(cudaStreamWaitEvent(s, answer, 0));
       } else {
         CkCu(write_value(s, DeviceWords(v) ? dev_to_other : to_other, other_round, 0), "cuStreamWriteValue32 (to the other)");
