@@ -141,10 +141,6 @@ class CudaBackend : public Backend {
     if (const char* fail = std::getenv("FERRY_PART_FAIL")) {
       part_to_fail_ = std::clamp(std::atoi(fail), -1, static_cast<int>(kMaxIssueThreads));
     }
-    if (const char* waiter = std::getenv("FERRY_LANE_WAITER")) {
-      if (std::strcmp(waiter, "always") == 0) lane_waiter_ = LaneWaiterUse::kAlways;
-      if (std::strcmp(waiter, "busy") == 0) lane_waiter_ = LaneWaiterUse::kWhileBusy;
-    }
     const char* fences = std::getenv("FERRY_FENCES");
     if (flag_waits_ && !trace_ && (fences == nullptr || std::strcmp(fences, "events") != 0)) {
       if (Status st = AllocateFenceWords(); !st.ok()) {
@@ -153,10 +149,6 @@ class CudaBackend : public Backend {
       }
     }
     describe_ += fence_page_ ? "; copies seen done by fence words" : "; copies seen done by events";
-    if (lane_waiter_ != LaneWaiterUse::kNever) {
-      describe_ += lane_waiter_ == LaneWaiterUse::kAlways ? "; lanes wait on flags on a waiter stream"
-                                                          : "; busy lanes wait on flags on a waiter stream";
-    }
     describe_ += crew_.threads() > 1 ? "; lists of small host-to-device copies issued by " +
                                            std::to_string(crew_.threads()) + " threads at once"
                                      : "; copies issued by the event loop alone";
@@ -269,7 +261,6 @@ class CudaBackend : public Backend {
       for (cudaStream_t s : own) cudaStreamDestroy(s);
     for (cudaEvent_t e : part_events_) cudaEventDestroy(e);
     for (auto& [key, lane] : lanes_) cudaStreamDestroy(lane);
-    for (auto& [key, w] : lane_waiters_) w.Destroy();
     for (auto& [key, own] : lane_parts_)
       for (cudaStream_t s : own) cudaStreamDestroy(s);
     if (lane_fork_ != nullptr) cudaEventDestroy(lane_fork_);
@@ -440,10 +431,6 @@ class CudaBackend : public Backend {
         for (cudaStream_t s : own->second) cudaStreamDestroy(s);
         lane_parts_.erase(own);
       }
-      if (auto w = lane_waiters_.find(key); w != lane_waiters_.end()) {
-        w->second.Destroy();
-        lane_waiters_.erase(w);
-      }
       auto it = lanes_.find(key);
       if (it == lanes_.end()) continue;
       cudaStreamDestroy(it->second);
@@ -474,15 +461,11 @@ class CudaBackend : public Backend {
       lane = lanes_.emplace(key, s).first;
     }
     cudaStream_t s = lane->second;
-    const bool via_waiter =
-        lane_waiter_ == LaneWaiterUse::kAlways || (lane_waiter_ == LaneWaiterUse::kWhileBusy && LaneHasGroupsOut(s));
     Group g;
     g.accepted_ns = plan.accepted_ns;
     g.fences.push_back(next_fence_++);
     g.streams.push_back(s);
-    g.status = via_waiter ? WaitOnWaiter(key, s, flag, plan.wait.value, plan.wait.latency)
-                          : DriverStatus(wait_value_(s, flag, plan.wait.value, CU_STREAM_WAIT_VALUE_GEQ),
-                                         "cuStreamWaitValue32");
+    g.status = DriverStatus(wait_value_(s, flag, plan.wait.value, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32");
     const bool h2d = plan.direction == Direction::kHostToDevice;
     cudaEvent_t trace_start = nullptr;  // with the trace on: once the wait is over
     const uint64_t issued_ns = trace_ ? MonotonicNanos() : 0;
@@ -530,41 +513,13 @@ class CudaBackend : public Backend {
     return id;
   }
 
-  // A stream of a lane's (or its waiter's): of the greatest priority for a latency copy's lane.
+  // A lane's stream: of the greatest priority for a latency copy's lane.
   Result<cudaStream_t> NewLaneStream(bool latency) {
     int lo = 0, hi = 0;
     FERRY_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     cudaStream_t s;
     FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, latency ? hi : lo));
     return s;
-  }
-
-  // Whether a group on stream `s` is out (the lane is likely still copying).
-  bool LaneHasGroupsOut(cudaStream_t s) const {
-    return std::any_of(pending_.begin(), pending_.end(),
-                       [&](const Group& g) { return !g.streams.empty() && g.streams[0] == s; });
-  }
-
-  // The lane's wait on a flag, taken by its waiter stream, which records the lane's hand-off
-  // event that the lane waits for: a lane still copying pays a wait on an event (nothing once it
-  // happened) where a wait on a host word cost +2.09 us a copy on the H100 (probe-chain), read
-  // only when the lane reaches it. The event is recorded again for the next copy once the lane's
-  // wait on it is enqueued (a stream wait takes the record that is the event's at its call).
-  Status WaitOnWaiter(uint64_t key, cudaStream_t lane, CUdeviceptr flag, uint32_t value, bool latency) {
-    auto w = lane_waiters_.find(key);
-    if (w == lane_waiters_.end()) {
-      LaneWaiter made;
-      FERRY_ASSIGN_OR_RETURN(made.stream, NewLaneStream(latency));
-      if (cudaError_t e = cudaEventCreateWithFlags(&made.handoff, cudaEventDisableTiming); e != cudaSuccess) {
-        cudaStreamDestroy(made.stream);
-        return CudaStatus(e, "the lane's hand-off event");
-      }
-      w = lane_waiters_.emplace(key, made).first;
-    }
-    FERRY_RETURN_IF_ERROR(
-        DriverStatus(wait_value_(w->second.stream, flag, value, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32"));
-    FERRY_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(w->second.handoff, w->second.stream), "the lane's hand-off"));
-    return CudaStatus(cudaStreamWaitEvent(lane, w->second.handoff, 0), "the lane's wait on its hand-off");
   }
 
   // Pieces are staged per stream and issued at Flush(): a loop turn's copies go to each stream
@@ -1109,19 +1064,6 @@ class CudaBackend : public Backend {
   // A session's lane for one direction. Its groups are fenced by events: a fence word's write
   // on the lane held up the lane's next group (in-step exposed +0.004 ms on the H100, 2026-12-07).
   std::map<uint64_t, cudaStream_t> lanes_;  // by LaneKey
-  // FERRY_LANE_WAITER (always, busy; for measurement): a lane's flag waits go on a stream beside
-  // it (always, or while a group of the lane's is out), the lane waiting on its event.
-  enum class LaneWaiterUse { kNever, kAlways, kWhileBusy };
-  struct LaneWaiter {
-    cudaStream_t stream = nullptr;
-    cudaEvent_t handoff = nullptr;
-    void Destroy() const {
-      cudaStreamDestroy(stream);
-      cudaEventDestroy(handoff);
-    }
-  };
-  LaneWaiterUse lane_waiter_ = LaneWaiterUse::kNever;
-  std::map<uint64_t, LaneWaiter> lane_waiters_;  // by LaneKey
   StagedCopies lane_staged_;
   const bool trace_;
   static constexpr uint64_t kTraceRepinNs = 2'000'000'000;  // idle this long after traced copies

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A/B of how ferryd sees its copies done, on a GPU machine, in turn on one build: fence words
 # (words, the default: each copy stream writes a sequence number into host memory the loop
-# reads; a lane's groups take events) and events (FERRY_FENCES=events: cudaEventQuery /
-# cudaStreamQuery each turn), and with fence words, lanes whose flag waits go on a waiter stream
-# (waiter: FERRY_LANE_WAITER=always; waiter-busy: =busy, while the lane is copying). VARIANTS
+# reads; a lane's groups take events), events (FERRY_FENCES=events: cudaEventQuery /
+# cudaStreamQuery each turn) and conn32 (words, with 32 hardware queues for ferryd:
+# CUDA_DEVICE_MAX_CONNECTIONS=32, against the driver's default of 8). VARIANTS
 # (default "words events") picks them. Per variant
 # and round (ROUNDS, default 2), one ferryd: ferry-bench transfer SECTIONS (default
 # latency,many,blocks) against the in-process baseline; then (INSTEP=1, the default) the seed's
@@ -17,12 +17,11 @@ for round in $(seq "${ROUNDS:-2}"); do
     case $fences in
       words) variant_env= ;;
       events) variant_env=FERRY_FENCES=events ;;
-      waiter) variant_env=FERRY_LANE_WAITER=always ;;
-      waiter-busy) variant_env=FERRY_LANE_WAITER=busy ;;
-      *) echo "ab-fences: unknown variant $fences (words, events, waiter, waiter-busy)" >&2; exit 2 ;;
+      conn32) variant_env=CUDA_DEVICE_MAX_CONNECTIONS=32 ;;
+      *) echo "ab-fences: unknown variant $fences (words, events, conn32)" >&2; exit 2 ;;
     esac
     FERRYD_ENV=$variant_env start_ferryd >/dev/null
-    grep -h "fence words\|waiter\|ready" "$rt/ferryd.log" | head -2
+    grep -h "fence words\|ready" "$rt/ferryd.log" | head -2
     "$BUILD/ferry-bench" transfer --socket "$sock" --only "${SECTIONS:-latency,many,blocks}" \
       >"$OUT/fences-$fences-$round.txt" 2>/dev/null
     grep -E "^  (h2d|d2h)  |^1024 x|PASS|FAIL|LIMIT" "$OUT/fences-$fences-$round.txt"

@@ -4,7 +4,7 @@
 # and back); ROUNDS rounds (default 3), each of ab-fences.sh's VARIANTS in turn (default "words",
 # the default fences; a fresh ferryd each: 4 KiB, 1024 x 64 KiB, the block lists, the in-step
 # overlap); the GPU tests (TESTS=0 skips them), then again with each of TEST_ENVS (e.g.
-# "FERRY_LANE_WAITER=always") in the environment of the ferryd they start; two list clients at
+# "FERRY_FENCES=events") in the environment of the ferryd they start; two list clients at
 # once. Each part starts only if enough of LIMIT is left. Writes under $OUT/res and packs it into
 # $OUT/results.tgz after each part, so a cut-off call still brings back what ran.
 set -uo pipefail
