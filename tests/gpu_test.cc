@@ -527,6 +527,149 @@ TEST_F(GpuDaemon, ACopyAfterAnEventGoesWhileAnotherClientsCopyAfterAnEventStillW
   cudaStreamDestroy(slow);
 }
 
+// Lanes parked on flags by many sessions at once (more streams than the 8 hardware queues the
+// driver gives a process by default, so some may share one with ferryd's other streams) delay no other
+// session's copies: not its bulk or 4 KiB copies on the shared streams, not its copy after an
+// event already recorded on a lane of its own.
+TEST_F(GpuDaemon, ManySessionsParkedOnTheirEventsDelayNoOtherSessionsCopies) {
+  // Both directions each: 28 lanes waiting. With this test's two clients, the 16 sessions one
+  // uid may hold at once (limits.sessions_per_uid).
+  constexpr int kParked = 14;
+  constexpr size_t n = (4 << 20) + 3;
+  constexpr size_t small = 4096;
+  const uint64_t seed = testing::RandomSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  struct Parked {
+    std::unique_ptr<Client> client;
+    HostBuffer host;  // [0, n): d2h lands here; [n, 2n): h2d's source
+    DeviceAllocation dev;
+    DeviceRegion region;
+    std::vector<std::byte> device_bytes, host_bytes;
+  };
+  std::vector<Parked> parked;
+  for (int i = 0; i < kParked; ++i) {
+    ConnectOptions o;
+    o.socket_path = socket_;
+    o.name = "parked-" + std::to_string(i);
+    ASSERT_OK_AND_ASSIGN(auto c, Client::Connect(o));
+    ASSERT_OK_AND_ASSIGN(HostBuffer host, c->AllocateHost(2 * n));
+    ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, c->AllocateDevice(2 * n));
+    ASSERT_OK_AND_ASSIGN(DeviceRegion region, c->RegisterDevice(dev.data(), dev.size()));
+    std::vector<std::byte> device_bytes(n), host_bytes(n);
+    FillRandom(device_bytes.data(), n, seed + 2 * i);
+    FillRandom(host_bytes.data(), n, seed + 2 * i + 1);
+    ASSERT_CUDA(cudaMemcpy(dev.data(), device_bytes.data(), n, cudaMemcpyHostToDevice));
+    ASSERT_CUDA(cudaMemset(static_cast<std::byte*>(dev.data()) + n, 0xA5, n));
+    testing::Poison(host.data(), n);
+    std::memcpy(host.data() + n, host_bytes.data(), n);
+    parked.push_back({std::move(c), std::move(host), std::move(dev), std::move(region), std::move(device_bytes),
+                      std::move(host_bytes)});
+  }
+  ConnectOptions o;
+  o.socket_path = socket_;
+  o.name = "after-early";
+  ASSERT_OK_AND_ASSIGN(auto other, Client::Connect(o));
+  ASSERT_OK_AND_ASSIGN(HostBuffer other_host, other->AllocateHost(n));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation other_dev, other->AllocateDevice(n));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion other_region, other->RegisterDevice(other_dev.data(), other_dev.size()));
+  std::vector<std::byte> other_want(n);
+  FillRandom(other_want.data(), n, seed + 2 * kParked);
+  ASSERT_CUDA(cudaMemcpy(other_dev.data(), other_want.data(), n, cudaMemcpyHostToDevice));
+  testing::Poison(other_host.data(), n);
+  // This client's four copies (bulk and 4 KiB, both ways), each at its own offset, set up
+  // before the kernel starts: while it runs, this process's own CUDA calls could wait behind it
+  // (its streams may share a hardware queue with the kernel's), so the device side of the
+  // host-to-device copies is read back only once it is over.
+  struct Case {
+    size_t bytes;
+    Direction direction;
+    size_t offset;
+    std::vector<std::byte> sent;
+  };
+  std::vector<Case> cases;
+  for (const size_t bytes : {n, small}) {
+    for (Direction d : {Direction::kHostToDevice, Direction::kDeviceToHost}) {
+      cases.push_back({bytes, d, cases.size() * n, std::vector<std::byte>(bytes)});
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(cases.size() * n));
+  ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client_->AllocateDevice(cases.size() * n));
+  ASSERT_OK_AND_ASSIGN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
+  ASSERT_CUDA(cudaMemset(dev.data(), 0xA5, dev.size()));
+  for (Case& c : cases) {
+    FillRandom(c.sent.data(), c.bytes, seed + c.offset + c.bytes);
+    if (c.direction == Direction::kDeviceToHost) {
+      ASSERT_CUDA(
+          cudaMemcpy(static_cast<std::byte*>(dev.data()) + c.offset, c.sent.data(), c.bytes, cudaMemcpyHostToDevice));
+      testing::Poison(host.data() + c.offset, c.bytes);
+    } else {
+      std::memcpy(host.data() + c.offset, c.sent.data(), c.bytes);
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(SharedEvent early, other->CreateEvent());
+  ASSERT_OK(early.Record(stream_));
+  // Each parked client's event is made and recorded once before the kernel starts too (its
+  // first record registers the client's flag page); the copies wait for its second record.
+  std::vector<SharedEvent> lates;
+  for (Parked& p : parked) {
+    ASSERT_OK_AND_ASSIGN(SharedEvent late, p.client->CreateEvent());
+    ASSERT_OK(late.Record(stream_));
+    lates.push_back(std::move(late));
+  }
+  ASSERT_CUDA(cudaDeviceSynchronize());
+
+  cudaStream_t slow = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&slow, cudaStreamNonBlocking));
+  ASSERT_CUDA(testing::LaunchSpin(8'000'000'000, slow));  // ~4 s
+  std::vector<Transfer> waits;
+  for (size_t i = 0; i < parked.size(); ++i) {
+    Parked& p = parked[i];
+    ASSERT_OK(lates[i].Record(slow));
+    ASSERT_OK_AND_ASSIGN(Transfer d2h,
+                         p.client->Copy(Direction::kDeviceToHost, p.host, 0, p.region, 0, n, {.after = &lates[i]}));
+    ASSERT_OK_AND_ASSIGN(Transfer h2d,
+                         p.client->Copy(Direction::kHostToDevice, p.host, n, p.region, n, n, {.after = &lates[i]}));
+    waits.push_back(std::move(d2h));
+    waits.push_back(std::move(h2d));
+  }
+
+  // Each within 1 s, where the parked copies' records come ~4 s on.
+  ASSERT_OK_AND_ASSIGN(Transfer goes,
+                       other->Copy(Direction::kDeviceToHost, other_host, 0, other_region, 0, n, {.after = &early}));
+  {
+    SCOPED_TRACE("a copy after a recorded event, on a lane of its own");
+    ASSERT_OK(goes.Wait(1s));
+  }
+  EXPECT_EQ(FirstDifference(other_host.data(), other_want.data(), n), -1);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::to_string(c.bytes) + " bytes " + (c.direction == Direction::kHostToDevice ? "h2d" : "d2h"));
+    ASSERT_OK_AND_ASSIGN(Transfer t, client_->Copy(c.direction, host, c.offset, region, c.offset, c.bytes));
+    ASSERT_OK(t.Wait(1s));
+    if (c.direction == Direction::kDeviceToHost) {
+      EXPECT_EQ(FirstDifference(host.data() + c.offset, c.sent.data(), c.bytes), -1);
+    }
+  }
+  EXPECT_EQ(cudaStreamQuery(slow), cudaErrorNotReady) << "the kernel ended before the other sessions' copies did";
+  for (Transfer& w : waits) {
+    ASSERT_OK_AND_ASSIGN(bool done, w.Poll());
+    EXPECT_FALSE(done) << "a parked copy went before its record";
+  }
+  for (Transfer& w : waits) ASSERT_OK(w.Wait(30s));
+  ASSERT_CUDA(cudaStreamSynchronize(slow));
+  for (const Case& c : cases) {
+    if (c.direction != Direction::kHostToDevice) continue;
+    std::vector<std::byte> landed = ReadBack(static_cast<std::byte*>(dev.data()) + c.offset, c.bytes);
+    EXPECT_EQ(FirstDifference(landed.data(), c.sent.data(), c.bytes), -1) << c.bytes << " bytes h2d";
+  }
+  for (size_t i = 0; i < parked.size(); ++i) {
+    const Parked& p = parked[i];
+    EXPECT_EQ(FirstDifference(p.host.data(), p.device_bytes.data(), n), -1) << "parked client " << i << ", d2h";
+    std::vector<std::byte> landed = ReadBack(static_cast<std::byte*>(p.dev.data()) + n, n);
+    EXPECT_EQ(FirstDifference(landed.data(), p.host_bytes.data(), n), -1) << "parked client " << i << ", h2d";
+  }
+  cudaStreamDestroy(slow);
+}
+
 TEST_F(GpuDaemon, AStreamWaitsOnTheGpuForACopyWithoutTheHostBlocking) {
   constexpr size_t n = 256 << 20;  // ~5 ms on the bus
   ASSERT_OK_AND_ASSIGN(MirroredRegion m, MakeMirroredRegion(n));
