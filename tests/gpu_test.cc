@@ -112,6 +112,35 @@ class GpuDaemon : public ::testing::Test {
     return PoisonedRegion{std::move(host), std::move(dev), std::move(region)};
   }
 
+  // Another client of this test's ferryd: a session of its own.
+  Result<std::unique_ptr<Client>> ConnectAnother(std::string name) {
+    ConnectOptions o;
+    o.socket_path = socket_;
+    o.name = std::move(name);
+    return Client::Connect(o);
+  }
+
+  // A device-to-host copy's ends for `c`: `n` random bytes (from `seed`, kept in `want`) in
+  // device memory registered as a region, and a poisoned pool buffer of `n` bytes.
+  struct DeviceSource {
+    HostBuffer host;
+    DeviceAllocation dev;
+    DeviceRegion region;
+    std::vector<std::byte> want;
+  };
+  Result<DeviceSource> MakeDeviceSource(Client& c, size_t n, uint64_t seed) {
+    FERRY_ASSIGN_OR_RETURN(HostBuffer host, c.AllocateHost(n));
+    FERRY_ASSIGN_OR_RETURN(DeviceAllocation dev, c.AllocateDevice(n));
+    FERRY_ASSIGN_OR_RETURN(DeviceRegion region, c.RegisterDevice(dev.data(), dev.size()));
+    std::vector<std::byte> want(n);
+    FillRandom(want.data(), n, seed);
+    if (cudaMemcpy(dev.data(), want.data(), n, cudaMemcpyHostToDevice) != cudaSuccess) {
+      return Internal("filling the device source failed");
+    }
+    testing::Poison(host.data(), n);
+    return DeviceSource{std::move(host), std::move(dev), std::move(region), std::move(want)};
+  }
+
   // What a stream-wait test copies and checks: `n` random bytes in a pool buffer, a device
   // region (poisoned) to copy them into, and a mirror (poisoned) that the test's stream copies
   // the region into once it has waited, so that the mirror holds what the stream saw.
@@ -423,25 +452,16 @@ TEST_F(GpuDaemon, ACopyAfterAnEventSubmittedWhileTheKernelRunsCarriesTheKernelsO
 // another client's copies through the same ferryd complete meanwhile.
 TEST_F(GpuDaemon, ACopyWaitingOnAnotherClientsEventDoesNotDelayThisClientsCopies) {
   constexpr size_t n = 4 << 20;
-  ConnectOptions o;
-  o.socket_path = socket_;
-  o.name = "waiting";
-  ASSERT_OK_AND_ASSIGN(auto waiting, Client::Connect(o));
-  ASSERT_OK_AND_ASSIGN(HostBuffer wait_host, waiting->AllocateHost(n));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation wait_dev, waiting->AllocateDevice(n));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion wait_region, waiting->RegisterDevice(wait_dev.data(), wait_dev.size()));
+  ASSERT_OK_AND_ASSIGN(auto waiting, ConnectAnother("waiting"));
+  ASSERT_OK_AND_ASSIGN(DeviceSource waits_for, MakeDeviceSource(*waiting, n, testing::RandomSeed()));
   ASSERT_OK_AND_ASSIGN(SharedEvent late, waiting->CreateEvent());
-  std::vector<std::byte> want(n);
-  FillRandom(want.data(), n, testing::RandomSeed());
-  ASSERT_CUDA(cudaMemcpy(wait_dev.data(), want.data(), n, cudaMemcpyHostToDevice));
   ASSERT_CUDA(cudaDeviceSynchronize());
-  testing::Poison(wait_host.data(), n);
   cudaStream_t slow = nullptr;
   ASSERT_CUDA(cudaStreamCreateWithFlags(&slow, cudaStreamNonBlocking));
   ASSERT_CUDA(testing::LaunchSpin(4'000'000'000, slow));  // ~2 s
   ASSERT_OK(late.Record(slow));
-  ASSERT_OK_AND_ASSIGN(Transfer waits, waiting->Copy(Direction::kDeviceToHost, wait_host, 0, wait_region, 0, n,
-                                                     {.after = &late}));
+  ASSERT_OK_AND_ASSIGN(Transfer waits, waiting->Copy(Direction::kDeviceToHost, waits_for.host, 0, waits_for.region, 0,
+                                                     n, {.after = &late}));
 
   ASSERT_OK_AND_ASSIGN(HostBuffer host, client_->AllocateHost(n));
   ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, client_->AllocateDevice(n));
@@ -469,7 +489,7 @@ TEST_F(GpuDaemon, ACopyWaitingOnAnotherClientsEventDoesNotDelayThisClientsCopies
   EXPECT_FALSE(done) << "the waiting client's copy went before its record";
   EXPECT_EQ(cudaStreamQuery(slow), cudaErrorNotReady) << "the kernel ended before the other client's copies did";
   ASSERT_OK(waits.Wait(20s));
-  EXPECT_EQ(FirstDifference(wait_host.data(), want.data(), n), -1);
+  EXPECT_EQ(FirstDifference(waits_for.host.data(), waits_for.want.data(), n), -1);
   cudaStreamDestroy(slow);
 }
 
@@ -480,26 +500,11 @@ TEST_F(GpuDaemon, ACopyAfterAnEventGoesWhileAnotherClientsCopyAfterAnEventStillW
   constexpr size_t n = (4 << 20) + 3;
   const uint64_t seed = testing::RandomSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  ConnectOptions o;
-  o.socket_path = socket_;
-  o.name = "waiting";
-  ASSERT_OK_AND_ASSIGN(auto waiting, Client::Connect(o));
-  struct Pair {
-    HostBuffer host;
-    DeviceAllocation dev;
-    DeviceRegion region;
-    std::vector<std::byte> want;
-  };
-  std::vector<Pair> pairs;
+  ASSERT_OK_AND_ASSIGN(auto waiting, ConnectAnother("waiting"));
+  std::vector<DeviceSource> pairs;
   for (Client* c : {waiting.get(), client_.get()}) {
-    ASSERT_OK_AND_ASSIGN(HostBuffer host, c->AllocateHost(n));
-    ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, c->AllocateDevice(n));
-    ASSERT_OK_AND_ASSIGN(DeviceRegion region, c->RegisterDevice(dev.data(), dev.size()));
-    std::vector<std::byte> want(n);
-    FillRandom(want.data(), n, seed + pairs.size());
-    ASSERT_CUDA(cudaMemcpy(dev.data(), want.data(), n, cudaMemcpyHostToDevice));
-    testing::Poison(host.data(), n);
-    pairs.push_back({std::move(host), std::move(dev), std::move(region), std::move(want)});
+    ASSERT_OK_AND_ASSIGN(DeviceSource source, MakeDeviceSource(*c, n, seed + pairs.size()));
+    pairs.push_back(std::move(source));
   }
   ASSERT_CUDA(cudaDeviceSynchronize());
   ASSERT_OK_AND_ASSIGN(SharedEvent late, waiting->CreateEvent());
@@ -528,54 +533,42 @@ TEST_F(GpuDaemon, ACopyAfterAnEventGoesWhileAnotherClientsCopyAfterAnEventStillW
 }
 
 // Lanes parked on flags by many sessions at once (more streams than the 8 hardware queues the
-// driver gives a process by default, so some may share one with ferryd's other streams) delay no other
-// session's copies: not its bulk or 4 KiB copies on the shared streams, not its copy after an
-// event already recorded on a lane of its own.
+// driver gives a process by default, so some may share one with ferryd's other streams) delay no
+// other session's copies: not its bulk or 4 KiB copies on the shared streams, not its copy after
+// an event already recorded on a lane of its own.
 TEST_F(GpuDaemon, ManySessionsParkedOnTheirEventsDelayNoOtherSessionsCopies) {
-  // Both directions each: 28 lanes waiting. With this test's two clients, the 16 sessions one
-  // uid may hold at once (limits.sessions_per_uid).
-  constexpr int kParked = 14;
+  ASSERT_NE(daemon_->Output().find("handed off on the GPU"), std::string::npos) << daemon_->Output();
+  // Both directions each: 26 lanes waiting. With this test's two clients, one session short of
+  // the 16 one uid may hold at once (limits.sessions_per_uid).
+  constexpr int kParked = 13;
   constexpr size_t n = (4 << 20) + 3;
   constexpr size_t small = 4096;
   const uint64_t seed = testing::RandomSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   struct Parked {
     std::unique_ptr<Client> client;
-    HostBuffer host;  // [0, n): d2h lands here; [n, 2n): h2d's source
-    DeviceAllocation dev;
-    DeviceRegion region;
-    std::vector<std::byte> device_bytes, host_bytes;
+    DeviceSource d2h;
+    HostBuffer h2d_host;
+    DeviceAllocation h2d_dev;  // poisoned
+    DeviceRegion h2d_region;
+    std::vector<std::byte> h2d_sent;
   };
   std::vector<Parked> parked;
   for (int i = 0; i < kParked; ++i) {
-    ConnectOptions o;
-    o.socket_path = socket_;
-    o.name = "parked-" + std::to_string(i);
-    ASSERT_OK_AND_ASSIGN(auto c, Client::Connect(o));
-    ASSERT_OK_AND_ASSIGN(HostBuffer host, c->AllocateHost(2 * n));
-    ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, c->AllocateDevice(2 * n));
+    ASSERT_OK_AND_ASSIGN(auto c, ConnectAnother("parked-" + std::to_string(i)));
+    ASSERT_OK_AND_ASSIGN(DeviceSource d2h, MakeDeviceSource(*c, n, seed + 2 * i));
+    ASSERT_OK_AND_ASSIGN(HostBuffer host, c->AllocateHost(n));
+    ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, c->AllocateDevice(n));
     ASSERT_OK_AND_ASSIGN(DeviceRegion region, c->RegisterDevice(dev.data(), dev.size()));
-    std::vector<std::byte> device_bytes(n), host_bytes(n);
-    FillRandom(device_bytes.data(), n, seed + 2 * i);
-    FillRandom(host_bytes.data(), n, seed + 2 * i + 1);
-    ASSERT_CUDA(cudaMemcpy(dev.data(), device_bytes.data(), n, cudaMemcpyHostToDevice));
-    ASSERT_CUDA(cudaMemset(static_cast<std::byte*>(dev.data()) + n, 0xA5, n));
-    testing::Poison(host.data(), n);
-    std::memcpy(host.data() + n, host_bytes.data(), n);
-    parked.push_back({std::move(c), std::move(host), std::move(dev), std::move(region), std::move(device_bytes),
-                      std::move(host_bytes)});
+    ASSERT_CUDA(cudaMemset(dev.data(), 0xA5, n));
+    std::vector<std::byte> sent(n);
+    FillRandom(sent.data(), n, seed + 2 * i + 1);
+    std::memcpy(host.data(), sent.data(), n);
+    parked.push_back(
+        {std::move(c), std::move(d2h), std::move(host), std::move(dev), std::move(region), std::move(sent)});
   }
-  ConnectOptions o;
-  o.socket_path = socket_;
-  o.name = "after-early";
-  ASSERT_OK_AND_ASSIGN(auto other, Client::Connect(o));
-  ASSERT_OK_AND_ASSIGN(HostBuffer other_host, other->AllocateHost(n));
-  ASSERT_OK_AND_ASSIGN(DeviceAllocation other_dev, other->AllocateDevice(n));
-  ASSERT_OK_AND_ASSIGN(DeviceRegion other_region, other->RegisterDevice(other_dev.data(), other_dev.size()));
-  std::vector<std::byte> other_want(n);
-  FillRandom(other_want.data(), n, seed + 2 * kParked);
-  ASSERT_CUDA(cudaMemcpy(other_dev.data(), other_want.data(), n, cudaMemcpyHostToDevice));
-  testing::Poison(other_host.data(), n);
+  ASSERT_OK_AND_ASSIGN(auto other, ConnectAnother("after-early"));
+  ASSERT_OK_AND_ASSIGN(DeviceSource other_d2h, MakeDeviceSource(*other, n, seed + 2 * kParked));
   // This client's four copies (bulk and 4 KiB, both ways), each at its own offset, set up
   // before the kernel starts: while it runs, this process's own CUDA calls could wait behind it
   // (its streams may share a hardware queue with the kernel's), so the device side of the
@@ -620,27 +613,38 @@ TEST_F(GpuDaemon, ManySessionsParkedOnTheirEventsDelayNoOtherSessionsCopies) {
 
   cudaStream_t slow = nullptr;
   ASSERT_CUDA(cudaStreamCreateWithFlags(&slow, cudaStreamNonBlocking));
-  ASSERT_CUDA(testing::LaunchSpin(8'000'000'000, slow));  // ~4 s
+  ASSERT_CUDA(testing::LaunchSpin(16'000'000'000, slow));  // ~8 s
   std::vector<Transfer> waits;
+  // Whatever fails from here, nothing is freed while the kernel runs or a parked copy is out:
+  // ferryd's lanes would copy into memory gone from under its mappings.
+  struct DrainOnExit {
+    cudaStream_t slow;
+    std::vector<Transfer>& waits;
+    ~DrainOnExit() {
+      cudaStreamSynchronize(slow);
+      for (Transfer& w : waits) (void)w.Wait(30s);
+      cudaStreamDestroy(slow);
+    }
+  } drain{slow, waits};
   for (size_t i = 0; i < parked.size(); ++i) {
     Parked& p = parked[i];
     ASSERT_OK(lates[i].Record(slow));
-    ASSERT_OK_AND_ASSIGN(Transfer d2h,
-                         p.client->Copy(Direction::kDeviceToHost, p.host, 0, p.region, 0, n, {.after = &lates[i]}));
-    ASSERT_OK_AND_ASSIGN(Transfer h2d,
-                         p.client->Copy(Direction::kHostToDevice, p.host, n, p.region, n, n, {.after = &lates[i]}));
+    ASSERT_OK_AND_ASSIGN(Transfer d2h, p.client->Copy(Direction::kDeviceToHost, p.d2h.host, 0, p.d2h.region, 0, n,
+                                                      {.after = &lates[i]}));
     waits.push_back(std::move(d2h));
+    ASSERT_OK_AND_ASSIGN(Transfer h2d, p.client->Copy(Direction::kHostToDevice, p.h2d_host, 0, p.h2d_region, 0, n,
+                                                      {.after = &lates[i]}));
     waits.push_back(std::move(h2d));
   }
 
-  // Each within 1 s, where the parked copies' records come ~4 s on.
-  ASSERT_OK_AND_ASSIGN(Transfer goes,
-                       other->Copy(Direction::kDeviceToHost, other_host, 0, other_region, 0, n, {.after = &early}));
+  // Each within 1 s, where the parked copies' records come ~8 s on.
+  ASSERT_OK_AND_ASSIGN(Transfer goes, other->Copy(Direction::kDeviceToHost, other_d2h.host, 0, other_d2h.region, 0, n,
+                                                  {.after = &early}));
   {
     SCOPED_TRACE("a copy after a recorded event, on a lane of its own");
     ASSERT_OK(goes.Wait(1s));
   }
-  EXPECT_EQ(FirstDifference(other_host.data(), other_want.data(), n), -1);
+  EXPECT_EQ(FirstDifference(other_d2h.host.data(), other_d2h.want.data(), n), -1);
   for (const Case& c : cases) {
     SCOPED_TRACE(std::to_string(c.bytes) + " bytes " + (c.direction == Direction::kHostToDevice ? "h2d" : "d2h"));
     ASSERT_OK_AND_ASSIGN(Transfer t, client_->Copy(c.direction, host, c.offset, region, c.offset, c.bytes));
@@ -649,11 +653,12 @@ TEST_F(GpuDaemon, ManySessionsParkedOnTheirEventsDelayNoOtherSessionsCopies) {
       EXPECT_EQ(FirstDifference(host.data() + c.offset, c.sent.data(), c.bytes), -1);
     }
   }
-  EXPECT_EQ(cudaStreamQuery(slow), cudaErrorNotReady) << "the kernel ended before the other sessions' copies did";
+  // The parked copies are still out, and the kernel still runs after that look.
   for (Transfer& w : waits) {
     ASSERT_OK_AND_ASSIGN(bool done, w.Poll());
     EXPECT_FALSE(done) << "a parked copy went before its record";
   }
+  EXPECT_EQ(cudaStreamQuery(slow), cudaErrorNotReady) << "the kernel ended before the other sessions' copies did";
   for (Transfer& w : waits) ASSERT_OK(w.Wait(30s));
   ASSERT_CUDA(cudaStreamSynchronize(slow));
   for (const Case& c : cases) {
@@ -663,11 +668,10 @@ TEST_F(GpuDaemon, ManySessionsParkedOnTheirEventsDelayNoOtherSessionsCopies) {
   }
   for (size_t i = 0; i < parked.size(); ++i) {
     const Parked& p = parked[i];
-    EXPECT_EQ(FirstDifference(p.host.data(), p.device_bytes.data(), n), -1) << "parked client " << i << ", d2h";
-    std::vector<std::byte> landed = ReadBack(static_cast<std::byte*>(p.dev.data()) + n, n);
-    EXPECT_EQ(FirstDifference(landed.data(), p.host_bytes.data(), n), -1) << "parked client " << i << ", h2d";
+    EXPECT_EQ(FirstDifference(p.d2h.host.data(), p.d2h.want.data(), n), -1) << "parked client " << i << ", d2h";
+    std::vector<std::byte> landed = ReadBack(p.h2d_dev.data(), n);
+    EXPECT_EQ(FirstDifference(landed.data(), p.h2d_sent.data(), n), -1) << "parked client " << i << ", h2d";
   }
-  cudaStreamDestroy(slow);
 }
 
 TEST_F(GpuDaemon, AStreamWaitsOnTheGpuForACopyWithoutTheHostBlocking) {
