@@ -94,23 +94,25 @@ class GpuDaemon : public ::testing::Test {
     return out;
   }
 
-  // `n` random bytes (from `seed`) in a pool buffer, and `n` bytes of device memory poisoned
-  // (0xA5) and registered as a region to copy them into.
+  // `n` random bytes (from `seed`) in a pool buffer of `c`'s (this test's client unless
+  // named), and `n` bytes of device memory poisoned (0xA5) and registered as a region to copy
+  // them into.
   struct PoisonedRegion {
     HostBuffer host;
     DeviceAllocation dev;
     DeviceRegion region;
   };
-  Result<PoisonedRegion> MakePoisonedRegion(size_t n, uint64_t seed) {
-    FERRY_ASSIGN_OR_RETURN(HostBuffer host, client_->AllocateHost(n));
-    FERRY_ASSIGN_OR_RETURN(DeviceAllocation dev, client_->AllocateDevice(n));
+  Result<PoisonedRegion> MakePoisonedRegion(Client& c, size_t n, uint64_t seed) {
+    FERRY_ASSIGN_OR_RETURN(HostBuffer host, c.AllocateHost(n));
+    FERRY_ASSIGN_OR_RETURN(DeviceAllocation dev, c.AllocateDevice(n));
     if (cudaMemset(dev.data(), 0xA5, n) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
       return Internal("poisoning the region failed");
     }
-    FERRY_ASSIGN_OR_RETURN(DeviceRegion region, client_->RegisterDevice(dev.data(), dev.size()));
+    FERRY_ASSIGN_OR_RETURN(DeviceRegion region, c.RegisterDevice(dev.data(), dev.size()));
     FillRandom(host.data(), n, seed);
     return PoisonedRegion{std::move(host), std::move(dev), std::move(region)};
   }
+  Result<PoisonedRegion> MakePoisonedRegion(size_t n, uint64_t seed) { return MakePoisonedRegion(*client_, n, seed); }
 
   // Another client of this test's ferryd: a session of its own.
   Result<std::unique_ptr<Client>> ConnectAnother(std::string name) {
@@ -548,24 +550,14 @@ TEST_F(GpuDaemon, ManySessionsParkedOnTheirEventsDelayNoOtherSessionsCopies) {
   struct Parked {
     std::unique_ptr<Client> client;
     DeviceSource d2h;
-    HostBuffer h2d_host;
-    DeviceAllocation h2d_dev;  // poisoned
-    DeviceRegion h2d_region;
-    std::vector<std::byte> h2d_sent;
+    PoisonedRegion h2d;  // its pool buffer keeps what is sent
   };
   std::vector<Parked> parked;
   for (int i = 0; i < kParked; ++i) {
     ASSERT_OK_AND_ASSIGN(auto c, ConnectAnother("parked-" + std::to_string(i)));
     ASSERT_OK_AND_ASSIGN(DeviceSource d2h, MakeDeviceSource(*c, n, seed + 2 * i));
-    ASSERT_OK_AND_ASSIGN(HostBuffer host, c->AllocateHost(n));
-    ASSERT_OK_AND_ASSIGN(DeviceAllocation dev, c->AllocateDevice(n));
-    ASSERT_OK_AND_ASSIGN(DeviceRegion region, c->RegisterDevice(dev.data(), dev.size()));
-    ASSERT_CUDA(cudaMemset(dev.data(), 0xA5, n));
-    std::vector<std::byte> sent(n);
-    FillRandom(sent.data(), n, seed + 2 * i + 1);
-    std::memcpy(host.data(), sent.data(), n);
-    parked.push_back(
-        {std::move(c), std::move(d2h), std::move(host), std::move(dev), std::move(region), std::move(sent)});
+    ASSERT_OK_AND_ASSIGN(PoisonedRegion h2d, MakePoisonedRegion(*c, n, seed + 2 * i + 1));
+    parked.push_back({std::move(c), std::move(d2h), std::move(h2d)});
   }
   ASSERT_OK_AND_ASSIGN(auto other, ConnectAnother("after-early"));
   ASSERT_OK_AND_ASSIGN(DeviceSource other_d2h, MakeDeviceSource(*other, n, seed + 2 * kParked));
@@ -632,7 +624,7 @@ TEST_F(GpuDaemon, ManySessionsParkedOnTheirEventsDelayNoOtherSessionsCopies) {
     ASSERT_OK_AND_ASSIGN(Transfer d2h, p.client->Copy(Direction::kDeviceToHost, p.d2h.host, 0, p.d2h.region, 0, n,
                                                       {.after = &lates[i]}));
     waits.push_back(std::move(d2h));
-    ASSERT_OK_AND_ASSIGN(Transfer h2d, p.client->Copy(Direction::kHostToDevice, p.h2d_host, 0, p.h2d_region, 0, n,
+    ASSERT_OK_AND_ASSIGN(Transfer h2d, p.client->Copy(Direction::kHostToDevice, p.h2d.host, 0, p.h2d.region, 0, n,
                                                       {.after = &lates[i]}));
     waits.push_back(std::move(h2d));
   }
@@ -669,8 +661,8 @@ TEST_F(GpuDaemon, ManySessionsParkedOnTheirEventsDelayNoOtherSessionsCopies) {
   for (size_t i = 0; i < parked.size(); ++i) {
     const Parked& p = parked[i];
     EXPECT_EQ(FirstDifference(p.d2h.host.data(), p.d2h.want.data(), n), -1) << "parked client " << i << ", d2h";
-    std::vector<std::byte> landed = ReadBack(p.h2d_dev.data(), n);
-    EXPECT_EQ(FirstDifference(landed.data(), p.h2d_sent.data(), n), -1) << "parked client " << i << ", h2d";
+    std::vector<std::byte> landed = ReadBack(p.h2d.dev.data(), n);
+    EXPECT_EQ(FirstDifference(landed.data(), p.h2d.host.data(), n), -1) << "parked client " << i << ", h2d";
   }
 }
 
