@@ -178,9 +178,27 @@ Result<std::shared_ptr<EventState>> ClientCore::NewEvent(bool ordered_after) {
   s->id = r.event_id;
   if (r.flag_index != wire::kNoFlag) {
     if (r.flag_index >= wire::kEventFlags) return ProtocolError("ferryd gave an event a flag outside the flag area");
+    if (r.flag_place == wire::kFlagOnDevice) {
+      FERRY_RETURN_IF_ERROR(MapDeviceFlags(m, r.flag_memory_bytes));
+    } else if (r.flag_place != wire::kFlagInRing) {
+      return ProtocolError("ferryd put an event's flag in an unknown place (" + std::to_string(r.flag_place) + ")");
+    }
     s->flag = flags_ + r.flag_index;
   }
   return s;
+}
+
+// The first reply that puts a flag on the device carries the memory (one fd); later ones none.
+Status ClientCore::MapDeviceFlags(const ReceivedMessage& reply, uint64_t bytes) {
+  std::lock_guard<std::mutex> l(flags_mu_);
+  if (flags_on_device_) return Status::Ok();
+  if (flags_mapped_) return ProtocolError("ferryd moved the session's event flags into device memory");
+  if (reply.fds.size() != 1) return ProtocolError("ferryd put an event's flag in device memory it did not share");
+  FERRY_RETURN_IF_ERROR(device_->MapDeviceFlags(flags_, reply.fds[0].get(), bytes)
+                            .WithContext("mapping the event flags ferryd keeps in device memory"));
+  flags_mapped_ = true;
+  flags_on_device_ = true;
+  return Status::Ok();
 }
 
 // An event with a flag is waited for by its flag alone (ferryd never looks at the event itself

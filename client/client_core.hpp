@@ -209,8 +209,10 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   uint32_t sq_entries_ = 0, cq_entries_ = 0;
   UniqueFd submit_efd_, complete_efd_;
   uint32_t* flags_ = nullptr;  // the ring segment's flag area
-  std::mutex flags_mu_;        // guards flags_mapped_
+  Status MapDeviceFlags(const ReceivedMessage& reply, uint64_t bytes);
+  std::mutex flags_mu_;        // guards flags_mapped_, flags_on_device_
   bool flags_mapped_ = false;  // by the device (MapFlags), on the first record of a flagged event
+  bool flags_on_device_ = false;  // ... or MapDeviceFlags, on the reply that shared them
 
   std::mutex ring_mu_;  // guards the rings' local indices, pending_, free_events_, free_lists_, the probes, broken_
   uint32_t sq_tail_ = 0, cq_head_ = 0;

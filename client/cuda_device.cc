@@ -5,10 +5,14 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <thread>
 
 #include "client/device_api.hpp"
+#include "common/cuda_shared_memory.hpp"
 #include "common/cuda_status.hpp"
 #include "common/status_macros.hpp"
 
@@ -148,12 +152,68 @@ class CudaClientDevice : public ClientDevice {
     flags_device_ = static_cast<CUdeviceptr>(dev);
     return Status::Ok();
   }
-  void UnmapFlags(void* flags) override { cudaHostUnregister(flags); }
+  Status MapDeviceFlags(void* flags, int fd, size_t bytes) override {
+    std::lock_guard<std::mutex> l(flags_mu_);
+    if (write_value_ == nullptr) {
+      FERRY_ASSIGN_OR_RETURN(void* fn, DriverFunction("cuStreamWriteValue32"));
+      write_value_ = reinterpret_cast<WriteValue32>(fn);
+    }
+    ScopedDevice on(ordinal_);
+    FERRY_RETURN_IF_ERROR(on.status());
+    FERRY_ASSIGN_OR_RETURN(device_flags_, SharedDeviceMemory::Map(ordinal_, fd, bytes));
+    if (device_flags_.bytes() < wire::kEventFlagsBytes) {
+      device_flags_ = SharedDeviceMemory();
+      return ProtocolError("ferryd shared " + std::to_string(bytes) + " bytes of device memory for the event flags");
+    }
+    flags_host_ = static_cast<std::byte*>(flags);
+    flags_device_ = device_flags_.address();
+    return Status::Ok();
+  }
+  // Device flags are unmapped only once every write enqueued into them is done: a stream that
+  // gets to its write later would write into unmapped memory and fault the caller's context.
+  // A stream still held after a second keeps them mapped for the process's life instead.
+  void UnmapFlags(void* flags) override {
+    if (!device_flags_) {
+      cudaHostUnregister(flags);
+      return;
+    }
+    ScopedDevice on(ordinal_);
+    std::lock_guard<std::mutex> l(flags_mu_);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    bool done = true;
+    for (const auto& [stream, written] : flag_writes_) {
+      cudaError_t q;
+      while ((q = cudaEventQuery(written)) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+      done = done && q != cudaErrorNotReady;
+    }
+    cudaGetLastError();
+    for (const auto& [stream, written] : flag_writes_) cudaEventDestroy(written);
+    flag_writes_.clear();
+    if (done) {
+      device_flags_ = SharedDeviceMemory();
+    } else {
+      device_flags_.Keep();
+    }
+  }
   Status WriteFlag(void* stream, uint32_t* flag, uint32_t value) override {
     const CUdeviceptr at = flags_device_ + static_cast<CUdeviceptr>(reinterpret_cast<std::byte*>(flag) - flags_host_);
     const CUresult r = write_value_(static_cast<CUstream>(stream), at, value, 0);
     if (r != CUDA_SUCCESS) return DeviceError("cuStreamWriteValue32 failed (CUresult " + std::to_string(r) + ")");
-    return Status::Ok();
+    if (!device_flags_) return Status::Ok();
+    // Device flags: an event behind the write, for UnmapFlags (an event costs the stream nothing).
+    std::lock_guard<std::mutex> l(flags_mu_);
+    auto [it, fresh] = flag_writes_.try_emplace(stream, nullptr);
+    if (fresh) {
+      ScopedDevice on(ordinal_);
+      if (Status st = on.status(); !st.ok()) return st;
+      if (const cudaError_t e = cudaEventCreateWithFlags(&it->second, cudaEventDisableTiming); e != cudaSuccess) {
+        flag_writes_.erase(it);
+        return CudaStatus(e, "cudaEventCreateWithFlags");
+      }
+    }
+    return CudaStatus(cudaEventRecord(it->second, static_cast<cudaStream_t>(stream)), "cudaEventRecord");
   }
   Result<void*> CreateTimingEvent() override { return NewEvent(cudaEventDefault); }
   Result<int64_t> ElapsedIfDone(void* start, void* end) override {
@@ -177,10 +237,12 @@ class CudaClientDevice : public ClientDevice {
 
   using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
   int ordinal_;
-  std::mutex flags_mu_;  // MapFlags runs once (ClientCore); WriteFlag only after it
+  std::mutex flags_mu_;  // MapFlags runs once (ClientCore), WriteFlag only after it; guards flag_writes_
   WriteValue32 write_value_ = nullptr;
   std::byte* flags_host_ = nullptr;
   CUdeviceptr flags_device_ = 0;
+  SharedDeviceMemory device_flags_;  // MapDeviceFlags's: flags_device_ points into it
+  std::map<void*, cudaEvent_t> flag_writes_;  // by stream: recorded after its last flag write
 };
 
 }  // namespace

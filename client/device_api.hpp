@@ -61,6 +61,12 @@ class ClientDevice {
   // GPU-side "after": the session's event flags (its ring segment's flag pages) made writable
   // by the device, once, before the first WriteFlag; let go before the pages are unmapped.
   virtual Status MapFlags(void* flags, size_t bytes) = 0;
+  // Or: ferryd keeps them in device memory it shared as `fd` (`bytes` of it), where WriteFlag then
+  // writes the word standing for each of `flags` (RegisterEventReply::flag_place).
+  virtual Status MapDeviceFlags(void* flags, int fd, size_t bytes) {
+    (void)flags, (void)fd, (void)bytes;
+    return NotSupported("event flags in device memory on a device without CUDA");
+  }
   virtual void UnmapFlags(void* flags) = 0;
   // Writes `value` into `flag` once `stream`'s earlier work is done (on the host: at once).
   virtual Status WriteFlag(void* stream, uint32_t* flag, uint32_t value) = 0;

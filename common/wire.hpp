@@ -28,10 +28,12 @@ inline constexpr uint32_t kMagic = 0x59525246;  // "FRRY" little-endian
 // or registers anything; kGpuStats answers per GPU.
 // 6: ferryd takes the client's waiting bits when it rings the completion doorbell
 // (TakeClientWaiting): a client sets them again each time before it sleeps.
+// 7: an event's flag may live in device memory ferryd owns and shares with the session
+// (RegisterEventReply::flag_place, the memory's fd with the first such reply).
 // Frozen in every version, so that two versions can tell each other apart: MsgHeader, the
 // kHello payload (HelloRequest) and the ReplyStatus that starts every reply. ferryd answers a
 // hello of any version, naming both.
-inline constexpr uint16_t kVersion = 6;
+inline constexpr uint16_t kVersion = 7;
 inline constexpr size_t kMaxFdsPerMessage = 200;  // below the kernel's SCM_MAX_FD (253)
 inline constexpr size_t kNameBytes = 32;
 inline constexpr size_t kMessageBytes = 160;
@@ -181,13 +183,23 @@ static_assert(sizeof(RegisterEventRequest) == 72);
 // flag_index: the event's word in the ring segment's flag area (EventFlags), or kNoFlag. The
 // client's stream writes its n-th record's number there (n, mod 2^32) when it records the event;
 // a copy ordered after the event names the number it waits for (SubmissionEntry::wait_value).
+// flag_place says where that word is: kFlagInRing, the ring segment's flag area; or
+// kFlagOnDevice, word flag_index of device memory ferryd allocated for the session's flags, on
+// its GPU (a wait on a device word costs the engines less than one on a host word). The reply
+// that first names kFlagOnDevice carries that memory as one fd (a CUDA shareable handle of
+// flag_memory_bytes, zeroed), which the client maps and writes its flags into from then on.
 inline constexpr uint32_t kNoFlag = 0xffffffffu;
+inline constexpr uint32_t kFlagInRing = 0;
+inline constexpr uint32_t kFlagOnDevice = 1;
 struct RegisterEventReply {
   ReplyStatus status;
   uint32_t event_id;
   uint32_t flag_index;
+  uint32_t flag_place;  // kFlagInRing or kFlagOnDevice
+  uint32_t reserved;    // 0
+  uint64_t flag_memory_bytes;  // with the fd: the size of the device memory it shares; else 0
 };
-static_assert(sizeof(RegisterEventReply) == 176);
+static_assert(sizeof(RegisterEventReply) == 192);
 
 struct SimpleReply {
   ReplyStatus status;

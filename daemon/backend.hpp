@@ -72,6 +72,13 @@ struct FlagWait {
   bool latency = false;     // the lane's priority, when the plan creates it
 };
 
+// A session's event flags in device memory (Backend::ShareDeviceFlags): the fd the client maps
+// them by, and the size of the memory it shares.
+struct SharedDeviceFlags {
+  UniqueFd fd;
+  uint64_t bytes = 0;
+};
+
 // A lane's key: the session's, in one direction.
 inline uint64_t LaneKey(uint64_t session_id, Direction direction) {
   return session_id * 2 + static_cast<uint64_t>(direction);
@@ -173,7 +180,23 @@ class Backend {
     return NotSupported("this backend does not wait on flags");
   }
   virtual void UnregisterFlags(std::byte* flags) { (void)flags; }
-  // The session is gone and none of its plans is on the engines: its lanes go too.
+  // Device memory for a session's event flags, on GPU `gpu`, shared with the client as an fd
+  // (RegisterEventReply::flag_place): from then on the session's lanes wait on word i of it for
+  // a flag at host_flags + i (the ring's word stays unused), where a wait costs the engines
+  // less than on host memory. Zeroed; freed with the session's lanes (CloseLanes), while a
+  // client that still maps it keeps its pages: ferryd's memory is never reused under a client.
+  virtual Result<SharedDeviceFlags> ShareDeviceFlags(uint32_t gpu, uint64_t session_id, const uint32_t* host_flags) {
+    (void)gpu, (void)session_id, (void)host_flags;
+    return NotSupported("this backend keeps event flags in the ring segment");
+  }
+  // Writes `value` into word `index` of the session's device flags (ShareDeviceFlags), on the
+  // GPU, behind nothing else: how an ended session's lane waits are let go.
+  virtual Status WriteDeviceFlag(uint32_t gpu, uint64_t session_id, uint32_t index, uint32_t value) {
+    (void)gpu, (void)session_id, (void)index, (void)value;
+    return NotSupported("this backend keeps event flags in the ring segment");
+  }
+  // The session is gone and none of its plans is on the engines: its lanes go too, and its
+  // device flags.
   virtual void CloseLanes(uint64_t session_id) { (void)session_id; }
 
   // Enqueues a plan; its fence completes once every piece has. A backend may hold the pieces
@@ -293,6 +316,12 @@ class FaultInjectingBackend : public Backend {
   bool writes_done_words() const override { return inner_->writes_done_words(); }
   Status RegisterFlags(std::byte* flags, size_t bytes) override { return inner_->RegisterFlags(flags, bytes); }
   void UnregisterFlags(std::byte* flags) override { inner_->UnregisterFlags(flags); }
+  Result<SharedDeviceFlags> ShareDeviceFlags(uint32_t gpu, uint64_t session_id, const uint32_t* host_flags) override {
+    return inner_->ShareDeviceFlags(gpu, session_id, host_flags);
+  }
+  Status WriteDeviceFlag(uint32_t gpu, uint64_t session_id, uint32_t index, uint32_t value) override {
+    return inner_->WriteDeviceFlag(gpu, session_id, index, value);
+  }
   void CloseLanes(uint64_t session_id) override { inner_->CloseLanes(session_id); }
   Result<FenceId> Submit(const CopyPlan& plan) override {
     if (pass_submits_.load() > 0 && pass_submits_.fetch_sub(1) > 0) return inner_->Submit(plan);

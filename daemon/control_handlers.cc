@@ -143,7 +143,23 @@ void Sessions::HandleRegisterEvent(Session& s, uint32_t seq, const wire::Registe
   r.status = ToWire(Status::Ok());
   r.event_id = id;
   r.flag_index = (req.flags & wire::kEventWantsFlag) ? AssignEventFlag(s, id) : wire::kNoFlag;
-  Reply(s, wire::MsgType::kRegisterEventReply, seq, r);
+  UniqueFd shared;  // the device flags, with the first reply that names them
+  if (r.flag_index != wire::kNoFlag && s.flag_place == Session::FlagPlace::kUndecided) {
+    if (auto d = svc_.backend.ShareDeviceFlags(s.gpu, s.id, s.flags); d.ok()) {
+      s.flag_place = Session::FlagPlace::kDevice;
+      shared = std::move(d->fd);
+      r.flag_memory_bytes = d->bytes;
+    } else {
+      s.flag_place = Session::FlagPlace::kRing;
+      if (d.status().code() != Code::kNotSupported) {
+        FERRY_LOG(kWarning) << "session " << s.id << " '" << s.name << "': its event flags stay in host memory ("
+                            << d.status().ToString() << ")";
+      }
+    }
+  }
+  r.flag_place = s.flag_place == Session::FlagPlace::kDevice ? wire::kFlagOnDevice : wire::kFlagInRing;
+  const int fds[1] = {shared.get()};
+  Reply(s, wire::MsgType::kRegisterEventReply, seq, r, shared.valid() ? fds : nullptr, shared.valid() ? 1 : 0);
 }
 
 // GPU-side "after": the event gets a flag word, zeroed, when the backend can wait on flags and

@@ -11,7 +11,10 @@
 // "After" a client's event, where the device has stream memory operations: a lane (a stream of
 // its own per session and direction) waits on the event's flag with cuStreamWaitValue32, then
 // copies; ferryd never waits on another process's event on the GPU (a cross-context wait cost
-// 0.4 ms a hand-off on the H200). The driver's entry points are looked up, not linked.
+// 0.4 ms a hand-off on the H200). The flags a lane waits on live in device memory ferryd shares
+// with the session by fd (a wait on a device word costs the engines less than on a host word);
+// FERRY_EVENT_FLAGS=host keeps them in the ring segment, for comparison. The driver's entry
+// points are looked up, not linked.
 // With the engine trace on, each stream's share of a group is bracketed by timing events and its
 // timeline logged when it is seen done (see CopySpan).
 #include <cuda.h>
@@ -33,6 +36,7 @@
 #include <utility>
 
 #include "common/cuda_clock.hpp"
+#include "common/cuda_shared_memory.hpp"
 #include "common/cuda_status.hpp"
 #include "common/environment.hpp"
 #include "common/fd.hpp"
@@ -149,6 +153,15 @@ class CudaBackend : public Backend {
       }
     }
     describe_ += fence_page_ ? "; copies seen done by fence words" : "; copies seen done by events";
+    const char* flags = std::getenv("FERRY_EVENT_FLAGS");
+    if (flag_waits_ && (flags == nullptr || std::strcmp(flags, "host") != 0)) {
+      if (Status st = ProbeDeviceFlags(); !st.ok()) {
+        cudaGetLastError();
+        FERRY_LOG(kWarning) << "event flags in device memory unusable (" << st.message()
+                            << "): lanes wait on flags in host memory";
+      }
+    }
+    if (flag_waits_) describe_ += device_flags_on_ ? "; event flags in device memory" : "; event flags in host memory";
     describe_ += crew_.threads() > 1 ? "; lists of small host-to-device copies issued by " +
                                            std::to_string(crew_.threads()) + " threads at once"
                                      : "; copies issued by the event loop alone";
@@ -170,6 +183,16 @@ class CudaBackend : public Backend {
       return dev.status();
     }
     fence_dev_ = static_cast<CUdeviceptr>(*dev);
+    return Status::Ok();
+  }
+
+  // Whether this device can share device memory by fd: a stream for the flag writes that let an
+  // ended session's lanes go, and one shared allocation made, exported and freed.
+  Status ProbeDeviceFlags() {
+    FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&flag_stream_, cudaStreamNonBlocking));
+    FERRY_ASSIGN_OR_RETURN(SharedDeviceMemory m, SharedDeviceMemory::Create(device_, wire::kEventFlagsBytes));
+    FERRY_ASSIGN_OR_RETURN(UniqueFd fd, m.Export());
+    device_flags_on_ = true;
     return Status::Ok();
   }
 
@@ -272,6 +295,8 @@ class CudaBackend : public Backend {
     if (whole_ != nullptr) cudaHostUnregister(whole_);
     if (trace_origin_ != nullptr) cudaEventDestroy(trace_origin_);
     if (fence_page_) cudaHostUnregister(fence_page_.get());
+    device_flags_.clear();
+    if (flag_stream_ != nullptr) cudaStreamDestroy(flag_stream_);
   }
 
   wire::BackendKind kind() const override { return wire::BackendKind::kCuda; }
@@ -423,8 +448,30 @@ class CudaBackend : public Backend {
   void UnregisterFlags(std::byte* flags) override {
     if (flag_pages_.erase(flags) != 0) cudaHostUnregister(flags);
   }
+  Result<SharedDeviceFlags> ShareDeviceFlags(uint32_t, uint64_t session_id, const uint32_t* host_flags) override {
+    if (!device_flags_on_) return NotSupported("event flags stay in host memory on this device");
+    if (device_flags_.contains(session_id)) return Internal("the session's device flags are shared already");
+    FERRY_CUDA_RETURN_IF_ERROR(MakeCurrent());
+    FERRY_ASSIGN_OR_RETURN(SharedDeviceMemory m, SharedDeviceMemory::Create(device_, wire::kEventFlagsBytes));
+    FERRY_ASSIGN_OR_RETURN(UniqueFd fd, m.Export());
+    const uint64_t bytes = m.bytes();
+    device_flags_.emplace(session_id, DeviceFlags{host_flags, std::move(m)});
+    return SharedDeviceFlags{std::move(fd), bytes};
+  }
+  Status WriteDeviceFlag(uint32_t, uint64_t session_id, uint32_t index, uint32_t value) override {
+    auto it = device_flags_.find(session_id);
+    if (it == device_flags_.end()) return NotFound("the session has no device flags");
+    if (index >= wire::kEventFlags) return InvalidArgument("no flag " + std::to_string(index));
+    FERRY_CUDA_RETURN_IF_ERROR(MakeCurrent());
+    return DriverStatus(write_value_(flag_stream_, it->second.memory.address() + index * sizeof(uint32_t), value, 0),
+                        "cuStreamWriteValue32 of an ended session's flag");
+  }
   void CloseLanes(uint64_t session_id) override {
     MakeCurrent();
+    if (device_flags_.contains(session_id)) {
+      cudaStreamSynchronize(flag_stream_);  // its writes that let the session's lanes go (never blocked)
+      device_flags_.erase(session_id);
+    }
     for (int d = 0; d < 2; ++d) {
       const uint64_t key = LaneKey(session_id, static_cast<Direction>(d));
       if (auto own = lane_parts_.find(key); own != lane_parts_.end()) {
@@ -449,10 +496,21 @@ class CudaBackend : public Backend {
     return page->second + static_cast<CUdeviceptr>(offset);
   }
 
+  // Where the engines see the word a lane waits on: in the session's device flags where it has
+  // them, else in its registered flag area; 0 if in neither.
+  CUdeviceptr FlagAddress(const FlagWait& wait) const {
+    if (auto it = device_flags_.find(wait.session_id); it != device_flags_.end()) {
+      const std::ptrdiff_t index = wait.flag - it->second.host;
+      if (index < 0 || static_cast<size_t>(index) >= wire::kEventFlags) return 0;
+      return it->second.memory.address() + static_cast<CUdeviceptr>(index) * sizeof(uint32_t);
+    }
+    return FlagAreaAddress(wait.flag, wire::kEventFlagsBytes);
+  }
+
   // A plan after a flag: on its session's lane, the wait, its copies (one batch) and its fence;
   // a group of its own, so nothing else waits with it.
   Result<FenceId> SubmitToLane(const CopyPlan& plan) {
-    const CUdeviceptr flag = FlagAreaAddress(plan.wait.flag, wire::kEventFlagsBytes);
+    const CUdeviceptr flag = FlagAddress(plan.wait);
     if (flag == 0) return Internal("a flag outside every registered flag page");
     const uint64_t key = LaneKey(plan.wait.session_id, plan.direction);
     auto lane = lanes_.find(key);
@@ -1061,6 +1119,14 @@ class CudaBackend : public Backend {
   WaitValue32 wait_value_ = nullptr;
   WriteValue32 write_value_ = nullptr;                   // the start probe's, and done words
   std::map<std::byte*, CUdeviceptr> flag_pages_;         // sessions' flag pages, by host address
+  // A session's event flags in device memory (ShareDeviceFlags): word i stands for host[i].
+  struct DeviceFlags {
+    const uint32_t* host;
+    SharedDeviceMemory memory;
+  };
+  bool device_flags_on_ = false;                  // ProbeDeviceFlags passed
+  std::map<uint64_t, DeviceFlags> device_flags_;  // by session id
+  cudaStream_t flag_stream_ = nullptr;            // writes ended sessions' device flags
   // A session's lane for one direction. Its groups are fenced by events: a fence word's write
   // on the lane held up the lane's next group (in-step exposed +0.004 ms on the H100, 2026-12-07).
   std::map<uint64_t, cudaStream_t> lanes_;  // by LaneKey

@@ -59,6 +59,14 @@ class DeviceSet final : public Backend {
   bool writes_done_words() const override { return writes_done_words_; }
   Status RegisterFlags(std::byte* flags, size_t bytes) override { return gpus_[0]->RegisterFlags(flags, bytes); }
   void UnregisterFlags(std::byte* flags) override { gpus_[0]->UnregisterFlags(flags); }
+  Result<SharedDeviceFlags> ShareDeviceFlags(uint32_t gpu, uint64_t session_id, const uint32_t* host_flags) override {
+    if (gpu >= gpus_.size()) return InvalidArgument("no GPU " + std::to_string(gpu));
+    return gpus_[gpu]->ShareDeviceFlags(gpu, session_id, host_flags);
+  }
+  Status WriteDeviceFlag(uint32_t gpu, uint64_t session_id, uint32_t index, uint32_t value) override {
+    if (gpu >= gpus_.size()) return InvalidArgument("no GPU " + std::to_string(gpu));
+    return gpus_[gpu]->WriteDeviceFlag(gpu, session_id, index, value);
+  }
   void CloseLanes(uint64_t session_id) override {
     for (auto& g : gpus_) g->CloseLanes(session_id);
   }

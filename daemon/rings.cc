@@ -423,12 +423,20 @@ void Rings::OnCopyFinished(const FinishedCopy& c) {
 // session's oldest wait heads its lane, so it goes, and once it is done the next pass lets the
 // next one go (one value for all of a flag's waits could satisfy none of some). Written again on
 // every reap pass until they have, as a client still running could write its flags back.
-void Rings::ReleaseFlagWaits(Session& s) {
+void Rings::ReleaseFlagWaits(Session& s, Backend& backend) {
   std::bitset<wire::kEventFlags> written;
   for (const auto& [copy_id, w] : s.lane_waits) {
     if (written.test(w.index)) continue;
     written.set(w.index);
-    std::atomic_ref<uint32_t>(s.flags[w.index]).store(w.value, std::memory_order_release);
+    if (s.flag_place != Session::FlagPlace::kDevice) {
+      std::atomic_ref<uint32_t>(s.flags[w.index]).store(w.value, std::memory_order_release);
+      continue;
+    }
+    if (Status st = backend.WriteDeviceFlag(s.gpu, s.id, w.index, w.value); !st.ok() && !s.flag_release_failed) {
+      s.flag_release_failed = true;
+      FERRY_LOG(kWarning) << "session " << s.id << " '" << s.name << "' ended with copies waiting on its event flags, "
+                          << "which cannot be let go: " << st.ToString();
+    }
   }
 }
 

@@ -72,7 +72,7 @@ class Rings : public Scheduler::Listener {
 
   // An ended session: writes into each of its flags the value its copies wait for, so that its
   // copies waiting on the GPU go and finish (then its resources are reclaimed as usual).
-  static void ReleaseFlagWaits(Session& s);
+  static void ReleaseFlagWaits(Session& s, Backend& backend);
 
   // Tells every client's ring whether the loop sleeps (then a submission needs the doorbell).
   void SetSleeping(bool sleeping);

@@ -696,7 +696,7 @@ class Server::Impl {
   void ReapDead() {
     for (auto it = session_map_.begin(); it != session_map_.end();) {
       Session& s = *it->second;
-      if (s.dead && !s.lane_waits.empty()) Rings::ReleaseFlagWaits(s);
+      if (s.dead && !s.lane_waits.empty()) Rings::ReleaseFlagWaits(s, *backend_);
       if (s.dead && s.in_flight == 0) {
         if (s.flags_registered) backend_->UnregisterFlags(reinterpret_cast<std::byte*>(s.flags));
         backend_->CloseLanes(s.id);
@@ -780,7 +780,7 @@ class Server::Impl {
     while (scheduler_->fences_out() != 0 && MonotonicNanos() < deadline) {
       // Lane waits are let go one at a time per flag (ReleaseFlagWaits), as copies finish.
       for (auto& [id, s] : session_map_) {
-        if (!s->lane_waits.empty()) Rings::ReleaseFlagWaits(*s);
+        if (!s->lane_waits.empty()) Rings::ReleaseFlagWaits(*s, *backend_);
       }
       if (backend_->completion_fd() >= 0) WaitReadable(backend_->completion_fd(), 10).ok();
       backend_->Flush();

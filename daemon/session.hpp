@@ -108,6 +108,11 @@ struct Session {
   };
   std::map<uint64_t, LaneWait> lane_waits;
   uint32_t* flags = nullptr;                  // the event flags, in `ring`
+  // Where the engines see them, fixed at the first flagged event (Backend::ShareDeviceFlags):
+  // on the device, a flag's word in `flags` is never read (ReleaseFlagWaits writes the device's).
+  enum class FlagPlace { kUndecided, kRing, kDevice };
+  FlagPlace flag_place = FlagPlace::kUndecided;
+  bool flag_release_failed = false;           // said once in the log
   uint32_t next_flag = 0;                     // events live as long as the session: no free list
   bool flags_registered = false;              // the flag area, with the backend (RegisterFlags)
   ClientClass klass;

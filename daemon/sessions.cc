@@ -338,7 +338,7 @@ void Sessions::Close(Session& s, const std::string& reason, Closing how) {
   // Its queued and held copies never go out; the ones on the engines finish first (they use its
   // memory), and those waiting on its flags are let go.
   svc_.scheduler.CancelSession(s.id);
-  Rings::ReleaseFlagWaits(s);
+  Rings::ReleaseFlagWaits(s, svc_.backend);
 }
 
 }  // namespace ferry::daemon

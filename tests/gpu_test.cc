@@ -398,7 +398,60 @@ void GpuDaemon::ACopyAfterAnEventWaitsForTheKernelBeforeIt(size_t n) {
 }
 
 TEST_F(GpuDaemon, ACopyAfterAnEventWaitsOnTheGpuForTheKernelBeforeIt) {
+  EXPECT_NE(daemon_->Output().find("event flags in device memory"), std::string::npos) << daemon_->Output();
   ACopyAfterAnEventWaitsForTheKernelBeforeIt(4 << 20);
+}
+
+// FERRY_EVENT_FLAGS=host: the lanes wait on flags in the ring segment's host pages, as before
+// device flags (kept for comparing the two).
+class HostFlagsGpuDaemon : public GpuDaemon {
+ protected:
+  std::vector<std::pair<std::string, std::string>> DaemonEnvironment() const override {
+    return {{"FERRY_EVENT_FLAGS", "host"}};
+  }
+};
+
+TEST_F(HostFlagsGpuDaemon, ACopyAfterAnEventWaitsOnTheGpuForTheKernelBeforeIt) {
+  EXPECT_NE(daemon_->Output().find("event flags in host memory"), std::string::npos) << daemon_->Output();
+  ACopyAfterAnEventWaitsForTheKernelBeforeIt(4 << 20);
+}
+
+// A session that ends while a copy of its waits on the GPU for a record still behind a long
+// kernel: ferryd writes the flag in its device memory itself, the copy drains, the session is
+// reclaimed well before the kernel ends, and another session's copies still go.
+TEST_F(GpuDaemon, ASessionEndedWithACopyParkedOnItsDeviceFlagIsLetGoAndReclaimed) {
+  constexpr size_t n = (1 << 20) + 7;
+  const uint64_t seed = testing::RandomSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  ASSERT_OK_AND_ASSIGN(auto leaving, ConnectAnother("leaving"));
+  ASSERT_OK_AND_ASSIGN(DeviceSource src, MakeDeviceSource(*leaving, n, seed));
+  ASSERT_OK_AND_ASSIGN(SharedEvent late, leaving->CreateEvent());
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  cudaStream_t slow = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&slow, cudaStreamNonBlocking));
+  ASSERT_CUDA(testing::LaunchSpin(8'000'000'000, slow));  // ~4 s
+  ASSERT_OK(late.Record(slow));
+  {
+    ASSERT_OK_AND_ASSIGN(Transfer parked,
+                         leaving->Copy(Direction::kDeviceToHost, src.host, 0, src.region, 0, n, {.after = &late}));
+    ASSERT_OK_AND_ASSIGN(bool done, parked.Poll());
+    EXPECT_FALSE(done) << "the copy went before its record";
+  }
+  // Its memory goes only after the kernel: ferryd's lane copies out of it once let go.
+  DeviceSource keep = std::move(src);
+  SharedEvent keep_event = std::move(late);
+  leaving.reset();  // waits up to 1 s for its flag write, then keeps its flags mapped
+  EXPECT_TRUE(testing::DaemonHarness::Eventually(
+      [&] { return daemon_->Output().find("'leaving' reclaimed") != std::string::npos; }, 2000))
+      << daemon_->Output();
+  EXPECT_EQ(cudaStreamQuery(slow), cudaErrorNotReady) << "the kernel ended before the session was reclaimed";
+  ASSERT_OK_AND_ASSIGN(PoisonedRegion next, MakePoisonedRegion(n, seed + 1));
+  ASSERT_OK_AND_ASSIGN(Transfer t, client_->Copy(Direction::kHostToDevice, next.host, 0, next.region, 0, n));
+  ASSERT_OK(t.Wait(10s));
+  ASSERT_CUDA(cudaStreamSynchronize(slow));
+  std::vector<std::byte> landed = ReadBack(next.dev.data(), n);
+  EXPECT_EQ(FirstDifference(landed.data(), next.host.data(), n), -1);
+  cudaStreamDestroy(slow);
 }
 
 // A record writes the event's flag from the stream when the stream gets there, which may be after
@@ -410,6 +463,25 @@ TEST_F(GpuDaemon, AClientGoneBeforeItsStreamWritesAnEventsFlagLeavesTheStreamUnh
   ASSERT_OK(ready.Record(stream_));
   ASSERT_EQ(cudaStreamQuery(stream_), cudaErrorNotReady) << "the kernel ended before the client was gone";
   client_.reset();
+  ASSERT_CUDA(cudaStreamSynchronize(stream_));
+  void* p = nullptr;
+  ASSERT_CUDA(cudaMalloc(&p, 4096));
+  ASSERT_CUDA(cudaMemset(p, 0, 4096));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  ASSERT_CUDA(cudaFree(p));
+}
+
+// The same with the record over a second behind: the client stops waiting for its stream's flag
+// write at its end and keeps the flags' device memory mapped, so the late write still lands in
+// memory that is there.
+TEST_F(GpuDaemon, AClientGoneLongBeforeItsStreamWritesAnEventsFlagLeavesTheStreamUnharmed) {
+  ASSERT_OK_AND_ASSIGN(SharedEvent ready, client_->CreateEvent());
+  ASSERT_CUDA(testing::LaunchSpin(3'000'000'000, stream_));  // ~1.5 s
+  ASSERT_OK(ready.Record(stream_));
+  const auto start = std::chrono::steady_clock::now();
+  client_.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1500ms) << "the client waited for its stream";
+  ASSERT_EQ(cudaStreamQuery(stream_), cudaErrorNotReady) << "the kernel ended before the client was gone";
   ASSERT_CUDA(cudaStreamSynchronize(stream_));
   void* p = nullptr;
   ASSERT_CUDA(cudaMalloc(&p, 4096));

@@ -1473,6 +1473,11 @@ TEST(Handoff, EventsBeyondTheFlagAreaAreHandedOffOnTheHostAndStillWork) {
   for (uint32_t i = 1; i < wire::kEventFlags; ++i) {
     ASSERT_OK_AND_ASSIGN(auto r, c.raw.RegisterEvent(wire::kEventWantsFlag));
     ASSERT_EQ(r.flag_index, i);
+    // The host backend keeps every flag in the ring segment and shares no device memory.
+    ASSERT_EQ(r.flag_place, wire::kFlagInRing);
+    ASSERT_EQ(r.flag_memory_bytes, 0u);
+    ASSERT_EQ(r.reserved, 0u);
+    ASSERT_EQ(c.raw.last_event_reply_fds(), 0u);
   }
   ASSERT_OK_AND_ASSIGN(c.event, c.raw.RegisterEvent(wire::kEventWantsFlag));
   EXPECT_EQ(c.event.flag_index, wire::kNoFlag) << "flag area full";

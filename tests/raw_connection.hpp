@@ -94,8 +94,11 @@ class RawConnection {
     FERRY_ASSIGN_OR_RETURN(ReceivedMessage m, Call(wire::MsgType::kRegisterEvent, req));
     const auto r = m.As<wire::RegisterEventReply>();
     FERRY_RETURN_IF_ERROR(FromWire(r.status));
+    last_event_reply_fds_ = m.fds.size();
     return r;
   }
+  // How many fds came with the last RegisterEvent's reply (device flags: one, the first time).
+  size_t last_event_reply_fds() const { return last_event_reply_fds_; }
   std::atomic_ref<uint32_t> Flag(uint32_t index) {
     return std::atomic_ref<uint32_t>(wire::EventFlags(ring_.data(), reply_.sq_entries, reply_.cq_entries)[index]);
   }
@@ -118,6 +121,7 @@ class RawConnection {
   Mapping ring_;
   wire::HelloReply reply_{};
   uint32_t seq_ = 1;
+  size_t last_event_reply_fds_ = 0;
 };
 
 }  // namespace ferry::testing
