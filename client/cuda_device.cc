@@ -241,7 +241,7 @@ class CudaClientDevice : public ClientDevice {
   WriteValue32 write_value_ = nullptr;
   std::byte* flags_host_ = nullptr;
   CUdeviceptr flags_device_ = 0;
-  SharedDeviceMemory device_flags_;  // MapDeviceFlags's: flags_device_ points into it
+  SharedDeviceMemory device_flags_;           // MapDeviceFlags's: flags_device_ points into it
   std::map<void*, cudaEvent_t> flag_writes_;  // by stream: recorded after its last flag write
 };
 

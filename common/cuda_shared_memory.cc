@@ -23,7 +23,8 @@ struct Vmm {
   CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
   CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
   CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
-  CUresult (*export_handle)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long) = nullptr;
+  CUresult (*export_handle)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
+                            unsigned long long) = nullptr;
   CUresult (*import_handle)(CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType) = nullptr;
   CUresult (*device_get)(CUdevice*, int) = nullptr;
   CUresult (*attribute)(int*, CUdevice_attribute, CUdevice) = nullptr;
@@ -114,8 +115,8 @@ Result<SharedDeviceMemory> SharedDeviceMemory::Create(int ordinal, size_t bytes)
   if (!vmm || !fds) return NotSupported("the device cannot share memory by a file descriptor");
   const CUmemAllocationProp prop = PropertiesOn(ordinal);
   size_t granularity = 0;
-  FERRY_RETURN_IF_ERROR(Driver(v.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-                               "cuMemGetAllocationGranularity"));
+  FERRY_RETURN_IF_ERROR(
+      Driver(v.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity"));
   if (granularity == 0) return DeviceError("the device's allocation granularity is 0");
   SharedDeviceMemory m;
   m.bytes_ = (bytes + granularity - 1) / granularity * granularity;
@@ -140,8 +141,8 @@ Result<SharedDeviceMemory> SharedDeviceMemory::Map(int ordinal, int fd, size_t b
   FERRY_RETURN_IF_ERROR(v.status);
   const CUmemAllocationProp prop = PropertiesOn(ordinal);
   size_t granularity = 0;
-  FERRY_RETURN_IF_ERROR(Driver(v.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-                               "cuMemGetAllocationGranularity"));
+  FERRY_RETURN_IF_ERROR(
+      Driver(v.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity"));
   if (granularity == 0 || bytes == 0 || bytes % granularity != 0) {
     return InvalidArgument("shared device memory of " + std::to_string(bytes) + " bytes: not a multiple of the " +
                            std::to_string(granularity) + "-byte allocation granularity");

@@ -195,8 +195,8 @@ struct RegisterEventReply {
   ReplyStatus status;
   uint32_t event_id;
   uint32_t flag_index;
-  uint32_t flag_place;  // kFlagInRing or kFlagOnDevice
-  uint32_t reserved;    // 0
+  uint32_t flag_place;         // kFlagInRing or kFlagOnDevice
+  uint32_t reserved;           // 0
   uint64_t flag_memory_bytes;  // with the fd: the size of the device memory it shares; else 0
 };
 static_assert(sizeof(RegisterEventReply) == 192);
