@@ -167,10 +167,15 @@ Result<std::shared_ptr<DeviceRegionState>> ClientCore::Register(void* ptr, size_
 
 Result<std::shared_ptr<EventState>> ClientCore::NewEvent(bool ordered_after) {
   FERRY_ASSIGN_OR_RETURN(DeviceEvent ev, device_->CreateEvent());
-  if (ordered_after) ev.request.flags |= wire::kEventWantsFlag;
+  const bool flagged = ordered_after && !device_flags_failed_.load(std::memory_order_relaxed);
+  if (flagged) {
+    ev.request.flags |= wire::kEventWantsFlag | (device_->MapsDeviceFlags() ? wire::kEventTakesDeviceFlag : 0);
+  }
   auto s = std::make_shared<EventState>();
   s->core = weak_from_this();
   s->ev = ev;
+  std::unique_lock<std::mutex> in_order(flag_events_mu_, std::defer_lock);
+  if (flagged) in_order.lock();
   FERRY_ASSIGN_OR_RETURN(ReceivedMessage m,
                          Call(wire::MsgType::kRegisterEvent, ev.request, wire::MsgType::kRegisterEventReply));
   auto r = m.As<wire::RegisterEventReply>();
@@ -179,9 +184,19 @@ Result<std::shared_ptr<EventState>> ClientCore::NewEvent(bool ordered_after) {
   if (r.flag_index != wire::kNoFlag) {
     if (r.flag_index >= wire::kEventFlags) return ProtocolError("ferryd gave an event a flag outside the flag area");
     if (r.flag_place == wire::kFlagOnDevice) {
-      FERRY_RETURN_IF_ERROR(MapDeviceFlags(m, r.flag_memory_bytes));
+      if (Status mapped = MapDeviceFlags(m, r.flag_memory_bytes); !mapped.ok()) {
+        if (mapped.code() == Code::kProtocol) return mapped;
+        // ferryd keeps this session's flags where this process cannot write them: this
+        // registration is left unused, and its events go without flags from now on (ferryd
+        // then sees them happen on the host: slower, as correct).
+        device_flags_failed_.store(true, std::memory_order_relaxed);
+        in_order.unlock();
+        return NewEvent(ordered_after);
+      }
     } else if (r.flag_place != wire::kFlagInRing) {
       return ProtocolError("ferryd put an event's flag in an unknown place (" + std::to_string(r.flag_place) + ")");
+    } else if (std::lock_guard<std::mutex> l(flags_mu_); flags_on_device_) {
+      return ProtocolError("ferryd put an event's flag in the ring after putting the session's on the device");
     }
     s->flag = flags_ + r.flag_index;
   }
@@ -202,8 +217,9 @@ Status ClientCore::MapDeviceFlags(const ReceivedMessage& reply, uint64_t bytes) 
 }
 
 // An event with a flag is waited for by its flag alone (ferryd never looks at the event itself
-// then), so the stream writes the flag and records nothing else: one operation less on the
-// caller's stream for every copy ordered after it.
+// then), so the stream writes the flag and records the ferry event not: one operation less on
+// the caller's stream for every copy ordered after it. (A flag in device memory is followed by
+// an event of libferry's own, for the mapping's end: see ClientDevice::UnmapFlags.)
 Status ClientCore::RecordEvent(EventState& ev, void* stream) {
   if (ev.flag == nullptr) return device_->RecordEvent(ev.ev.event, stream);
   {

@@ -210,6 +210,10 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   UniqueFd submit_efd_, complete_efd_;
   uint32_t* flags_ = nullptr;  // the ring segment's flag area
   Status MapDeviceFlags(const ReceivedMessage& reply, uint64_t bytes);
+  // Held over a flagged event's registration and the mapping its reply may bring, so that the
+  // reply carrying the device flags is mapped before a later reply that names them is looked at.
+  std::mutex flag_events_mu_;
+  std::atomic<bool> device_flags_failed_{false};  // their mapping failed: events go unflagged
   std::mutex flags_mu_;        // guards flags_mapped_, flags_on_device_
   bool flags_mapped_ = false;  // by the device (MapFlags), on the first record of a flagged event
   bool flags_on_device_ = false;  // ... or MapDeviceFlags, on the reply that shared them

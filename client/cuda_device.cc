@@ -1,15 +1,17 @@
 // The cuda backend's device on the client side: allocations by cudaMalloc, export by CUDA IPC
 // memory handle of the allocation's base, interprocess events for GPU-side ordering, and event
 // flags written by the recording stream (cuStreamWriteValue32, from the driver by entry point:
-// libferry does not link libcuda).
+// libferry does not link libcuda), into the device memory ferryd shares for them where it does,
+// else into the ring segment's flag pages.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <chrono>
 #include <cstring>
-#include <map>
+#include <deque>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "client/device_api.hpp"
 #include "common/cuda_shared_memory.hpp"
@@ -152,6 +154,7 @@ class CudaClientDevice : public ClientDevice {
     flags_device_ = static_cast<CUdeviceptr>(dev);
     return Status::Ok();
   }
+  bool MapsDeviceFlags() const override { return true; }
   Status MapDeviceFlags(void* flags, int fd, size_t bytes) override {
     std::lock_guard<std::mutex> l(flags_mu_);
     if (write_value_ == nullptr) {
@@ -169,9 +172,6 @@ class CudaClientDevice : public ClientDevice {
     flags_device_ = device_flags_.address();
     return Status::Ok();
   }
-  // Device flags are unmapped only once every write enqueued into them is done: a stream that
-  // gets to its write later would write into unmapped memory and fault the caller's context.
-  // A stream still held after a second keeps them mapped for the process's life instead.
   void UnmapFlags(void* flags) override {
     if (!device_flags_) {
       cudaHostUnregister(flags);
@@ -180,40 +180,57 @@ class CudaClientDevice : public ClientDevice {
     ScopedDevice on(ordinal_);
     std::lock_guard<std::mutex> l(flags_mu_);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    bool done = true;
-    for (const auto& [stream, written] : flag_writes_) {
+    bool done = !keep_device_flags_;
+    for (cudaEvent_t written : writes_out_) {
       cudaError_t q;
       while ((q = cudaEventQuery(written)) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
       }
       done = done && q != cudaErrorNotReady;
     }
-    cudaGetLastError();
-    for (const auto& [stream, written] : flag_writes_) cudaEventDestroy(written);
-    flag_writes_.clear();
+    for (cudaEvent_t e : writes_out_) cudaEventDestroy(e);
+    for (cudaEvent_t e : writes_done_) cudaEventDestroy(e);
+    writes_out_.clear();
+    writes_done_.clear();
     if (done) {
       device_flags_ = SharedDeviceMemory();
     } else {
       device_flags_.Keep();
     }
   }
+  // Into device flags, each write is followed by an event of its own (an event costs the stream
+  // nothing), so that UnmapFlags knows when every one is done whatever stream it went on.
   Status WriteFlag(void* stream, uint32_t* flag, uint32_t value) override {
     const CUdeviceptr at = flags_device_ + static_cast<CUdeviceptr>(reinterpret_cast<std::byte*>(flag) - flags_host_);
-    const CUresult r = write_value_(static_cast<CUstream>(stream), at, value, 0);
-    if (r != CUDA_SUCCESS) return DeviceError("cuStreamWriteValue32 failed (CUresult " + std::to_string(r) + ")");
-    if (!device_flags_) return Status::Ok();
-    // Device flags: an event behind the write, for UnmapFlags (an event costs the stream nothing).
+    if (!device_flags_) return Written(write_value_(static_cast<CUstream>(stream), at, value, 0));
     std::lock_guard<std::mutex> l(flags_mu_);
-    auto [it, fresh] = flag_writes_.try_emplace(stream, nullptr);
-    if (fresh) {
-      ScopedDevice on(ordinal_);
-      if (Status st = on.status(); !st.ok()) return st;
-      if (const cudaError_t e = cudaEventCreateWithFlags(&it->second, cudaEventDisableTiming); e != cudaSuccess) {
-        flag_writes_.erase(it);
-        return CudaStatus(e, "cudaEventCreateWithFlags");
-      }
+    while (!writes_out_.empty() && cudaEventQuery(writes_out_.front()) == cudaSuccess) {
+      writes_done_.push_back(writes_out_.front());
+      writes_out_.pop_front();
     }
-    return CudaStatus(cudaEventRecord(it->second, static_cast<cudaStream_t>(stream)), "cudaEventRecord");
+    if (writes_out_.size() > kWritesOutToSweep) {  // a stream held up at the front: sweep them all
+      std::erase_if(writes_out_, [&](cudaEvent_t e) {
+        if (cudaEventQuery(e) != cudaSuccess) return false;
+        writes_done_.push_back(e);
+        return true;
+      });
+    }
+    if (writes_done_.empty()) {
+      ScopedDevice on(ordinal_);
+      FERRY_RETURN_IF_ERROR(on.status());
+      cudaEvent_t e;
+      FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      writes_done_.push_back(e);
+    }
+    FERRY_RETURN_IF_ERROR(Written(write_value_(static_cast<CUstream>(stream), at, value, 0)));
+    cudaEvent_t e = writes_done_.back();
+    if (cudaEventRecord(e, static_cast<cudaStream_t>(stream)) != cudaSuccess) {
+      keep_device_flags_ = true;  // a write whose end cannot be seen: never unmapped
+      return Status::Ok();
+    }
+    writes_done_.pop_back();
+    writes_out_.push_back(e);
+    return Status::Ok();
   }
   Result<void*> CreateTimingEvent() override { return NewEvent(cudaEventDefault); }
   Result<int64_t> ElapsedIfDone(void* start, void* end) override {
@@ -235,14 +252,23 @@ class CudaClientDevice : public ClientDevice {
     return static_cast<void*>(ev);
   }
 
+  static Status Written(CUresult r) {
+    if (r != CUDA_SUCCESS) return DeviceError("cuStreamWriteValue32 failed (CUresult " + std::to_string(r) + ")");
+    return Status::Ok();
+  }
+
   using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+  static constexpr size_t kWritesOutToSweep = 256;
   int ordinal_;
-  std::mutex flags_mu_;  // MapFlags runs once (ClientCore), WriteFlag only after it; guards flag_writes_
+  std::mutex flags_mu_;  // MapFlags runs once (ClientCore), WriteFlag only after it; guards the writes' events
   WriteValue32 write_value_ = nullptr;
   std::byte* flags_host_ = nullptr;
   CUdeviceptr flags_device_ = 0;
   SharedDeviceMemory device_flags_;           // MapDeviceFlags's: flags_device_ points into it
-  std::map<void*, cudaEvent_t> flag_writes_;  // by stream: recorded after its last flag write
+  // Device flags: an event recorded behind each write not yet seen done, oldest first, and spare ones.
+  std::deque<cudaEvent_t> writes_out_;
+  std::vector<cudaEvent_t> writes_done_;
+  bool keep_device_flags_ = false;  // a write went out without its event
 };
 
 }  // namespace

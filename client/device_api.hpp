@@ -63,10 +63,14 @@ class ClientDevice {
   virtual Status MapFlags(void* flags, size_t bytes) = 0;
   // Or: ferryd keeps them in device memory it shared as `fd` (`bytes` of it), where WriteFlag then
   // writes the word standing for each of `flags` (RegisterEventReply::flag_place).
+  virtual bool MapsDeviceFlags() const { return false; }
   virtual Status MapDeviceFlags(void* flags, int fd, size_t bytes) {
     (void)flags, (void)fd, (void)bytes;
     return NotSupported("event flags in device memory on a device without CUDA");
   }
+  // Lets go of the flags' mapping; device flags only once every write enqueued into them is done
+  // (a stream that got to one later would write into unmapped memory): those still queued after
+  // a second keep them mapped for the process's life.
   virtual void UnmapFlags(void* flags) = 0;
   // Writes `value` into `flag` once `stream`'s earlier work is done (on the host: at once).
   virtual Status WriteFlag(void* stream, uint32_t* flag, uint32_t value) = 0;

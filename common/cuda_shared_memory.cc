@@ -129,10 +129,18 @@ Result<SharedDeviceMemory> SharedDeviceMemory::Create(int ordinal, size_t bytes)
   access.location = prop.location;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   FERRY_RETURN_IF_ERROR(Driver(v.set_access(m.va_, m.bytes_, &access, 1), "cuMemSetAccess"));
-  // Zeroed by a copy from the host (a memset kernel could queue behind a client's long kernels).
+  // Zeroed by a copy from the host (a memset kernel could queue behind a client's long kernels),
+  // on a stream of its own that is waited for: from pageable memory the copy's call may return
+  // before the data lands.
   const std::vector<uint8_t> zeros(m.bytes_, 0);
-  FERRY_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(reinterpret_cast<void*>(m.va_), zeros.data(), m.bytes_, cudaMemcpyHostToDevice));
+  cudaStream_t s = nullptr;
+  FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Status zeroed =
+      CudaStatus(cudaMemcpyAsync(reinterpret_cast<void*>(m.va_), zeros.data(), m.bytes_, cudaMemcpyHostToDevice, s),
+                 "zeroing shared device memory");
+  if (zeroed.ok()) zeroed = CudaStatus(cudaStreamSynchronize(s), "zeroing shared device memory");
+  cudaStreamDestroy(s);
+  FERRY_RETURN_IF_ERROR(zeroed);
   return m;
 }
 

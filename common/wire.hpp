@@ -174,6 +174,10 @@ enum class EventHandleKind : uint32_t { kCudaIpc = 1, kHost = 2 };
 // RegisterEventRequest::flags: copies will be ordered after this event, so give it a flag (an
 // event only signalled by ferryd's copies needs none, and the flags are few).
 inline constexpr uint32_t kEventWantsFlag = 1;
+// With kEventWantsFlag: the client can map event flags ferryd keeps in device memory
+// (RegisterEventReply::flag_place). Without it the session's flags stay in the ring segment, or,
+// where ferryd put them on the device already, this event gets none.
+inline constexpr uint32_t kEventTakesDeviceFlag = 2;
 struct RegisterEventRequest {
   uint32_t kind;  // EventHandleKind
   uint32_t flags;  // kEventWantsFlag; other bits 0

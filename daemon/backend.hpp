@@ -61,8 +61,9 @@ struct CopyPiece {
 };
 
 // "Start once the client's stream has written at least `value` into this flag word" (a cyclic
-// comparison, as CU_STREAM_WAIT_VALUE_GEQ: (int32_t)(*flag - value) >= 0). The flag lies in the
-// session's ring segment, in pages registered with RegisterFlags. A plan that waits goes, whole,
+// comparison, as CU_STREAM_WAIT_VALUE_GEQ: (int32_t)(*flag - value) >= 0). The flag is a word of
+// the session's ring segment, in pages registered with RegisterFlags, or stands for the same word
+// of its device flags (ShareDeviceFlags), which the engines wait on instead. A plan that waits goes, whole,
 // to its lane: a stream of its own per (session, direction), so that its wait holds up nothing
 // of any other session, nor the shared copy streams.
 struct FlagWait {

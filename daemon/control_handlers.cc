@@ -128,7 +128,7 @@ void Sessions::HandleRegisterEvent(Session& s, uint32_t seq, const wire::Registe
     svc_.rejections.Count(RejectReason::kExhausted);
     return Reply(s, wire::MsgType::kRegisterEventReply, seq, r);
   }
-  if ((req.flags & ~wire::kEventWantsFlag) != 0) {
+  if ((req.flags & ~(wire::kEventWantsFlag | wire::kEventTakesDeviceFlag)) != 0) {
     r.status = ToWire(InvalidArgument("unknown event flags " + std::to_string(req.flags)));
     svc_.rejections.Count(RejectReason::kProtocol);
     return Reply(s, wire::MsgType::kRegisterEventReply, seq, r);
@@ -142,13 +142,20 @@ void Sessions::HandleRegisterEvent(Session& s, uint32_t seq, const wire::Registe
   s.events[id] = std::move(*ev);
   r.status = ToWire(Status::Ok());
   r.event_id = id;
-  r.flag_index = (req.flags & wire::kEventWantsFlag) ? AssignEventFlag(s, id) : wire::kNoFlag;
+  // A client that cannot map device flags gets none once the session's are there.
+  const bool takes_device = (req.flags & wire::kEventTakesDeviceFlag) != 0;
+  const bool flag = (req.flags & wire::kEventWantsFlag) != 0 && (takes_device || s.flag_place != Session::FlagPlace::kDevice);
+  r.flag_index = flag ? AssignEventFlag(s, id) : wire::kNoFlag;
   UniqueFd shared;  // the device flags, with the first reply that names them
   if (r.flag_index != wire::kNoFlag && s.flag_place == Session::FlagPlace::kUndecided) {
-    if (auto d = svc_.backend.ShareDeviceFlags(s.gpu, s.id, s.flags); d.ok()) {
+    auto d = takes_device ? svc_.backend.ShareDeviceFlags(s.gpu, s.id, s.flags)
+                          : Result<SharedDeviceFlags>(NotSupported("the client keeps its flags in the ring"));
+    if (d.ok()) {
       s.flag_place = Session::FlagPlace::kDevice;
       shared = std::move(d->fd);
       r.flag_memory_bytes = d->bytes;
+      FERRY_LOG(kDebug) << "session " << s.id << " '" << s.name << "': event flags in device memory ("
+                        << d->bytes << " bytes on GPU " << s.gpu << ", shared by fd)";
     } else {
       s.flag_place = Session::FlagPlace::kRing;
       if (d.status().code() != Code::kNotSupported) {

@@ -186,12 +186,20 @@ class CudaBackend : public Backend {
     return Status::Ok();
   }
 
-  // Whether this device can share device memory by fd: a stream for the flag writes that let an
-  // ended session's lanes go, and one shared allocation made, exported and freed.
+  // Whether this device can share device memory by fd and wait on it: a stream for the flag
+  // writes that let an ended session's lanes go, and one shared allocation made and exported,
+  // written, waited on and freed.
   Status ProbeDeviceFlags() {
     FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&flag_stream_, cudaStreamNonBlocking));
     FERRY_ASSIGN_OR_RETURN(SharedDeviceMemory m, SharedDeviceMemory::Create(device_, wire::kEventFlagsBytes));
     FERRY_ASSIGN_OR_RETURN(UniqueFd fd, m.Export());
+    FERRY_RETURN_IF_ERROR(DriverStatus(write_value_(flag_stream_, m.address(), 7, 0), "cuStreamWriteValue32"));
+    FERRY_RETURN_IF_ERROR(DriverStatus(wait_value_(flag_stream_, m.address(), 7, CU_STREAM_WAIT_VALUE_GEQ),
+                                       "cuStreamWaitValue32"));
+    FERRY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(flag_stream_));
+    uint32_t word = 0;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaMemcpy(&word, reinterpret_cast<void*>(m.address()), sizeof word, cudaMemcpyDeviceToHost));
+    if (word != 7) return Internal("the probe's write did not land");
     device_flags_on_ = true;
     return Status::Ok();
   }
@@ -287,7 +295,9 @@ class CudaBackend : public Backend {
     for (auto& [key, own] : lane_parts_)
       for (cudaStream_t s : own) cudaStreamDestroy(s);
     if (lane_fork_ != nullptr) cudaEventDestroy(lane_fork_);
-    for (auto& [host, dev] : flag_pages_) cudaHostUnregister(host);
+    for (auto& [host, page] : flag_pages_) {
+      if (page.registered_here) cudaHostUnregister(host);
+    }
     {
       std::lock_guard<std::mutex> l(registered_mu_);
       for (void* p : registered_) cudaHostUnregister(p);
@@ -441,12 +451,26 @@ class CudaBackend : public Backend {
   Status RegisterFlags(std::byte* flags, size_t bytes) override {
     if (!flag_waits_) return NotSupported("stream memory operations unusable on this device");
     FERRY_CUDA_RETURN_IF_ERROR(MakeCurrent());
-    FERRY_ASSIGN_OR_RETURN(const uint64_t dev, RegisterMappedHost(flags, bytes));
-    flag_pages_[flags] = static_cast<CUdeviceptr>(dev);
+    // With several GPUs the first one's backend registers the pages (for every context); the
+    // others find them registered and only ask where their engines see them.
+    const cudaError_t registered = cudaHostRegister(flags, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+    if (registered != cudaSuccess && registered != cudaErrorHostMemoryAlreadyRegistered) {
+      return CudaStatus(registered, "cudaHostRegister of a session's flag area");
+    }
+    if (registered != cudaSuccess) cudaGetLastError();
+    void* dev = nullptr;
+    if (Status st = CudaStatus(cudaHostGetDevicePointer(&dev, flags, 0), "cudaHostGetDevicePointer"); !st.ok()) {
+      if (registered == cudaSuccess) cudaHostUnregister(flags);
+      return st;
+    }
+    flag_pages_[flags] = FlagPage{static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(dev)), registered == cudaSuccess};
     return Status::Ok();
   }
   void UnregisterFlags(std::byte* flags) override {
-    if (flag_pages_.erase(flags) != 0) cudaHostUnregister(flags);
+    auto it = flag_pages_.find(flags);
+    if (it == flag_pages_.end()) return;
+    if (it->second.registered_here) cudaHostUnregister(flags);
+    flag_pages_.erase(it);
   }
   Result<SharedDeviceFlags> ShareDeviceFlags(uint32_t, uint64_t session_id, const uint32_t* host_flags) override {
     if (!device_flags_on_) return NotSupported("event flags stay in host memory on this device");
@@ -468,9 +492,12 @@ class CudaBackend : public Backend {
   }
   void CloseLanes(uint64_t session_id) override {
     MakeCurrent();
-    if (device_flags_.contains(session_id)) {
+    if (auto flags = device_flags_.find(session_id); flags != device_flags_.end()) {
       cudaStreamSynchronize(flag_stream_);  // its writes that let the session's lanes go (never blocked)
-      device_flags_.erase(session_id);
+      // A lane still waiting on them (ferryd stopping past its deadline) keeps them mapped: its
+      // wait would read memory gone from under it, a fault for every session.
+      if (LanesBusy(session_id)) flags->second.memory.Keep();
+      device_flags_.erase(flags);
     }
     for (int d = 0; d < 2; ++d) {
       const uint64_t key = LaneKey(session_id, static_cast<Direction>(d));
@@ -485,6 +512,22 @@ class CudaBackend : public Backend {
     }
   }
 
+  // Whether any of the session's lanes (or their part streams) has work not yet done.
+  bool LanesBusy(uint64_t session_id) const {
+    for (int d = 0; d < 2; ++d) {
+      const uint64_t key = LaneKey(session_id, static_cast<Direction>(d));
+      std::vector<cudaStream_t> streams;
+      if (auto it = lanes_.find(key); it != lanes_.end()) streams.push_back(it->second);
+      if (auto own = lane_parts_.find(key); own != lane_parts_.end()) {
+        streams.insert(streams.end(), own->second.begin(), own->second.end());
+      }
+      for (cudaStream_t s : streams) {
+        if (cudaStreamQuery(s) == cudaErrorNotReady) return true;
+      }
+    }
+    return false;
+  }
+
   // Where the engines see a word among the first `within` bytes of a registered flag area; 0 if
   // it lies in none.
   CUdeviceptr FlagAreaAddress(const uint32_t* word, size_t within) const {
@@ -493,7 +536,7 @@ class CudaBackend : public Backend {
     --page;
     const auto offset = reinterpret_cast<const std::byte*>(word) - page->first;
     if (offset < 0 || static_cast<size_t>(offset) >= within) return 0;
-    return page->second + static_cast<CUdeviceptr>(offset);
+    return page->second.device + static_cast<CUdeviceptr>(offset);
   }
 
   // Where the engines see the word a lane waits on: in the session's device flags where it has
@@ -1118,7 +1161,11 @@ class CudaBackend : public Backend {
   bool flag_waits_ = false;  // stream memory operations work (ProbeFlagWaits)
   WaitValue32 wait_value_ = nullptr;
   WriteValue32 write_value_ = nullptr;                   // the start probe's, and done words
-  std::map<std::byte*, CUdeviceptr> flag_pages_;         // sessions' flag pages, by host address
+  struct FlagPage {
+    CUdeviceptr device;     // where this GPU's engines see it
+    bool registered_here;  // else another GPU's backend registered it (and unregisters it)
+  };
+  std::map<std::byte*, FlagPage> flag_pages_;  // sessions' flag areas, by host address
   // A session's event flags in device memory (ShareDeviceFlags): word i stands for host[i].
   struct DeviceFlags {
     const uint32_t* host;

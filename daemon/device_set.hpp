@@ -57,8 +57,20 @@ class DeviceSet final : public Backend {
   Result<bool> EventHappened(SharedEvent& event) override;
   bool waits_on_flags() const override { return waits_on_flags_; }
   bool writes_done_words() const override { return writes_done_words_; }
-  Status RegisterFlags(std::byte* flags, size_t bytes) override { return gpus_[0]->RegisterFlags(flags, bytes); }
-  void UnregisterFlags(std::byte* flags) override { gpus_[0]->UnregisterFlags(flags); }
+  // Every GPU's lanes and done words need the flag area: the first GPU's backend registers it,
+  // the others look up where their engines see it (and the first unregisters it, last).
+  Status RegisterFlags(std::byte* flags, size_t bytes) override {
+    for (size_t g = 0; g < gpus_.size(); ++g) {
+      if (Status st = gpus_[g]->RegisterFlags(flags, bytes); !st.ok()) {
+        while (g-- > 0) gpus_[g]->UnregisterFlags(flags);
+        return st;
+      }
+    }
+    return Status::Ok();
+  }
+  void UnregisterFlags(std::byte* flags) override {
+    for (size_t g = gpus_.size(); g-- > 0;) gpus_[g]->UnregisterFlags(flags);
+  }
   Result<SharedDeviceFlags> ShareDeviceFlags(uint32_t gpu, uint64_t session_id, const uint32_t* host_flags) override {
     if (gpu >= gpus_.size()) return InvalidArgument("no GPU " + std::to_string(gpu));
     return gpus_[gpu]->ShareDeviceFlags(gpu, session_id, host_flags);

@@ -92,9 +92,10 @@ struct Session {
   uint32_t gpu = 0;
   std::map<uint32_t, std::unique_ptr<SharedEvent>> events;
   uint32_t next_event_id = 1;
-  // GPU-side "after" (RegisterEventReply::flag_index): the events that have a flag word in the
-  // ring segment's flag area. ferryd only ever waits on a flag, and writes it only to let its own
-  // waits go when the session ends (ReleaseFlagWaits).
+  // GPU-side "after" (RegisterEventReply::flag_index): the events that have a flag word, in the
+  // ring segment's flag area or in the session's device flags (flag_place). ferryd only ever
+  // waits on a flag, and writes it only to let its own waits go when the session ends
+  // (ReleaseFlagWaits).
   struct EventFlag {
     uint32_t index = 0;
   };

@@ -86,6 +86,7 @@ class GpuDaemon : public ::testing::Test {
   void SmallBlocksHostToDeviceLand(int crew_threads, std::chrono::milliseconds at_least = 0ms,
                                    bool first_list_fails = false);
   void ASmallBlockListAfterAnEventLandsAfterTheKernel(std::chrono::milliseconds at_least = 0ms);
+  void ASessionEndedWithACopyParkedOnItsFlagIsLetGoAndReclaimed();
 
   // Reads the whole device allocation back with the CUDA runtime, independent of ferry.
   std::vector<std::byte> ReadBack(const void* dev, size_t n) {
@@ -398,8 +399,9 @@ void GpuDaemon::ACopyAfterAnEventWaitsForTheKernelBeforeIt(size_t n) {
 }
 
 TEST_F(GpuDaemon, ACopyAfterAnEventWaitsOnTheGpuForTheKernelBeforeIt) {
-  EXPECT_NE(daemon_->Output().find("event flags in device memory"), std::string::npos) << daemon_->Output();
+  EXPECT_NE(daemon_->Output().find("; event flags in device memory"), std::string::npos) << daemon_->Output();
   ACopyAfterAnEventWaitsForTheKernelBeforeIt(4 << 20);
+  EXPECT_NE(daemon_->Output().find("': event flags in device memory ("), std::string::npos) << daemon_->Output();
 }
 
 // FERRY_EVENT_FLAGS=host: the lanes wait on flags in the ring segment's host pages, as before
@@ -412,14 +414,25 @@ class HostFlagsGpuDaemon : public GpuDaemon {
 };
 
 TEST_F(HostFlagsGpuDaemon, ACopyAfterAnEventWaitsOnTheGpuForTheKernelBeforeIt) {
-  EXPECT_NE(daemon_->Output().find("event flags in host memory"), std::string::npos) << daemon_->Output();
+  EXPECT_NE(daemon_->Output().find("; event flags in host memory"), std::string::npos) << daemon_->Output();
   ACopyAfterAnEventWaitsForTheKernelBeforeIt(4 << 20);
+  EXPECT_EQ(daemon_->Output().find("': event flags in device memory"), std::string::npos) << daemon_->Output();
 }
 
 // A session that ends while a copy of its waits on the GPU for a record still behind a long
-// kernel: ferryd writes the flag in its device memory itself, the copy drains, the session is
-// reclaimed well before the kernel ends, and another session's copies still go.
+// kernel: ferryd writes the flag itself (in its device memory, or the ring's with host flags),
+// the copy drains, the session is reclaimed well before the kernel ends, and another session's
+// copies still go.
 TEST_F(GpuDaemon, ASessionEndedWithACopyParkedOnItsDeviceFlagIsLetGoAndReclaimed) {
+  ASessionEndedWithACopyParkedOnItsFlagIsLetGoAndReclaimed();
+  EXPECT_NE(daemon_->Output().find("'leaving': event flags in device memory"), std::string::npos) << daemon_->Output();
+}
+
+TEST_F(HostFlagsGpuDaemon, ASessionEndedWithACopyParkedOnItsRingFlagIsLetGoAndReclaimed) {
+  ASessionEndedWithACopyParkedOnItsFlagIsLetGoAndReclaimed();
+}
+
+void GpuDaemon::ASessionEndedWithACopyParkedOnItsFlagIsLetGoAndReclaimed() {
   constexpr size_t n = (1 << 20) + 7;
   const uint64_t seed = testing::RandomSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -455,8 +468,9 @@ TEST_F(GpuDaemon, ASessionEndedWithACopyParkedOnItsDeviceFlagIsLetGoAndReclaimed
 }
 
 // A record writes the event's flag from the stream when the stream gets there, which may be after
-// the client is gone and its flag pages unregistered and unmapped: the stream must still end
-// cleanly and the process's CUDA context stay usable.
+// the client is gone (its end waits up to a second for the write into device flags; host flag
+// pages are unregistered at once): the stream must still end cleanly and the process's CUDA
+// context stay usable.
 TEST_F(GpuDaemon, AClientGoneBeforeItsStreamWritesAnEventsFlagLeavesTheStreamUnharmed) {
   ASSERT_OK_AND_ASSIGN(SharedEvent ready, client_->CreateEvent());
   ASSERT_CUDA(testing::LaunchSpin(200'000'000, stream_));  // ~100 ms

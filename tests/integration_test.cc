@@ -1470,8 +1470,9 @@ TEST(Handoff, EventsBeyondTheFlagAreaAreHandedOffOnTheHostAndStillWork) {
   ASSERT_EQ(c.event.flag_index, 0u);
   ASSERT_OK_AND_ASSIGN(auto unflagged, c.raw.RegisterEvent(0));
   EXPECT_EQ(unflagged.flag_index, wire::kNoFlag) << "an event nothing is ordered after needs no flag";
+  // A client that could map device flags asks; the host backend keeps them in the ring all the same.
   for (uint32_t i = 1; i < wire::kEventFlags; ++i) {
-    ASSERT_OK_AND_ASSIGN(auto r, c.raw.RegisterEvent(wire::kEventWantsFlag));
+    ASSERT_OK_AND_ASSIGN(auto r, c.raw.RegisterEvent(wire::kEventWantsFlag | (i % 2 ? wire::kEventTakesDeviceFlag : 0)));
     ASSERT_EQ(r.flag_index, i);
     // The host backend keeps every flag in the ring segment and shares no device memory.
     ASSERT_EQ(r.flag_place, wire::kFlagInRing);
@@ -1515,7 +1516,15 @@ TEST(Handoff, AnEventWithUnknownFlagsIsRefused) {
   DaemonHarness d;
   RawSession raw;
   ASSERT_OK(raw.Open(d.socket_path()));
-  EXPECT_EQ(raw.RegisterEvent(2).status().code(), Code::kInvalidArgument);
+  for (uint32_t flags : {4u, wire::kEventWantsFlag | wire::kEventTakesDeviceFlag | 8u, 0x80000000u}) {
+    const auto r = raw.RegisterEvent(flags);
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << flags;
+    EXPECT_NE(r.status().message().find("unknown event flags " + std::to_string(flags)), std::string::npos)
+        << r.status().ToString();
+  }
+  // The known bits alone are taken.
+  ASSERT_OK_AND_ASSIGN(auto r, raw.RegisterEvent(wire::kEventWantsFlag | wire::kEventTakesDeviceFlag));
+  EXPECT_EQ(r.flag_index, 0u);
 }
 
 }  // namespace
