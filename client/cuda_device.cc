@@ -143,10 +143,7 @@ class CudaClientDevice : public ClientDevice {
 
   Status MapFlags(void* flags, size_t bytes) override {
     std::lock_guard<std::mutex> l(flags_mu_);
-    if (write_value_ == nullptr) {
-      FERRY_ASSIGN_OR_RETURN(void* fn, DriverFunction("cuStreamWriteValue32"));
-      write_value_ = reinterpret_cast<WriteValue32>(fn);
-    }
+    FERRY_RETURN_IF_ERROR(FindWriteValue());
     ScopedDevice on(ordinal_);
     FERRY_RETURN_IF_ERROR(on.status());
     FERRY_ASSIGN_OR_RETURN(const uint64_t dev, RegisterMappedHost(flags, bytes));
@@ -157,10 +154,7 @@ class CudaClientDevice : public ClientDevice {
   bool MapsDeviceFlags() const override { return true; }
   Status MapDeviceFlags(void* flags, int fd, size_t bytes) override {
     std::lock_guard<std::mutex> l(flags_mu_);
-    if (write_value_ == nullptr) {
-      FERRY_ASSIGN_OR_RETURN(void* fn, DriverFunction("cuStreamWriteValue32"));
-      write_value_ = reinterpret_cast<WriteValue32>(fn);
-    }
+    FERRY_RETURN_IF_ERROR(FindWriteValue());
     ScopedDevice on(ordinal_);
     FERRY_RETURN_IF_ERROR(on.status());
     FERRY_ASSIGN_OR_RETURN(device_flags_, SharedDeviceMemory::Map(ordinal_, fd, bytes));
@@ -252,6 +246,13 @@ class CudaClientDevice : public ClientDevice {
     return static_cast<void*>(ev);
   }
 
+  // Caller holds flags_mu_.
+  Status FindWriteValue() {
+    if (write_value_ != nullptr) return Status::Ok();
+    FERRY_ASSIGN_OR_RETURN(void* fn, DriverFunction("cuStreamWriteValue32"));
+    write_value_ = reinterpret_cast<WriteValue32>(fn);
+    return Status::Ok();
+  }
   static Status Written(CUresult r) {
     if (r != CUDA_SUCCESS) return DeviceError("cuStreamWriteValue32 failed (CUresult " + std::to_string(r) + ")");
     return Status::Ok();

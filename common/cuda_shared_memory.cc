@@ -122,13 +122,7 @@ Result<SharedDeviceMemory> SharedDeviceMemory::Create(int ordinal, size_t bytes)
   m.bytes_ = (bytes + granularity - 1) / granularity * granularity;
   FERRY_RETURN_IF_ERROR(Driver(v.create(&m.handle_, m.bytes_, &prop, 0), "cuMemCreate"));
   m.have_handle_ = true;
-  FERRY_RETURN_IF_ERROR(Driver(v.reserve(&m.va_, m.bytes_, granularity, 0, 0), "cuMemAddressReserve"));
-  FERRY_RETURN_IF_ERROR(Driver(v.map(m.va_, m.bytes_, 0, m.handle_, 0), "cuMemMap"));
-  m.mapped_ = true;
-  CUmemAccessDesc access{};
-  access.location = prop.location;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  FERRY_RETURN_IF_ERROR(Driver(v.set_access(m.va_, m.bytes_, &access, 1), "cuMemSetAccess"));
+  FERRY_RETURN_IF_ERROR(m.MapHandle(prop, granularity));
   // Zeroed by a copy from the host (a memset kernel could queue behind a client's long kernels),
   // on a stream of its own that is waited for: from pageable memory the copy's call may return
   // before the data lands.
@@ -161,14 +155,20 @@ Result<SharedDeviceMemory> SharedDeviceMemory::Map(int ordinal, int fd, size_t b
                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
                                "cuMemImportFromShareableHandle"));
   m.have_handle_ = true;
-  FERRY_RETURN_IF_ERROR(Driver(v.reserve(&m.va_, m.bytes_, granularity, 0, 0), "cuMemAddressReserve"));
-  FERRY_RETURN_IF_ERROR(Driver(v.map(m.va_, m.bytes_, 0, m.handle_, 0), "cuMemMap"));
-  m.mapped_ = true;
+  FERRY_RETURN_IF_ERROR(m.MapHandle(prop, granularity));
+  return m;
+}
+
+// Address space for the handle's bytes_, the handle mapped there, read-write for its device.
+Status SharedDeviceMemory::MapHandle(const CUmemAllocationProp& prop, size_t granularity) {
+  const Vmm& v = TheVmm();
+  FERRY_RETURN_IF_ERROR(Driver(v.reserve(&va_, bytes_, granularity, 0, 0), "cuMemAddressReserve"));
+  FERRY_RETURN_IF_ERROR(Driver(v.map(va_, bytes_, 0, handle_, 0), "cuMemMap"));
+  mapped_ = true;
   CUmemAccessDesc access{};
   access.location = prop.location;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  FERRY_RETURN_IF_ERROR(Driver(v.set_access(m.va_, m.bytes_, &access, 1), "cuMemSetAccess"));
-  return m;
+  return Driver(v.set_access(va_, bytes_, &access, 1), "cuMemSetAccess");
 }
 
 Result<UniqueFd> SharedDeviceMemory::Export() const {

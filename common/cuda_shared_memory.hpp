@@ -47,6 +47,7 @@ class SharedDeviceMemory {
   explicit operator bool() const { return va_ != 0; }
 
  private:
+  Status MapHandle(const CUmemAllocationProp& prop, size_t granularity);
   void Reset();
   CUmemGenericAllocationHandle handle_ = 0;
   bool have_handle_ = false;
