@@ -12,8 +12,9 @@
 // its own per session and direction) waits on the event's flag with cuStreamWaitValue32, then
 // copies; ferryd never waits on another process's event on the GPU (a cross-context wait cost
 // 0.4 ms a hand-off on the H200). The flags a lane waits on live in device memory ferryd shares
-// with the session by fd (a wait on a device word costs the engines less than on a host word);
-// FERRY_EVENT_FLAGS=host keeps them in the ring segment, for comparison. The driver's entry
+// with the session by fd (a wait on a device word costs the engines less than on a host word),
+// or in the ring segment's host pages: FERRY_EVENT_FLAGS=device or host picks, for comparison
+// (kDeviceFlagsByDefault without it). The driver's entry
 // points are looked up, not linked.
 // With the engine trace on, each stream's share of a group is bracketed by timing events and its
 // timeline logged when it is seen done (see CopySpan).
@@ -154,7 +155,12 @@ class CudaBackend : public Backend {
     }
     describe_ += fence_page_ ? "; copies seen done by fence words" : "; copies seen done by events";
     const char* flags = std::getenv("FERRY_EVENT_FLAGS");
-    if (flag_waits_ && (flags == nullptr || std::strcmp(flags, "host") != 0)) {
+    const bool device_flags = flags == nullptr ? kDeviceFlagsByDefault : std::strcmp(flags, "device") == 0;
+    if (flags != nullptr && std::strcmp(flags, "device") != 0 && std::strcmp(flags, "host") != 0) {
+      FERRY_LOG(kWarning) << "FERRY_EVENT_FLAGS is '" << flags << "', neither 'device' nor 'host': event flags in "
+                          << (device_flags ? "device" : "host") << " memory";
+    }
+    if (flag_waits_ && device_flags) {
       if (Status st = ProbeDeviceFlags(); !st.ok()) {
         cudaGetLastError();
         FERRY_LOG(kWarning) << "event flags in device memory unusable (" << st.message()
@@ -1211,6 +1217,8 @@ class CudaBackend : public Backend {
   FenceId next_fence_ = 1;
   uint32_t latency_out_ = 0;  // latency groups not yet reported done
   uint64_t pending_bulk_bytes_ = 0;  // bytes of bulk groups on the engines, not yet reported done
+  // Where a session's event flags live unless FERRY_EVENT_FLAGS says (device, host).
+  static constexpr bool kDeviceFlagsByDefault = true;
   static constexpr uint32_t kFullBatch = 64;
   static constexpr size_t kMinPartCopies = 64;        // of a batch's copies to a crew thread, at least
   static constexpr uint64_t kBusyBytes = 2ull << 20;  // ~40 us of work at 55 GB/s

@@ -3,8 +3,9 @@
 # (words, the default: each copy stream writes a sequence number into host memory the loop
 # reads; a lane's groups take events), events (FERRY_FENCES=events: cudaEventQuery /
 # cudaStreamQuery each turn) and conn32 (words, with 32 hardware queues for ferryd:
-# CUDA_DEVICE_MAX_CONNECTIONS=32, against the driver's default of 8) and hostflags (words, with
-# the lanes' event flags in the ring segment's host pages: FERRY_EVENT_FLAGS=host). VARIANTS
+# CUDA_DEVICE_MAX_CONNECTIONS=32, against the driver's default of 8), hostflags and devflags
+# (words, with the lanes' event flags in the ring segment's host pages or in device memory:
+# FERRY_EVENT_FLAGS=host or device). VARIANTS
 # (default "words events") picks them. Per variant
 # and round (ROUNDS, default 2), one ferryd: ferry-bench transfer SECTIONS (default
 # latency,many,blocks) against the in-process baseline; then (INSTEP=1, the default) the seed's
@@ -20,7 +21,8 @@ for round in $(seq "${ROUNDS:-2}"); do
       events) variant_env=FERRY_FENCES=events ;;
       conn32) variant_env=CUDA_DEVICE_MAX_CONNECTIONS=32 ;;
       hostflags) variant_env=FERRY_EVENT_FLAGS=host ;;
-      *) echo "ab-fences: unknown variant $fences (words, events, conn32, hostflags)" >&2; exit 2 ;;
+      devflags) variant_env=FERRY_EVENT_FLAGS=device ;;
+      *) echo "ab-fences: unknown variant $fences (words, events, conn32, hostflags, devflags)" >&2; exit 2 ;;
     esac
     FERRYD_ENV=$variant_env start_ferryd >/dev/null
     grep -h "fence words\|ready" "$rt/ferryd.log" | head -2
