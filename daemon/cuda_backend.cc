@@ -1217,8 +1217,10 @@ class CudaBackend : public Backend {
   FenceId next_fence_ = 1;
   uint32_t latency_out_ = 0;  // latency groups not yet reported done
   uint64_t pending_bulk_bytes_ = 0;  // bytes of bulk groups on the engines, not yet reported done
-  // Where a session's event flags live unless FERRY_EVENT_FLAGS says (device, host).
-  static constexpr bool kDeviceFlagsByDefault = true;
+  // Where a session's event flags live unless FERRY_EVENT_FLAGS says (device, host). Host memory
+  // until device flags have run the GPU tests and beaten host flags on a GPU
+  // (docs/design.md, "Device flags").
+  static constexpr bool kDeviceFlagsByDefault = false;
   static constexpr uint32_t kFullBatch = 64;
   static constexpr size_t kMinPartCopies = 64;        // of a batch's copies to a crew thread, at least
   static constexpr uint64_t kBusyBytes = 2ull << 20;  // ~40 us of work at 55 GB/s
