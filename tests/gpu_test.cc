@@ -86,7 +86,6 @@ class GpuDaemon : public ::testing::Test {
   void SmallBlocksHostToDeviceLand(int crew_threads, std::chrono::milliseconds at_least = 0ms,
                                    bool first_list_fails = false);
   void ASmallBlockListAfterAnEventLandsAfterTheKernel(std::chrono::milliseconds at_least = 0ms);
-  void ASessionEndedWithACopyParkedOnItsFlagIsLetGoAndReclaimed();
 
   // Reads the whole device allocation back with the CUDA runtime, independent of ferry.
   std::vector<std::byte> ReadBack(const void* dev, size_t n) {
@@ -431,19 +430,13 @@ TEST_F(HostFlagsGpuDaemon, ACopyAfterAnEventWaitsOnTheGpuForTheKernelBeforeIt) {
 }
 
 // A session that ends while a copy of its waits on the GPU for a record still behind a long
-// kernel: ferryd writes the flag itself (in its device memory, or the ring's with host flags),
-// the copy drains, the session is reclaimed well before the kernel ends, and another session's
-// copies still go.
+// kernel: ferryd writes the flag in its device memory itself, the copy drains, the session is
+// reclaimed well before the kernel ends, and another session's copies still go. (With host
+// flags the same can't be shown from this process: the ending client's cudaHostUnregister of
+// its flag pages waits for its stream's write, after the kernel, so the session ends only then;
+// on an H100 the session was reclaimed after the 4 s kernel had ended, 2026-12-08. ferryd's
+// store into a ring flag is Handoff.AClientEvictedWithACopyWaitingOnItsFlagIsReclaimed...'s.)
 TEST_F(DeviceFlagsGpuDaemon, ASessionEndedWithACopyParkedOnItsDeviceFlagIsLetGoAndReclaimed) {
-  ASessionEndedWithACopyParkedOnItsFlagIsLetGoAndReclaimed();
-  EXPECT_NE(daemon_->Output().find("'leaving': event flags in device memory"), std::string::npos) << daemon_->Output();
-}
-
-TEST_F(HostFlagsGpuDaemon, ASessionEndedWithACopyParkedOnItsRingFlagIsLetGoAndReclaimed) {
-  ASessionEndedWithACopyParkedOnItsFlagIsLetGoAndReclaimed();
-}
-
-void GpuDaemon::ASessionEndedWithACopyParkedOnItsFlagIsLetGoAndReclaimed() {
   constexpr size_t n = (1 << 20) + 7;
   const uint64_t seed = testing::RandomSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -469,6 +462,7 @@ void GpuDaemon::ASessionEndedWithACopyParkedOnItsFlagIsLetGoAndReclaimed() {
       [&] { return daemon_->Output().find("'leaving' reclaimed") != std::string::npos; }, 2000))
       << daemon_->Output();
   EXPECT_EQ(cudaStreamQuery(slow), cudaErrorNotReady) << "the kernel ended before the session was reclaimed";
+  EXPECT_NE(daemon_->Output().find("'leaving': event flags in device memory"), std::string::npos) << daemon_->Output();
   ASSERT_OK_AND_ASSIGN(PoisonedRegion next, MakePoisonedRegion(n, seed + 1));
   ASSERT_OK_AND_ASSIGN(Transfer t, client_->Copy(Direction::kHostToDevice, next.host, 0, next.region, 0, n));
   ASSERT_OK(t.Wait(10s));
