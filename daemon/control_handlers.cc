@@ -148,17 +148,15 @@ void Sessions::HandleRegisterEvent(Session& s, uint32_t seq, const wire::Registe
   r.flag_index = flag ? AssignEventFlag(s, id) : wire::kNoFlag;
   UniqueFd shared;  // the device flags, with the first reply that names them
   if (r.flag_index != wire::kNoFlag && s.flag_place == Session::FlagPlace::kUndecided) {
-    auto d = takes_device ? svc_.backend.ShareDeviceFlags(s.gpu, s.id, s.flags)
-                          : Result<SharedDeviceFlags>(NotSupported("the client keeps its flags in the ring"));
-    if (d.ok()) {
-      s.flag_place = Session::FlagPlace::kDevice;
-      shared = std::move(d->fd);
-      r.flag_memory_bytes = d->bytes;
-      FERRY_LOG(kDebug) << "session " << s.id << " '" << s.name << "': event flags in device memory ("
-                        << d->bytes << " bytes on GPU " << s.gpu << ", shared by fd)";
-    } else {
-      s.flag_place = Session::FlagPlace::kRing;
-      if (d.status().code() != Code::kNotSupported) {
+    s.flag_place = Session::FlagPlace::kRing;
+    if (takes_device) {
+      if (auto d = svc_.backend.ShareDeviceFlags(s.gpu, s.id, s.flags); d.ok()) {
+        s.flag_place = Session::FlagPlace::kDevice;
+        shared = std::move(d->fd);
+        r.flag_memory_bytes = d->bytes;
+        FERRY_LOG(kDebug) << "session " << s.id << " '" << s.name << "': event flags in device memory (" << d->bytes
+                          << " bytes on GPU " << s.gpu << ", shared by fd)";
+      } else if (d.status().code() != Code::kNotSupported) {
         FERRY_LOG(kWarning) << "session " << s.id << " '" << s.name << "': its event flags stay in host memory ("
                             << d.status().ToString() << ")";
       }
