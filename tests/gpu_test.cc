@@ -51,7 +51,7 @@ class GpuDaemon : public ::testing::Test {
                                   "debug"};
     for (const std::string& a : ExtraDaemonArgs()) args.push_back(a);
     // ferryd inherits the test's environment when it starts; the test's own clients do not see it.
-    const std::vector<std::pair<std::string, std::string>> env = DaemonEnvironment();
+    const Environment env = DaemonEnvironment();
     for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
     daemon_ = std::make_unique<Child>(args, dir_ + "/ferryd.log");
     for (const auto& [name, value] : env) ::unsetenv(name.c_str());
@@ -78,7 +78,8 @@ class GpuDaemon : public ::testing::Test {
 
   virtual std::vector<std::string> ExtraDaemonArgs() const { return {}; }
   // Variables ferryd starts with (its experiments and fault injection: FERRY_FENCES, FERRY_PART_*).
-  virtual std::vector<std::pair<std::string, std::string>> DaemonEnvironment() const { return {}; }
+  using Environment = std::vector<std::pair<std::string, std::string>>;
+  virtual Environment DaemonEnvironment() const { return {}; }
   void ReclaimedSlabsStillCopyEveryByteBothWays(const char* registration_line);
   void ManySmallCopiesLandWhereTheyShould();
   void AdjacentCopiesLandWhereTheyShould();
@@ -369,9 +370,7 @@ TEST_F(GpuDaemon, ManySmallCopiesInFlightLandWhereTheyShould) {
 
 class EventFencedGpuDaemon : public GpuDaemon {
  protected:
-  std::vector<std::pair<std::string, std::string>> DaemonEnvironment() const override {
-    return {{"FERRY_FENCES", "events"}};
-  }
+  Environment DaemonEnvironment() const override { return {{"FERRY_FENCES", "events"}}; }
 };
 
 TEST_F(EventFencedGpuDaemon, CopiesSeenDoneByEventsLandWhereTheyShould) {
@@ -406,15 +405,11 @@ TEST_F(GpuDaemon, ACopyAfterAnEventWaitsOnTheGpuForTheKernelBeforeIt) {
 // default.
 class DeviceFlagsGpuDaemon : public GpuDaemon {
  protected:
-  std::vector<std::pair<std::string, std::string>> DaemonEnvironment() const override {
-    return {{"FERRY_EVENT_FLAGS", "device"}};
-  }
+  Environment DaemonEnvironment() const override { return {{"FERRY_EVENT_FLAGS", "device"}}; }
 };
 class HostFlagsGpuDaemon : public GpuDaemon {
  protected:
-  std::vector<std::pair<std::string, std::string>> DaemonEnvironment() const override {
-    return {{"FERRY_EVENT_FLAGS", "host"}};
-  }
+  Environment DaemonEnvironment() const override { return {{"FERRY_EVENT_FLAGS", "host"}}; }
 };
 
 TEST_F(DeviceFlagsGpuDaemon, ACopyAfterAnEventWaitsOnTheGpuForTheKernelBeforeIt) {
@@ -1078,9 +1073,7 @@ TEST_F(GpuDaemon, ASmallBlockHostToDeviceListIsIssuedInPartsByTheCrewAndEveryByt
 // the list done with three quarters of it still poisoned.
 class DelayedPartsGpuDaemon : public GpuDaemon {
  protected:
-  std::vector<std::pair<std::string, std::string>> DaemonEnvironment() const override {
-    return {{"FERRY_PART_DELAY_MS", "300"}};
-  }
+  Environment DaemonEnvironment() const override { return {{"FERRY_PART_DELAY_MS", "300"}}; }
 };
 
 TEST_F(DelayedPartsGpuDaemon, ASmallBlockListsCompletionWaitsForEveryPart) { SmallBlocksHostToDeviceLand(3, 300ms); }
@@ -1090,9 +1083,7 @@ TEST_F(DelayedPartsGpuDaemon, ASmallBlockListsCompletionWaitsForEveryPart) { Sma
 // memory as soon as it hears); ferryd goes on, and the next lists land whole.
 class FailedPartGpuDaemon : public GpuDaemon {
  protected:
-  std::vector<std::pair<std::string, std::string>> DaemonEnvironment() const override {
-    return {{"FERRY_PART_DELAY_MS", "300"}, {"FERRY_PART_FAIL", "1"}};
-  }
+  Environment DaemonEnvironment() const override { return {{"FERRY_PART_DELAY_MS", "300"}, {"FERRY_PART_FAIL", "1"}}; }
 };
 
 TEST_F(FailedPartGpuDaemon, AListWithAFailedPartFailsOnlyOnceItsOtherPartsAreDone) {
